@@ -1,0 +1,23 @@
+"""shardtok: tokenized tar shards with Megatron-compatible indices, streamed as packed sequences.
+
+The core (everything except :mod:`shardtok.torch`) imports without torch.
+"""
+
+from shardtok.errors import (
+    BadRecordError,
+    CorruptShardError,
+    ResumeStateError,
+    ShardtokError,
+    StorageError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BadRecordError",
+    "CorruptShardError",
+    "ResumeStateError",
+    "ShardtokError",
+    "StorageError",
+    "__version__",
+]

@@ -1,0 +1,55 @@
+"""The one family of errors shardtok raises for bad data, bad input and bad state.
+
+Every error names where the problem is (file or URL, tar member, byte offset, input line), so a
+user with a terabyte of shards can go straight to the bad one.
+"""
+
+from __future__ import annotations
+
+
+class ShardtokError(Exception):
+    """Base class of every error shardtok raises on purpose."""
+
+
+class CorruptShardError(ShardtokError):
+    """A shard, Megatron pair or manifest is damaged or disagrees with itself.
+
+    Raised instead of ever returning wrong tokens.
+    """
+
+    def __init__(self, path: str, member: str | None, offset: int | None, reason: str):
+        self.path = str(path)
+        self.member = member
+        self.offset = offset
+        self.reason = reason
+        where = self.path
+        if member is not None:
+            where += f", member {member}"
+        if offset is not None:
+            where += f", byte offset {offset}"
+        super().__init__(f"{where}: {reason}")
+
+
+class BadRecordError(ShardtokError):
+    """An input record cannot become a document (invalid JSON, missing field, empty text...)."""
+
+    def __init__(self, path: str, line: int, reason: str):
+        self.path = str(path)
+        self.line = line
+        self.reason = reason
+        super().__init__(f"{self.path}, line {line}: {reason}")
+
+
+class StorageError(ShardtokError):
+    """Reading bytes from a URL failed for good (after retries), or the URL cannot be read at all."""
+
+    def __init__(self, url: str, offset: int | None, reason: str):
+        self.url = url
+        self.offset = offset
+        self.reason = reason
+        where = url if offset is None else f"{url} at byte offset {offset}"
+        super().__init__(f"{where}: {reason}")
+
+
+class ResumeStateError(ShardtokError):
+    """A saved stream state does not belong to this dataset/options, or cannot be applied."""

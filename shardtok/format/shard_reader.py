@@ -1,0 +1,321 @@
+"""Reading shards: sequentially from any byte stream, or by random access, with identical tokens.
+
+Both readers parse the same head (json member, idx member, bin member header) and verify that
+json and idx agree before returning a single token; each frame is checked (zstd checksum and
+crc32) before its documents are handed out, so damage raises CorruptShardError instead of
+turning into wrong tokens.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from shardtok.errors import CorruptShardError
+from shardtok.format.frames import FrameDecoder
+from shardtok.format.mmidx import MMIndex, decode_idx
+from shardtok.format.shard_meta import ShardMeta, check_against_index
+from shardtok.format.tar import BLOCK, END_OF_ARCHIVE, MemberHeader, decode_header
+
+MAX_JSON_BYTES = 64 << 20
+
+
+class RangeSource(Protocol):
+    size: int
+
+    def read_range(self, offset: int, length: int) -> bytes: ...
+
+
+class LocalFile:
+    """A local file as a RangeSource (os.pread: no shared file position, fork-safe)."""
+
+    def __init__(self, path: str | Path):
+        self.path = str(path)
+        self._fd = os.open(self.path, os.O_RDONLY)
+        self.size = os.fstat(self._fd).st_size
+
+    def read_range(self, offset: int, length: int) -> bytes:
+        return os.pread(self._fd, length, offset)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __del__(self) -> None:
+        self.close()
+
+
+@dataclass(frozen=True)
+class ShardHead:
+    meta: ShardMeta
+    index: MMIndex
+    bin_header: MemberHeader
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """Token offset of each document, plus the total (int64[D + 1])."""
+        out = np.zeros(self.meta.num_documents + 1, dtype=np.int64)
+        np.cumsum(self.index.sizes, out=out[1:])
+        return out
+
+
+def read_head(read_exact: Callable[[int, int], bytes], where: str) -> ShardHead:
+    """Parse json, idx and the bin header; `read_exact(offset, n)` returns n bytes or fewer at EOF."""
+
+    def member(offset: int, expected_suffix: tuple[str, ...]) -> MemberHeader:
+        header = decode_header(read_exact(offset, BLOCK), offset, where)
+        if header is None:
+            raise CorruptShardError(
+                where,
+                None,
+                offset,
+                f"archive ends where a {expected_suffix[0]} member was expected",
+            )
+        if not header.name.endswith(expected_suffix):
+            raise CorruptShardError(
+                where, header.name, offset, f"expected a {' or '.join(expected_suffix)} member here"
+            )
+        return header
+
+    json_header = member(0, (".json",))
+    if json_header.size > MAX_JSON_BYTES:
+        raise CorruptShardError(
+            where, json_header.name, 124, f"metadata member claims {json_header.size} bytes"
+        )
+    json_data = _exact(
+        read_exact, json_header.data_offset, json_header.size, where, json_header.name
+    )
+    meta = ShardMeta.from_json_bytes(json_data, where, json_header.name, json_header.data_offset)
+    if json_header.name != meta.json_member:
+        raise CorruptShardError(
+            where, json_header.name, 0, f"member name does not match key {meta.key!r}"
+        )
+
+    idx_header = member(json_header.end_offset, (".idx",))
+    if idx_header.name != meta.idx_member:
+        raise CorruptShardError(
+            where, idx_header.name, idx_header.header_offset, f"expected member {meta.idx_member}"
+        )
+    idx_data = _exact(read_exact, idx_header.data_offset, idx_header.size, where, idx_header.name)
+    if hashlib.sha256(idx_data).hexdigest() != meta.idx_sha256:
+        raise CorruptShardError(
+            where,
+            idx_header.name,
+            idx_header.data_offset,
+            "index sha256 does not match the metadata",
+        )
+    index = decode_idx(idx_data, where, idx_header.name)
+    check_against_index(meta, index, where, idx_header.name, idx_header.data_offset)
+
+    bin_header = member(idx_header.end_offset, (".bin", ".bin.zst"))
+    if bin_header.name != meta.bin_member:
+        raise CorruptShardError(
+            where, bin_header.name, bin_header.header_offset, f"expected member {meta.bin_member}"
+        )
+    if bin_header.size != meta.stored_bin_nbytes:
+        raise CorruptShardError(
+            where,
+            bin_header.name,
+            bin_header.header_offset,
+            f"member holds {bin_header.size} bytes, frame table says {meta.stored_bin_nbytes}",
+        )
+    return ShardHead(meta, index, bin_header)
+
+
+def _exact(read_exact, offset: int, n: int, where: str, member: str) -> bytes:
+    data = read_exact(offset, n)
+    if len(data) != n:
+        raise CorruptShardError(
+            where, member, offset + len(data), f"truncated: {len(data)} of {n} bytes"
+        )
+    return data
+
+
+def _document_slices(
+    head: ShardHead, frame_no: int, raw: bytes, start: int, stop: int
+) -> Iterator[np.ndarray]:
+    meta = head.meta
+    frames = meta.frames
+    first = frames[frame_no].first_document
+    last = frames[frame_no + 1].first_document if frame_no + 1 < len(frames) else meta.num_documents
+    tokens = np.frombuffer(raw, dtype=meta.dtype)
+    base = frames[frame_no].uncompressed_offset // meta.dtype.itemsize
+    pointers = head.index.pointers
+    sizes = head.index.sizes
+    itemsize = meta.dtype.itemsize
+    for doc in range(max(first, start), min(last, stop)):
+        begin = int(pointers[doc]) // itemsize - base
+        yield tokens[begin : begin + int(sizes[doc])]
+
+
+def _frame_range(meta: ShardMeta, start: int, stop: int) -> range:
+    firsts = [f.first_document for f in meta.frames]
+    lo = int(np.searchsorted(firsts, start, side="right")) - 1
+    hi = int(np.searchsorted(firsts, stop, side="left"))
+    return range(max(lo, 0), hi)
+
+
+class ShardReader:
+    """Random access to the documents of one shard, reading only the frames it needs."""
+
+    def __init__(self, source: str | Path | RangeSource, name: str | None = None):
+        self.source: RangeSource = LocalFile(source) if isinstance(source, (str, Path)) else source
+        self.where = name or str(
+            getattr(self.source, "path", None) or getattr(self.source, "url", "shard")
+        )
+        head = read_head(self.source.read_range, self.where)
+        self.head = head
+        self.meta = head.meta
+        self.sizes = head.index.sizes
+        self.offsets = head.offsets
+        end = head.bin_header.end_offset + len(END_OF_ARCHIVE)
+        if self.source.size < end:
+            raise CorruptShardError(
+                self.where,
+                head.bin_header.name,
+                self.source.size,
+                f"truncated tar: {self.source.size} bytes, at least {end} expected",
+            )
+        self._decoder = FrameDecoder(
+            self.meta.compressed, self.where, head.bin_header.name, head.bin_header.data_offset
+        )
+        self._cached: tuple[int, bytes] | None = None
+
+    def __len__(self) -> int:
+        return self.meta.num_documents
+
+    def _frame_bytes(self, frame_no: int) -> bytes:
+        if self._cached is not None and self._cached[0] == frame_no:
+            return self._cached[1]
+        frame = self.meta.frames[frame_no]
+        stored = self.source.read_range(
+            self.head.bin_header.data_offset + frame.compressed_offset, frame.compressed_size
+        )
+        raw = self._decoder.decode(frame, stored, frame_no)
+        self._cached = (frame_no, raw)
+        return raw
+
+    def document(self, i: int) -> np.ndarray:
+        if not 0 <= i < len(self):
+            raise IndexError(
+                f"document {i} out of range for {self.where} with {len(self)} documents"
+            )
+        (frame_no,) = _frame_range(self.meta, i, i + 1)
+        return next(_document_slices(self.head, frame_no, self._frame_bytes(frame_no), i, i + 1))
+
+    def documents(self, start: int = 0, stop: int | None = None) -> Iterator[np.ndarray]:
+        stop = len(self) if stop is None else min(stop, len(self))
+        for frame_no in _frame_range(self.meta, start, stop):
+            yield from _document_slices(
+                self.head, frame_no, self._frame_bytes(frame_no), start, stop
+            )
+
+    def memmap_tokens(self) -> np.ndarray:
+        """All tokens as a zero-copy memmap of the uncompressed bin member (local files only)."""
+        path = getattr(self.source, "path", None)
+        if self.meta.compressed or path is None:
+            raise ValueError(f"{self.where}: memmap needs an uncompressed shard on local disk")
+        if self.meta.num_tokens == 0:
+            return np.empty(0, dtype=self.meta.dtype)
+        return np.memmap(
+            path,
+            dtype=self.meta.dtype,
+            mode="r",
+            offset=self.head.bin_header.data_offset,
+            shape=(self.meta.num_tokens,),
+        )
+
+
+class ShardStreamReader:
+    """Reads a shard front to back from a non-seekable stream; memory is bounded by one frame."""
+
+    def __init__(self, stream, name: str):
+        self._stream = stream
+        self.where = name
+        self._position = 0
+        self.head = read_head(self._read_at, name)
+        self.meta = self.head.meta
+        self.sizes = self.head.index.sizes
+        self.offsets = self.head.offsets
+        self._decoder = FrameDecoder(
+            self.meta.compressed, name, self.head.bin_header.name, self.head.bin_header.data_offset
+        )
+        self._consumed = False
+
+    def _read_at(self, offset: int, n: int) -> bytes:
+        if offset < self._position:
+            raise RuntimeError("a stream can only be read forward")
+        self._skip(offset - self._position)
+        return self._read(n)
+
+    def _read(self, n: int) -> bytes:
+        parts, remaining = [], n
+        while remaining:
+            chunk = self._stream.read(remaining)
+            if not chunk:
+                break
+            parts.append(chunk)
+            remaining -= len(chunk)
+        data = b"".join(parts) if len(parts) != 1 else parts[0]
+        self._position += len(data)
+        return data
+
+    def _skip(self, n: int) -> None:
+        while n > 0:
+            step = min(n, 8 << 20)
+            got = self._read(step)
+            if len(got) != step:
+                raise CorruptShardError(
+                    self.where, None, self._position, "truncated tar: stream ended early"
+                )
+            n -= step
+
+    def documents(self, start: int = 0, stop: int | None = None) -> Iterator[np.ndarray]:
+        """Yield documents [start, stop). Reading the whole shard also checks the bin sha256 and the archive end."""
+        if self._consumed:
+            raise RuntimeError(f"{self.where}: a stream reader yields its documents once")
+        self._consumed = True
+        meta, bin_header = self.meta, self.head.bin_header
+        stop = meta.num_documents if stop is None else min(stop, meta.num_documents)
+        whole = start == 0 and stop == meta.num_documents
+        bin_hash = hashlib.sha256() if whole else None
+        for frame_no in _frame_range(meta, start, stop):
+            frame = meta.frames[frame_no]
+            stored = self._read_at(
+                bin_header.data_offset + frame.compressed_offset, frame.compressed_size
+            )
+            raw = self._decoder.decode(frame, stored, frame_no)
+            if bin_hash is not None:
+                bin_hash.update(raw)
+            yield from _document_slices(self.head, frame_no, raw, start, stop)
+        if bin_hash is not None:
+            if bin_hash.hexdigest() != meta.bin_sha256:
+                raise CorruptShardError(
+                    self.where,
+                    bin_header.name,
+                    bin_header.data_offset,
+                    "token bytes do not match bin_sha256",
+                )
+            self._check_end()
+
+    def _check_end(self) -> None:
+        offset = self.head.bin_header.end_offset
+        while True:
+            header = decode_header(self._read_at(offset, BLOCK), offset, self.where)
+            if header is None:
+                break
+            offset = header.end_offset  # side arrays: skipped by the token reader
+        if self._read_at(offset + BLOCK, BLOCK) != b"\0" * BLOCK:
+            raise CorruptShardError(
+                self.where, None, offset + BLOCK, "archive does not end with two zero blocks"
+            )
+
+
+__all__ = ["LocalFile", "RangeSource", "ShardHead", "ShardReader", "ShardStreamReader", "read_head"]

@@ -1,0 +1,174 @@
+"""Builds one shard: collects documents into frames, then writes the tar atomically.
+
+The json member comes first in the tar but depends on everything after it (frame table,
+checksums), so stored frame bytes are spooled until :meth:`ShardBuilder.write` lays out
+json, idx and bin in one pass.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+from shardtok.format.frames import DEFAULT_FRAME_SIZE, FrameEncoder
+from shardtok.format.mmidx import encode_idx, token_dtype
+from shardtok.format.shard_meta import Frame, ShardMeta
+from shardtok.format.tar import END_OF_ARCHIVE, encode_header, padding
+
+_SPOOL_IN_MEMORY = 256 << 20
+
+
+class ShardBuilder:
+    """Accumulates the documents of one shard.
+
+    Documents are grouped into frames of about `frame_size` uncompressed bytes: a frame is
+    closed before a document that would push it past the target, so a document larger than
+    the target gets a frame of its own and no document ever spans two frames.
+    """
+
+    def __init__(
+        self,
+        key: str,
+        dtype: np.dtype,
+        vocab_size: int,
+        compression_level: int | None,
+        frame_size: int = DEFAULT_FRAME_SIZE,
+        tokenizer: dict | None = None,
+    ):
+        self.key = key
+        self.dtype = token_dtype(dtype)
+        self.vocab_size = vocab_size
+        self.frame_size = frame_size
+        self.tokenizer = dict(tokenizer or {})
+        self._encoder = FrameEncoder(compression_level)
+        self._sizes: list[int] = []
+        self._frames: list[Frame] = []
+        self._pending: list[bytes] = []
+        self._pending_bytes = 0
+        self._pending_first = 0
+        self._stored_bytes = 0
+        self._token_bytes = 0
+        self._bin_hash = hashlib.sha256()
+        self._spool = tempfile.SpooledTemporaryFile(max_size=_SPOOL_IN_MEMORY)
+        self._provenance: list[list] = []
+
+    @property
+    def num_documents(self) -> int:
+        return len(self._sizes)
+
+    @property
+    def stored_bytes(self) -> int:
+        """Bytes of closed frames so far (compressed when compressing)."""
+        return self._stored_bytes
+
+    def would_close_frame(self, nbytes: int) -> bool:
+        """Whether adding a document of `nbytes` closes the open frame first."""
+        return self._pending_bytes > 0 and self._pending_bytes + nbytes > self.frame_size
+
+    def add(self, tokens: np.ndarray, provenance: tuple[str, int] | None = None) -> None:
+        """Add one document, closing the open frame first when the document would overflow it."""
+        raw = np.ascontiguousarray(tokens, dtype=self.dtype).tobytes()
+        if self.would_close_frame(len(raw)):
+            self.close_frame()
+        if not self._pending:
+            self._pending_first = len(self._sizes)
+        self._pending.append(raw)
+        self._pending_bytes += len(raw)
+        self._sizes.append(len(tokens))
+        if provenance is not None:
+            self._note_provenance(*provenance)
+
+    def close_frame(self) -> None:
+        if not self._pending:
+            return
+        raw = b"".join(self._pending)
+        stored = self._encoder.encode(raw)
+        self._frames.append(
+            Frame(
+                self._stored_bytes,
+                len(stored),
+                self._pending_first,
+                self._token_bytes,
+                len(raw),
+                zlib.crc32(raw),
+            )
+        )
+        self._spool.write(stored)
+        self._bin_hash.update(raw)
+        self._stored_bytes += len(stored)
+        self._token_bytes += len(raw)
+        self._pending, self._pending_bytes = [], 0
+
+    def _note_provenance(self, file: str, record: int) -> None:
+        last = self._provenance[-1] if self._provenance else None
+        if last is not None and last[0] == file and last[2] == record - 1:
+            last[2] = record
+        else:
+            self._provenance.append([file, record, record])
+
+    def meta(self) -> tuple[ShardMeta, bytes]:
+        """Close the open frame and return the metadata and the encoded idx."""
+        self.close_frame()
+        sizes = np.asarray(self._sizes, dtype=np.int32)
+        idx = encode_idx(sizes, self.dtype)
+        meta = ShardMeta(
+            key=self.key,
+            dtype=self.dtype,
+            vocab_size=self.vocab_size,
+            num_documents=len(sizes),
+            num_tokens=self._token_bytes // self.dtype.itemsize,
+            compression="none" if self._encoder.level is None else "zstd",
+            compression_level=self._encoder.level,
+            frames=tuple(self._frames),
+            bin_sha256=self._bin_hash.hexdigest(),
+            idx_sha256=hashlib.sha256(idx).hexdigest(),
+            tokenizer=self.tokenizer,
+            provenance=tuple(
+                {"file": f, "first_record": a, "last_record": b} for f, a, b in self._provenance
+            ),
+        )
+        return meta, idx
+
+    def write(self, path: str | Path) -> tuple[ShardMeta, int, str]:
+        """Write the shard to `path` atomically; returns (meta, file size, sha256 of the file)."""
+        meta, idx = self.meta()
+        path = Path(path)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        file_hash = hashlib.sha256()
+        size = 0
+
+        def emit(out, chunk: bytes) -> None:
+            nonlocal size
+            out.write(chunk)
+            file_hash.update(chunk)
+            size += len(chunk)
+
+        try:
+            with open(tmp, "wb") as out:
+                for name, data in (
+                    (meta.json_member, meta.to_json_bytes()),
+                    (meta.idx_member, idx),
+                ):
+                    emit(out, encode_header(name, len(data)))
+                    emit(out, data)
+                    emit(out, b"\0" * padding(len(data)))
+                emit(out, encode_header(meta.bin_member, self._stored_bytes))
+                self._spool.seek(0)
+                while chunk := self._spool.read(8 << 20):
+                    emit(out, chunk)
+                emit(out, b"\0" * padding(self._stored_bytes))
+                emit(out, END_OF_ARCHIVE)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        finally:
+            self._spool.close()
+        return meta, size, file_hash.hexdigest()
