@@ -54,7 +54,7 @@ class ShardBuilder:
         self._stored_bytes = 0
         self._token_bytes = 0
         self._bin_hash = hashlib.sha256()
-        self._spool = tempfile.SpooledTemporaryFile(max_size=_SPOOL_IN_MEMORY)
+        self._spool = tempfile.SpooledTemporaryFile(max_size=_SPOOL_IN_MEMORY)  # noqa: SIM115 (closed in write())
         self._provenance: list[list] = []
 
     @property
