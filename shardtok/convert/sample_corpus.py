@@ -1,0 +1,101 @@
+"""A few MB of real English text, built from what every Python install already has.
+
+The standard library's source is on every machine that runs shardtok, and its docstrings are
+real prose written by people. This module walks the stdlib with :mod:`ast` (never importing
+anything), collects the docstring of every module, class and function, and writes them as JSONL
+records ``{"text": ..., "source": "module.qualname"}``.
+
+The order is fixed (files sorted by relative path, definitions in source order), so the corpus is
+byte-identical for a given Python version; a different Python version gives a slightly different
+corpus, which is fine for a demo and a tokenizer training text.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import sysconfig
+from collections.abc import Iterator
+from pathlib import Path
+
+# Third-party packages live inside the stdlib folder on many installs; they vary per machine, so
+# they would make the corpus non-deterministic. Test data folders hold deliberately broken files.
+_SKIPPED_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__", "lib2to3"})
+
+DEFAULT_MAX_BYTES: int | None = None  # the whole stdlib gives about 3 MB
+
+
+def stdlib_root() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def _python_files(root: Path) -> list[Path]:
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d not in _SKIPPED_DIRS]
+        found.extend(Path(dirpath) / name for name in filenames if name.endswith(".py"))
+    # Sort on the relative POSIX path so the order does not depend on the file system.
+    return sorted(found, key=lambda p: p.relative_to(root).as_posix())
+
+
+def _module_name(root: Path, path: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts) or "__init__"
+
+
+def _docstrings(tree: ast.Module, module: str) -> Iterator[tuple[str, str]]:
+    doc = ast.get_docstring(tree, clean=True)
+    if doc:
+        yield module, doc
+
+    def walk(node: ast.AST, prefix: str) -> Iterator[tuple[str, str]]:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                name = f"{prefix}.{child.name}"
+                text = ast.get_docstring(child, clean=True)
+                if text:
+                    yield name, text
+                yield from walk(child, name)
+
+    yield from walk(tree, module)
+
+
+def iter_docstring_records(root: Path | None = None) -> Iterator[dict[str, str]]:
+    """Yield ``{"text", "source"}`` for every docstring in the stdlib, in a fixed order."""
+    root = root or stdlib_root()
+    for path in _python_files(root):
+        try:
+            source = path.read_bytes()
+            tree = ast.parse(source, filename=str(path))
+        except (SyntaxError, ValueError, UnicodeDecodeError):
+            # A few stdlib files are test data with deliberately invalid syntax or encodings.
+            continue
+        for qualname, text in _docstrings(tree, _module_name(root, path)):
+            yield {"text": text, "source": qualname}
+
+
+def write_sample_corpus(
+    out_path: str | os.PathLike[str], max_bytes: int | None = DEFAULT_MAX_BYTES
+) -> tuple[int, int]:
+    """Write the docstring corpus as JSONL, stopping before ``max_bytes`` (None = everything).
+
+    Returns (records, bytes). The file is written to a temporary name and renamed, so a reader
+    never sees half a corpus.
+    """
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_path.with_name(out_path.name + ".tmp")
+    records = written = 0
+    with open(tmp, "wb") as out:
+        for record in iter_docstring_records():
+            line = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
+            if max_bytes is not None and written + len(line) > max_bytes:
+                break
+            out.write(line)
+            records += 1
+            written += len(line)
+    os.replace(tmp, out_path)
+    return records, written
