@@ -1,0 +1,5 @@
+import sys
+
+from shardtok.cli import main
+
+sys.exit(main())

@@ -1,0 +1,127 @@
+"""Summaries of shards and datasets for `shardtok inspect` (reads heads only, never the tokens)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from shardtok.format.manifest import MANIFEST_NAME, load_manifest
+from shardtok.format.shard_reader import LocalFile, ShardHead, read_head
+
+PERCENTILES = (0, 10, 50, 90, 99, 100)
+
+
+def _read_local_head(path: Path) -> ShardHead:
+    source = LocalFile(path)
+    try:
+        return read_head(source.read_range, str(path))
+    finally:
+        source.close()
+
+
+def _length_stats(sizes: np.ndarray) -> dict:
+    if len(sizes) == 0:
+        return {f"p{p}": 0 for p in PERCENTILES} | {"mean": 0.0}
+    values = np.percentile(sizes, PERCENTILES, method="lower")
+    return {f"p{p}": int(v) for p, v in zip(PERCENTILES, values)} | {
+        "mean": round(float(sizes.mean()), 2)
+    }
+
+
+def inspect_path(path: str | Path) -> dict:
+    """A JSON-able summary of a dataset folder or a single shard file."""
+    path = Path(path)
+    if path.is_dir():
+        return _inspect_dataset(path)
+    return _inspect_shard(path)
+
+
+def _inspect_shard(path: Path) -> dict:
+    head = _read_local_head(path)
+    meta = head.meta
+    return {
+        "kind": "shard",
+        "path": str(path),
+        "key": meta.key,
+        "dtype": meta.dtype.name,
+        "vocab_size": meta.vocab_size,
+        "tokenizer": meta.tokenizer,
+        "num_documents": meta.num_documents,
+        "num_tokens": meta.num_tokens,
+        "compression": meta.compression,
+        "compression_level": meta.compression_level,
+        "num_frames": len(meta.frames),
+        "token_bytes": meta.bin_nbytes,
+        "stored_bytes": meta.stored_bin_nbytes,
+        "compression_ratio": _ratio(meta.bin_nbytes, meta.stored_bin_nbytes),
+        "document_length": _length_stats(head.index.sizes),
+        "provenance": list(meta.provenance),
+    }
+
+
+def _inspect_dataset(folder: Path) -> dict:
+    manifest = load_manifest(folder)
+    sizes, frames, token_bytes, stored = [], 0, 0, 0
+    compression = set()
+    for entry in manifest.shards:
+        head = _read_local_head(folder / entry.file)
+        sizes.append(np.asarray(head.index.sizes))
+        frames += len(head.meta.frames)
+        token_bytes += head.meta.bin_nbytes
+        stored += head.meta.stored_bin_nbytes
+        compression.add(head.meta.compression)
+    all_sizes = np.concatenate(sizes) if sizes else np.zeros(0, dtype=np.int32)
+    return {
+        "kind": "dataset",
+        "path": str(folder),
+        "manifest": MANIFEST_NAME,
+        "name": manifest.name,
+        "dtype": manifest.dtype.name,
+        "vocab_size": manifest.vocab_size,
+        "tokenizer": manifest.tokenizer,
+        "num_shards": len(manifest.shards),
+        "num_documents": manifest.num_documents,
+        "num_tokens": manifest.num_tokens,
+        "dataset_bytes": manifest.num_bytes,
+        "compression": sorted(compression),
+        "num_frames": frames,
+        "token_bytes": token_bytes,
+        "stored_bytes": stored,
+        "compression_ratio": _ratio(token_bytes, stored),
+        "document_length": _length_stats(all_sizes),
+        "extra": manifest.extra,
+    }
+
+
+def _ratio(raw: int, stored: int) -> float:
+    return round(raw / stored, 3) if stored else 1.0
+
+
+def format_summary(summary: dict) -> str:
+    """Human-readable text for the terminal."""
+    lines = []
+    if summary["kind"] == "dataset":
+        lines.append(
+            f"dataset {summary['path']} ({summary['name']}-*.tar, {summary['num_shards']} shards)"
+        )
+    else:
+        lines.append(f"shard {summary['path']} (key {summary['key']})")
+    tok = summary.get("tokenizer") or {}
+    lines += [
+        f"  documents       {summary['num_documents']:,}",
+        f"  tokens          {summary['num_tokens']:,}",
+        f"  dtype           {summary['dtype']} (vocab {summary['vocab_size']:,})",
+        f"  tokenizer       {tok.get('name', '?')} fingerprint {str(tok.get('fingerprint', '?'))[:23]}"
+        f" eos {tok.get('eos_id')} bos {tok.get('bos_id')}",
+        f"  frames          {summary['num_frames']:,}",
+        f"  compression     {summary['compression']} ratio {summary['compression_ratio']}x"
+        f" ({summary['token_bytes']:,} token bytes -> {summary['stored_bytes']:,} stored)",
+    ]
+    lengths = summary["document_length"]
+    pct = "  ".join(f"p{p} {lengths[f'p{p}']:,}" for p in PERCENTILES)
+    lines.append(f"  doc length      mean {lengths['mean']:,}  {pct}")
+    extra = summary.get("extra") or {}
+    for key, value in sorted(extra.items()):
+        lines.append(f"  {key:<15} {value}")
+    return "\n".join(lines)
