@@ -7,6 +7,7 @@ Parsing validates every field a reader relies on; the cross-checks against the i
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 
@@ -82,7 +83,12 @@ class ShardMeta:
         return sum(f.compressed_size for f in self.frames)
 
     def to_json_bytes(self) -> bytes:
-        doc = {
+        doc = self._json_fields()
+        doc["meta_sha256"] = hashlib.sha256(_canonical(doc)).hexdigest()
+        return _canonical(doc) + b"\n"
+
+    def _json_fields(self) -> dict:
+        return {
             "bin_sha256": self.bin_sha256,
             "compression": self.compression,
             "compression_level": self.compression_level,
@@ -98,9 +104,6 @@ class ShardMeta:
             "tokenizer": self.tokenizer,
             "vocab_size": self.vocab_size,
         }
-        return (
-            json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True) + "\n"
-        ).encode()
 
     @classmethod
     def from_json_bytes(cls, data: bytes, where: str, member: str, offset: int) -> ShardMeta:
@@ -115,6 +118,11 @@ class ShardMeta:
             raise fail(
                 f"not a shardtok shard (format field {doc.get('format') if isinstance(doc, dict) else doc!r})"
             )
+        # The json has no checksum around it (the tar header covers only itself), so it carries
+        # a sha256 of its own canonical form without that field.
+        claimed = doc.pop("meta_sha256", None)
+        if claimed != hashlib.sha256(_canonical(doc)).hexdigest():
+            raise fail("metadata fails its meta_sha256 check")
         if doc.get("format_version") != SHARD_FORMAT_VERSION:
             raise fail(
                 f"shard format version {doc.get('format_version')} is not supported by this shardtok "
@@ -152,6 +160,10 @@ class ShardMeta:
             raise fail(f"unknown compression {meta.compression!r}")
         _check_frames(meta, fail)
         return meta
+
+
+def _canonical(doc: dict) -> bytes:
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
 
 def _check_frames(meta: ShardMeta, fail) -> None:

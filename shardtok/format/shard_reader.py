@@ -250,9 +250,18 @@ class ShardStreamReader:
         self._consumed = False
 
     def _read_at(self, offset: int, n: int) -> bytes:
+        """Read n bytes at `offset`; the bytes skipped to get there are tar padding and must be zero."""
         if offset < self._position:
             raise RuntimeError("a stream can only be read forward")
-        self._skip(offset - self._position)
+        gap_start = self._position
+        gap = self._read(offset - gap_start)
+        if len(gap) != offset - gap_start:
+            raise CorruptShardError(
+                self.where, None, self._position, "truncated tar: stream ended early"
+            )
+        if gap.count(0) != len(gap):
+            first = gap_start + len(gap) - len(gap.lstrip(b"\0"))
+            raise CorruptShardError(self.where, None, first, "non-zero bytes in tar padding")
         return self._read(n)
 
     def _read(self, n: int) -> bytes:
@@ -267,15 +276,15 @@ class ShardStreamReader:
         self._position += len(data)
         return data
 
-    def _skip(self, n: int) -> None:
+    def _discard(self, n: int) -> None:
+        """Skip n bytes of frames we do not decode, in bounded chunks."""
         while n > 0:
-            step = min(n, 8 << 20)
-            got = self._read(step)
-            if len(got) != step:
+            got = self._read(min(n, 8 << 20))
+            if not got:
                 raise CorruptShardError(
                     self.where, None, self._position, "truncated tar: stream ended early"
                 )
-            n -= step
+            n -= len(got)
 
     def documents(self, start: int = 0, stop: int | None = None) -> Iterator[np.ndarray]:
         """Yield documents [start, stop). Reading the whole shard also checks the bin sha256 and the archive end."""
@@ -286,7 +295,12 @@ class ShardStreamReader:
         stop = meta.num_documents if stop is None else min(stop, meta.num_documents)
         whole = start == 0 and stop == meta.num_documents
         bin_hash = hashlib.sha256() if whole else None
-        for frame_no in _frame_range(meta, start, stop):
+        frames = _frame_range(meta, start, stop)
+        if len(frames):
+            self._discard(
+                bin_header.data_offset + meta.frames[frames[0]].compressed_offset - self._position
+            )
+        for frame_no in frames:
             frame = meta.frames[frame_no]
             stored = self._read_at(
                 bin_header.data_offset + frame.compressed_offset, frame.compressed_size
