@@ -1,0 +1,138 @@
+"""What the output folder holds before and after a conversion, and tidying it.
+
+States at start: empty or missing (start fresh); an unfinished conversion with the same plan
+(resume); an unfinished one with another plan, a finished dataset from other settings, or foreign
+files (refuse unless --overwrite); the finished dataset of this very command (nothing to do).
+Only shardtok's own names are ever deleted: the shard files of this dataset name, index.json,
+rejects.jsonl, their temporary files and the work folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+from shardtok.convert.workdir import WORK_DIR_NAME, WorkDir
+from shardtok.errors import ShardtokError
+from shardtok.format.manifest import MANIFEST_NAME, Manifest, load_manifest
+
+REJECTS_NAME = "rejects.jsonl"
+
+
+class OutputDirError(ShardtokError):
+    """The output folder holds something this conversion must not silently replace."""
+
+
+def _ours(name: str, dataset_name: str) -> bool:
+    shard = re.fullmatch(rf"\.?{re.escape(dataset_name)}-\d{{6}}\.tar(\.tmp-\d+)?", name)
+    own = re.fullmatch(
+        rf"\.?({re.escape(MANIFEST_NAME)}|{re.escape(REJECTS_NAME)})(\.tmp-\d+)?", name
+    )
+    return bool(shard or own or name == WORK_DIR_NAME or name.startswith(WORK_DIR_NAME + ".trash-"))
+
+
+def clear_output(out: Path, dataset_name: str) -> None:
+    """--overwrite: delete everything a previous conversion named `dataset_name` left in `out`."""
+    if not out.is_dir():
+        return
+    for entry in out.iterdir():
+        if _ours(entry.name, dataset_name):
+            if entry.is_dir():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+
+
+def sweep_temporaries(out: Path, dataset_name: str) -> None:
+    """Temporary shard/manifest files of a killed run (their final names are rewritten anyway)."""
+    for entry in out.iterdir():
+        if entry.name.startswith(".") and ".tmp-" in entry.name and _ours(entry.name, dataset_name):
+            entry.unlink(missing_ok=True)
+
+
+def foreign_entries(out: Path, dataset_name: str) -> list[str]:
+    if not out.is_dir():
+        return []
+    return sorted(e.name for e in out.iterdir() if not _ours(e.name, dataset_name))
+
+
+def finished_manifest(out: Path) -> Manifest | None:
+    if not (out / MANIFEST_NAME).exists():
+        return None
+    try:
+        return load_manifest(out)
+    except ShardtokError:
+        return None
+
+
+def remove_stale_shards(out: Path, manifest: Manifest) -> None:
+    """Shards of an earlier, longer attempt that the new manifest does not list."""
+    listed = {s.file for s in manifest.shards}
+    for entry in out.iterdir():
+        if (
+            re.fullmatch(rf"{re.escape(manifest.name)}-\d{{6}}\.tar", entry.name)
+            and entry.name not in listed
+        ):
+            entry.unlink()
+
+
+def prepare_output(
+    out: Path, dataset_name: str, plan: dict, settings: dict, overwrite: bool
+) -> tuple[WorkDir, Manifest | None]:
+    """Get `out` ready; returns the work folder and, when this job is already done, its manifest."""
+    workdir = WorkDir(out)
+    if overwrite:
+        clear_output(out, dataset_name)
+    out.mkdir(parents=True, exist_ok=True)
+    workdir.sweep_trash()
+    sweep_temporaries(out, dataset_name)
+    existing_plan = workdir.read_plan() if workdir.exists() else None
+    if existing_plan is not None:
+        if existing_plan != plan:
+            raise OutputDirError(
+                f"{out} holds an unfinished conversion of other inputs or options; rerun that "
+                "command to finish it, or pass --overwrite to start this one over it"
+            )
+        workdir.sweep_temporaries()
+        return workdir, None
+    manifest = finished_manifest(out)
+    if manifest is not None:
+        if manifest.extra.get("convert") == settings:
+            return workdir, manifest
+        raise OutputDirError(
+            f"{out} already holds a dataset converted from other inputs or options "
+            "(pass --overwrite to replace it, or choose another --output)"
+        )
+    foreign = foreign_entries(out, dataset_name)
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (" ..." if len(foreign) > 5 else "")
+        raise OutputDirError(
+            f"output folder {out} is not empty ({shown}); choose an empty or new folder"
+        )
+    workdir.start(plan)
+    return workdir, None
+
+
+class RejectsFile:
+    """rejects.jsonl under --on-bad-record skip: streamed to a temporary file, renamed at the end."""
+
+    def __init__(self, out: Path):
+        self.path = out / REJECTS_NAME
+        self._tmp = self.path.with_name(f".{REJECTS_NAME}.tmp-{os.getpid()}")
+        self._file = open(self._tmp, "wb")  # noqa: SIM115 (closed in commit/discard)
+
+    def write(self, file: str, line: int, reason: str, detail: str) -> None:
+        record = {"file": file, "line": line, "reason": reason, "detail": detail}
+        self._file.write(json.dumps(record, ensure_ascii=False).encode("utf-8") + b"\n")
+
+    def commit(self) -> Path:
+        self._file.close()
+        os.replace(self._tmp, self.path)
+        return self.path
+
+    def discard(self) -> None:
+        self._file.close()
+        self._tmp.unlink(missing_ok=True)

@@ -1,0 +1,183 @@
+"""Reading the records of one piece: text documents, or the reason a record is rejected.
+
+Record numbers count from 1 within the piece: lines for JSONL and txt, rows for Parquet, and 1
+for a whole-file txt document. The assembler adds the records of earlier pieces of the same file
+to turn them into file line/row numbers. Blank lines are separators, not records.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from shardtok.convert.inputs import InputFile
+from shardtok.convert.units import Piece
+
+# Reject reasons (stable names: they appear in rejects.jsonl and the manifest).
+INVALID_JSON = "invalid_json"
+MISSING_FIELD = "missing_field"
+NOT_A_STRING = "not_a_string"
+INVALID_UTF8 = "invalid_utf8"
+EMPTY_DOCUMENT = "empty_document"
+REASONS = (INVALID_JSON, MISSING_FIELD, NOT_A_STRING, INVALID_UTF8, EMPTY_DOCUMENT)
+
+
+@dataclass(frozen=True)
+class Reject:
+    record: int  # within the piece, from 1
+    reason: str
+    detail: str
+
+
+def _open_stream(file: InputFile):
+    raw = open(file.path, "rb")  # noqa: SIM115 (closed with the returned stream)
+    if file.compression == "gzip":
+        import gzip
+
+        return gzip.GzipFile(fileobj=raw, mode="rb")
+    if file.compression == "zstd":
+        import zstandard
+
+        reader = zstandard.ZstdDecompressor().stream_reader(
+            raw, read_across_frames=True, closefd=True
+        )
+        return io.BufferedReader(reader, buffer_size=1 << 20)
+    return raw
+
+
+def _lines(file: InputFile, piece: Piece) -> Iterator[bytes]:
+    """The raw lines of the piece, without their line terminator."""
+    if file.compression is None:
+        with open(file.path, "rb") as f:
+            f.seek(piece.start)
+            data = f.read(piece.end - piece.start)
+        if data.endswith(b"\n"):
+            data = data[:-1]
+        if data:
+            yield from data.split(b"\n")
+        return
+    with _open_stream(file) as stream:
+        for line in stream:
+            yield line[:-1] if line.endswith(b"\n") else line
+
+
+def _check_text(record: int, value, field: str) -> str | Reject:
+    if value is None:
+        return Reject(record, MISSING_FIELD, f"field {field!r} is null")
+    if isinstance(value, bytes):
+        try:
+            value = value.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            return Reject(record, INVALID_UTF8, f"field {field!r}: {exc}")
+    if not isinstance(value, str):
+        return Reject(
+            record, NOT_A_STRING, f"field {field!r} is a {type(value).__name__}, not a string"
+        )
+    if not value.strip():
+        return Reject(record, EMPTY_DOCUMENT, f"field {field!r} is empty or only whitespace")
+    try:
+        value.encode("utf-8")  # JSON escapes can smuggle in lone surrogates the tokenizer rejects
+    except UnicodeEncodeError as exc:
+        return Reject(
+            record, INVALID_UTF8, f"field {field!r}: {exc.reason} at character {exc.start}"
+        )
+    return value
+
+
+def _lookup(obj, key_path: tuple[str, ...]):
+    """Follow a dotted key; returns (found, value)."""
+    for part in key_path:
+        if not isinstance(obj, dict) or part not in obj:
+            return False, None
+        obj = obj[part]
+    return True, obj
+
+
+class PieceReader:
+    """Iterates (record number, text or Reject) over one piece; `.records` spans the piece."""
+
+    def __init__(self, file: InputFile, piece: Piece, text_key: str, txt_mode: str):
+        self.file = file
+        self.piece = piece
+        self.text_key = text_key
+        self.key_path = tuple(text_key.split("."))
+        self.txt_mode = txt_mode
+        self.records = 0  # lines/rows covered, blank lines included; valid after iteration
+
+    def __iter__(self) -> Iterator[tuple[int, str | Reject]]:
+        if self.file.kind == "parquet":
+            yield from self._parquet()
+        elif self.file.kind == "txt" and self.txt_mode == "file":
+            yield from self._txt_file()
+        else:
+            yield from self._line_records()
+
+    def _line_records(self) -> Iterator[tuple[int, str | Reject]]:
+        is_json = self.file.kind == "jsonl"
+        number = 0
+        for number, raw in enumerate(_lines(self.file, self.piece), start=1):  # noqa: B007
+            if raw.endswith(b"\r"):
+                raw = raw[:-1]
+            if not raw.strip():
+                continue
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                yield (
+                    number,
+                    Reject(number, INVALID_UTF8, f"byte {exc.start} of the line: {exc.reason}"),
+                )
+                continue
+            if not is_json:
+                yield number, _check_text(number, line, "line")
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                yield number, Reject(number, INVALID_JSON, exc.msg + f" at character {exc.pos}")
+                continue
+            found, value = _lookup(obj, self.key_path)
+            if not found:
+                yield number, Reject(number, MISSING_FIELD, f"no field {self.text_key!r}")
+                continue
+            yield number, _check_text(number, value, self.text_key)
+        self.records = number
+
+    def _txt_file(self) -> Iterator[tuple[int, str | Reject]]:
+        with _open_stream(self.file) as stream:
+            data = stream.read()
+        self.records = 1
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            yield 1, Reject(1, INVALID_UTF8, f"byte {exc.start} of the file: {exc.reason}")
+            return
+        yield 1, _check_text(1, text, "file")
+
+    def _parquet(self) -> Iterator[tuple[int, str | Reject]]:
+        import pyarrow.parquet as pq
+
+        parquet = pq.ParquetFile(self.file.path)
+        names = parquet.schema_arrow.names
+        # A column literally named "a.b" wins over the nested path a -> b.
+        if self.text_key in names:
+            column, rest = self.text_key, ()
+        else:
+            column, rest = self.key_path[0], self.key_path[1:]
+        rows = parquet.metadata.row_group(self.piece.row_group).num_rows
+        self.records = rows
+        if column not in names:
+            for number in range(1, rows + 1):
+                yield number, Reject(number, MISSING_FIELD, f"no column {column!r}")
+            return
+        values = (
+            parquet.read_row_group(self.piece.row_group, columns=[column]).column(0).to_pylist()
+        )
+        for number, value in enumerate(values, start=1):
+            found, value = _lookup(value, rest) if rest else (True, value)
+            if not found:
+                yield number, Reject(number, MISSING_FIELD, f"no field {self.text_key!r}")
+            else:
+                yield number, _check_text(number, value, self.text_key)

@@ -1,0 +1,266 @@
+"""The conversion job: plan units, tokenize them in a process pool, assemble shards in order.
+
+Workers tokenize units in any order and persist each one in the work folder. The main process
+assembles: as soon as unit k and every unit before it are finished, it feeds unit k's documents
+to the DatasetWriter (which compresses and writes shards) while the workers keep tokenizing later
+units, so compression overlaps tokenization instead of following it.
+
+Because the documents reach the writer in input order whatever finished first, the shards are
+byte-identical for any worker count, any unit size and any restart. After a kill, finished units
+are reused and the shards are simply written again from unit 0: shard boundaries are only known
+by replaying the documents, and compressing is a small fraction of tokenizing (see
+docs/CONVERT.md), so rewriting is cheaper and safer than trusting half-finished output.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+
+from shardtok.convert.inputs import InputFile, discover
+from shardtok.convert.output_dir import RejectsFile, prepare_output, remove_stale_shards
+from shardtok.convert.progress import ConvertProgress, ConvertResult
+from shardtok.convert.tokenizer import TokenizerSpec
+from shardtok.convert.units import Unit, auto_unit_size, plan_units
+from shardtok.convert.workdir import UnitResult, WorkDir
+from shardtok.convert.worker import UnitFailure, WorkerConfig, init_worker, tokenize_unit
+from shardtok.errors import BadRecordError
+from shardtok.format.dataset_writer import DEFAULT_SHARD_SIZE, DatasetWriter
+
+_PLAN_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class ConvertOptions:
+    inputs: tuple[str, ...]
+    output: str
+    tokenizer: TokenizerSpec
+    text_key: str = "text"
+    txt_mode: str = "file"  # "file": one document per .txt file; "lines": one per line
+    workers: int = 0  # 0 = os.cpu_count()
+    on_bad_record: str = "error"  # or "skip"
+    shard_size: int = DEFAULT_SHARD_SIZE
+    compression_level: int | None = 3  # None = uncompressed .bin members
+    unit_size: int | None = None  # None = auto_unit_size(total input bytes)
+    name: str = "shard"
+    overwrite: bool = False
+    keep_work: bool = False
+    progress: bool = True
+
+
+def _settings(opts: ConvertOptions, files: list[InputFile]) -> dict:
+    """The conversion's settings as stored in the manifest (deterministic: no times, no workers)."""
+    return {
+        "inputs": [{"path": f.path, "bytes": f.size} for f in files],
+        "text_key": opts.text_key,
+        "txt_mode": opts.txt_mode,
+        "append_eos": opts.tokenizer.append_eos,
+        "prepend_bos": opts.tokenizer.prepend_bos,
+        "on_bad_record": opts.on_bad_record,
+        "shard_size": opts.shard_size,
+        "compression_level": opts.compression_level,
+    }
+
+
+def _plan(opts: ConvertOptions, files: list[InputFile], unit_size: int) -> dict:
+    """Everything that decides a unit's persisted content; work is reused only under an equal plan.
+
+    --on-bad-record is left out on purpose: a unit persisted under `error` had no rejects, and a
+    unit persisted under `skip` records its rejects, so either mode can reuse the other's units.
+    """
+    spec = opts.tokenizer
+    return {
+        "format": _PLAN_FORMAT,
+        "inputs": [[f.path, f.kind, f.compression, f.size, f.mtime_ns] for f in files],
+        "text_key": opts.text_key,
+        "txt_mode": opts.txt_mode,
+        "tokenizer": spec.fingerprint,
+        "vocab_size": spec.vocab_size,
+        "eos_id": spec.eos_id if spec.append_eos else None,
+        "bos_id": spec.bos_id if spec.prepend_bos else None,
+        "unit_size": unit_size,
+    }
+
+
+class _Assembler:
+    """Feeds finished units to the DatasetWriter in unit order and keeps the record accounting."""
+
+    def __init__(
+        self, opts: ConvertOptions, files: list[InputFile], units: list[Unit], workdir: WorkDir
+    ):
+        self.opts = opts
+        self.files = files
+        self.units = units
+        self.workdir = workdir
+        self.dtype = opts.tokenizer.dtype
+        self.writer = DatasetWriter(
+            opts.output,
+            vocab_size=opts.tokenizer.vocab_size,
+            tokenizer=opts.tokenizer.as_metadata(),
+            name=opts.name,
+            shard_size=opts.shard_size,
+            compression_level=opts.compression_level,
+        )
+        self.rejects = RejectsFile(Path(opts.output)) if opts.on_bad_record == "skip" else None
+        self.records_seen = [0] * len(files)  # lines/rows of each file consumed so far
+        self.records_read = 0
+        self.documents = 0
+        self.rejected: dict[str, int] = {}
+
+    def add(self, result: UnitResult | UnitFailure) -> None:
+        unit = self.units[result.index]
+        bases = []
+        for piece_no, piece in enumerate(unit.pieces):
+            bases.append(self.records_seen[piece.input_index])
+            if isinstance(result, UnitResult):
+                self.records_seen[piece.input_index] += result.piece_records[piece_no]
+        if isinstance(result, UnitFailure):
+            self._raise(unit, bases, result.piece, result.record, result.reason, result.detail)
+        for piece_no, record, reason, detail in result.rejects:
+            if self.rejects is None:
+                self._raise(unit, bases, piece_no, record, reason, detail)
+            path = self.files[unit.pieces[piece_no].input_index].path
+            self.rejects.write(path, bases[piece_no] + record, reason, detail)
+            self.rejected[reason] = self.rejected.get(reason, 0) + 1
+        tokens, docs = self.workdir.load_unit(result.index, self.dtype)
+        paths = [self.files[p.input_index].path for p in unit.pieces]
+        offset = 0
+        add = self.writer.add
+        for piece_no, record, size in docs.tolist():
+            add(
+                tokens[offset : offset + size],
+                provenance=(paths[piece_no], bases[piece_no] + record),
+            )
+            offset += size
+        self.records_read += result.records_read
+        self.documents += result.num_documents
+
+    def _raise(
+        self, unit: Unit, bases: list[int], piece_no: int, record: int, reason: str, detail: str
+    ):
+        path = self.files[unit.pieces[piece_no].input_index].path
+        raise BadRecordError(path, bases[piece_no] + record, f"{reason}: {detail}")
+
+    def finish(self, settings: dict):
+        rejected_total = sum(self.rejected.values())
+        if self.documents + rejected_total != self.records_read:
+            raise AssertionError(
+                f"record accounting broken: {self.documents} written + {rejected_total} rejected "
+                f"!= {self.records_read} read"
+            )
+        rejects_path = self.rejects.commit() if self.rejects is not None else None
+        if rejects_path is None:
+            (Path(self.opts.output) / "rejects.jsonl").unlink(missing_ok=True)
+        extra = {
+            "convert": settings,
+            "records_read": self.records_read,
+            "documents_written": self.documents,
+            "records_rejected": rejected_total,
+            "rejected_by_reason": dict(sorted(self.rejected.items())),
+        }
+        return self.writer.close(extra=extra), rejects_path
+
+    def abandon(self) -> None:
+        if self.rejects is not None:
+            self.rejects.discard()
+
+
+def convert(opts: ConvertOptions) -> ConvertResult:
+    """Run (or resume, or recognise as done) the conversion described by `opts`."""
+    started = time.monotonic()
+    files = discover(list(opts.inputs))
+    out = Path(opts.output)
+    total_bytes = sum(f.size for f in files)
+    unit_size = opts.unit_size or auto_unit_size(total_bytes)
+    settings = _settings(opts, files)
+    workdir, done = prepare_output(
+        out, opts.name, _plan(opts, files, unit_size), settings, opts.overwrite
+    )
+    if done is not None:
+        extra = done.extra
+        rejects = out / "rejects.jsonl"
+        return ConvertResult(
+            str(out), done, extra.get("records_read", 0), extra.get("documents_written", 0),
+            dict(extra.get("rejected_by_reason", {})), already_complete=True,
+            rejects_path=str(rejects) if rejects.exists() else None,
+        )  # fmt: skip
+
+    units = plan_units(files, unit_size, opts.txt_mode)
+    dtype = opts.tokenizer.dtype
+    ready: dict[int, UnitResult | UnitFailure | Exception] = {}
+    for unit in units:
+        previous = workdir.load_result(unit.index, dtype)
+        if previous is not None:
+            ready[unit.index] = previous
+    reused = len(ready)
+    todo = [u for u in units if u.index not in ready]
+
+    progress = ConvertProgress(total_bytes, opts.progress)
+    for result in ready.values():
+        progress.unit_done(result.input_bytes, result.num_documents, result.num_tokens, reused=True)
+    assembler = _Assembler(opts, files, units, workdir)
+    config = WorkerConfig(
+        tuple(files),
+        str(out),
+        opts.text_key,
+        opts.txt_mode,
+        opts.on_bad_record == "error",
+        opts.tokenizer,
+    )
+    workers = max(1, min(opts.workers or os.cpu_count() or 1, len(todo) or 1))
+    pool = None
+    try:
+        if todo:
+            # spawn, not fork: workers start clean, without the parent's threads or locks.
+            pool = ProcessPoolExecutor(
+                workers, mp_context=multiprocessing.get_context("spawn"),
+                initializer=init_worker, initargs=(config,),
+            )  # fmt: skip
+        pending: dict[Future, int] = (
+            {pool.submit(tokenize_unit, u): u.index for u in todo} if pool else {}
+        )
+        for next_index in range(len(units)):
+            while next_index not in ready:
+                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    index = pending.pop(future)
+                    try:
+                        result = future.result()
+                    except Exception as exc:  # raised in unit order below, like bad records
+                        result = exc
+                    ready[index] = result
+                    if isinstance(result, UnitResult):
+                        progress.unit_done(
+                            result.input_bytes, result.num_documents, result.num_tokens, False
+                        )
+                    else:
+                        # The run will stop at this unit: later units are wasted work.
+                        for other in [f for f, i in pending.items() if i > index]:
+                            if other.cancel():
+                                del pending[other]
+            result = ready.pop(next_index)
+            if isinstance(result, Exception):
+                raise result
+            assembler.add(result)
+        manifest, rejects_path = assembler.finish(settings)
+    except BaseException:
+        assembler.abandon()
+        raise
+    finally:
+        progress.close()
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    remove_stale_shards(out, manifest)
+    if not opts.keep_work:
+        workdir.remove()
+    return ConvertResult(
+        str(out), manifest, assembler.records_read, assembler.documents, dict(assembler.rejected),
+        units_total=len(units), units_reused=reused, units_tokenized=len(todo),
+        seconds=time.monotonic() - started,
+        rejects_path=str(rejects_path) if rejects_path else None,
+    )  # fmt: skip

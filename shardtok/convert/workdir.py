@@ -1,0 +1,142 @@
+"""The work folder (`OUT/.shardtok-work/`): the plan and every finished unit's tokens.
+
+A unit is persisted as three files, each written under a temporary name and renamed:
+``unit-NNNNNN.tokens`` (the documents' tokens, concatenated, in the dataset dtype),
+``unit-NNNNNN.docs.npy`` (int64 rows: piece, record number, token count) and last
+``unit-NNNNNN.json`` (counts and rejects). The json is the finished-unit marker: a unit whose json
+exists and whose arrays agree with it is never tokenized again. A SIGKILL leaves at worst stray
+temporary files, which are ignored and swept.
+
+`plan.json` holds the fingerprint of everything that decides a unit's content (input files with
+size and mtime, text key, txt mode, tokenizer fingerprint, EOS/BOS, unit size); work from a
+different plan is never reused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+WORK_DIR_NAME = ".shardtok-work"
+_TRASH_PREFIX = WORK_DIR_NAME + ".trash-"
+_UNIT_FORMAT = 1
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as out:
+        out.write(data)
+    os.replace(tmp, path)
+
+
+@dataclass
+class UnitResult:
+    """What a worker reports and the assembler reads back: one unit's documents and accounting."""
+
+    index: int
+    num_documents: int
+    num_tokens: int
+    input_bytes: int
+    piece_records: list[int]  # lines/rows spanned by each piece (for file line numbers)
+    records_read: int
+    rejects: list[list]  # [piece, record, reason, detail]
+
+    def to_json(self) -> bytes:
+        doc = dict(self.__dict__, format=_UNIT_FORMAT)
+        return json.dumps(doc, sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> UnitResult:
+        doc = json.loads(data)
+        if doc.pop("format", None) != _UNIT_FORMAT:
+            raise ValueError("unit file format changed")
+        return cls(**doc)
+
+
+class WorkDir:
+    def __init__(self, out_dir: Path):
+        self.path = Path(out_dir) / WORK_DIR_NAME
+        self.plan_path = self.path / "plan.json"
+
+    def exists(self) -> bool:
+        return self.path.is_dir()
+
+    def read_plan(self) -> dict | None:
+        try:
+            return json.loads(self.plan_path.read_bytes())
+        except (OSError, ValueError):
+            return None
+
+    def start(self, plan: dict) -> None:
+        """Start an empty work folder for `plan` (anything there before is discarded)."""
+        if self.path.exists():
+            shutil.rmtree(self.path)
+        self.path.mkdir(parents=True)
+        atomic_write(self.plan_path, json.dumps(plan, sort_keys=True, indent=1).encode())
+
+    def sweep_temporaries(self) -> None:
+        for stray in self.path.glob(".*.tmp-*"):
+            stray.unlink(missing_ok=True)
+
+    def _base(self, index: int) -> Path:
+        return self.path / f"unit-{index:06d}"
+
+    def save_unit(self, result: UnitResult, tokens_tmp: Path, docs: np.ndarray) -> None:
+        """Move a worker's token file into place, then the docs array, then the marker."""
+        base = self._base(result.index)
+        os.replace(tokens_tmp, base.with_suffix(".tokens"))
+        docs_path = base.with_suffix(".docs.npy")
+        tmp = docs_path.with_name(f".{docs_path.name}.tmp-{os.getpid()}")
+        with open(tmp, "wb") as out:
+            np.save(out, docs)
+        os.replace(tmp, docs_path)
+        atomic_write(base.with_suffix(".json"), result.to_json())
+
+    def token_tmp_path(self, index: int) -> Path:
+        return self.path / f".unit-{index:06d}.tokens.tmp-{os.getpid()}"
+
+    def load_result(self, index: int, dtype: np.dtype) -> UnitResult | None:
+        """The unit's result if it finished and its files agree with each other, else None."""
+        base = self._base(index)
+        try:
+            result = UnitResult.from_json(base.with_suffix(".json").read_bytes())
+            tokens_size = base.with_suffix(".tokens").stat().st_size
+            docs_shape = np.load(base.with_suffix(".docs.npy"), mmap_mode="r").shape
+        except (OSError, ValueError, TypeError):
+            return None
+        if (
+            result.index != index
+            or tokens_size != result.num_tokens * dtype.itemsize
+            or docs_shape != (result.num_documents, 3)
+        ):
+            return None
+        return result
+
+    def load_unit(self, index: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+        """(tokens, docs) of a finished unit; tokens are memory-mapped."""
+        base = self._base(index)
+        path = base.with_suffix(".tokens")
+        tokens = (
+            np.memmap(path, dtype=dtype, mode="r")
+            if path.stat().st_size
+            else np.empty(0, dtype=dtype)
+        )
+        docs = np.load(base.with_suffix(".docs.npy"))
+        return tokens, docs
+
+    def remove(self) -> None:
+        """Delete the folder: renamed first, so a kill midway never leaves a half-empty plan behind."""
+        if not self.path.exists():
+            return
+        trash = self.path.with_name(f"{_TRASH_PREFIX}{os.getpid()}")
+        os.replace(self.path, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+
+    def sweep_trash(self) -> None:
+        for trash in self.path.parent.glob(_TRASH_PREFIX + "*"):
+            shutil.rmtree(trash, ignore_errors=True)

@@ -1,0 +1,143 @@
+"""Tokenizing one work unit inside a worker process and persisting its result.
+
+Texts are encoded in batches of about `_BATCH_CHARS` characters; tokens stream to a temporary file
+so a unit made of one large compressed file never holds all its tokens in memory. Under
+``--on-bad-record error`` a worker stops at the unit's first bad record and reports it without
+persisting anything; the assembler raises it once every earlier unit is known to be clean, so the
+error reported is always the first bad record of the input.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from shardtok.convert.inputs import InputError, InputFile
+from shardtok.convert.records import PieceReader, Reject
+from shardtok.convert.tokenizer import BatchEncoder, TokenizerSpec
+from shardtok.convert.units import Unit
+from shardtok.convert.workdir import UnitResult, WorkDir
+
+_BATCH_CHARS = 1 << 20
+_BATCH_DOCS = 4096
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """What every worker needs besides the unit itself (sent once, at pool start)."""
+
+    files: tuple[InputFile, ...]
+    out_dir: str
+    text_key: str
+    txt_mode: str
+    stop_at_bad_record: bool
+    tokenizer: TokenizerSpec
+
+
+@dataclass(frozen=True)
+class UnitFailure:
+    """The first bad record of a unit, under --on-bad-record error."""
+
+    index: int
+    piece: int
+    record: int
+    reason: str
+    detail: str
+
+
+_config: WorkerConfig | None = None
+_encoder: BatchEncoder | None = None
+
+
+def init_worker(config: WorkerConfig) -> None:
+    global _config, _encoder
+    _config = config
+    _encoder = BatchEncoder(config.tokenizer)
+
+
+class _UnitTokenizer:
+    def __init__(self, encoder: BatchEncoder, out):
+        self.encoder = encoder
+        self.out = out
+        self.texts: list[str] = []
+        self.chars = 0
+        self.sizes: list[np.ndarray] = []
+        self.num_tokens = 0
+
+    def add(self, text: str) -> None:
+        self.texts.append(text)
+        self.chars += len(text)
+        if self.chars >= _BATCH_CHARS or len(self.texts) >= _BATCH_DOCS:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.texts:
+            return
+        tokens, sizes = self.encoder.encode(self.texts)
+        self.out.write(tokens.tobytes())
+        self.sizes.append(sizes)
+        self.num_tokens += tokens.size
+        self.texts, self.chars = [], 0
+
+
+def _guarded(reader: PieceReader, path: str):
+    """Turn a damaged input (truncated .gz, corrupt .zst or .parquet) into an error naming the file."""
+    try:
+        yield from reader
+    except (OSError, EOFError, ValueError) as exc:
+        raise InputError(f"{path}: cannot read the input: {exc}") from None
+    except Exception as exc:  # zstandard.ZstdError, pyarrow.ArrowInvalid and kin
+        if type(exc).__module__.split(".")[0] in ("zstandard", "pyarrow", "gzip"):
+            raise InputError(f"{path}: cannot read the input: {exc}") from None
+        raise
+
+
+def tokenize_unit(unit: Unit) -> UnitResult | UnitFailure:
+    """Tokenize `unit` and persist it in the work folder (runs in a worker process)."""
+    assert _config is not None and _encoder is not None, "init_worker was not called"
+    config = _config
+    workdir = WorkDir(Path(config.out_dir))
+    tmp = workdir.token_tmp_path(unit.index)
+    doc_rows: list[tuple[int, int]] = []  # (piece, record) of each document
+    piece_records: list[int] = []
+    rejects: list[list] = []
+    records_read = 0
+    try:
+        with open(tmp, "wb") as out:
+            batcher = _UnitTokenizer(_encoder, out)
+            for piece_no, piece in enumerate(unit.pieces):
+                file = config.files[piece.input_index]
+                reader = PieceReader(file, piece, config.text_key, config.txt_mode)
+                for record, item in _guarded(reader, file.path):
+                    records_read += 1
+                    if isinstance(item, Reject):
+                        if config.stop_at_bad_record:
+                            return UnitFailure(
+                                unit.index, piece_no, record, item.reason, item.detail
+                            )
+                        rejects.append([piece_no, record, item.reason, item.detail])
+                    else:
+                        doc_rows.append((piece_no, record))
+                        batcher.add(item)
+                piece_records.append(reader.records)
+            batcher.flush()
+        sizes = np.concatenate(batcher.sizes) if batcher.sizes else np.empty(0, dtype=np.int32)
+        docs = np.empty((len(doc_rows), 3), dtype=np.int64)
+        if doc_rows:
+            docs[:, :2] = np.asarray(doc_rows, dtype=np.int64)
+        docs[:, 2] = sizes
+        result = UnitResult(
+            index=unit.index,
+            num_documents=len(doc_rows),
+            num_tokens=batcher.num_tokens,
+            input_bytes=unit.nbytes,
+            piece_records=piece_records,
+            records_read=records_read,
+            rejects=rejects,
+        )
+        workdir.save_unit(result, tmp, docs)
+        return result
+    finally:
+        tmp.unlink(missing_ok=True)
