@@ -43,7 +43,9 @@ def decode(spec):
 
 def run(spec, inputs, out: Path, **options):
     opts = {"workers": 1, "progress": False, "unit_size": 512, **options}
-    return convert(ConvertOptions(inputs=tuple(map(str, inputs)), output=str(out), tokenizer=spec, **opts))
+    return convert(
+        ConvertOptions(inputs=tuple(map(str, inputs)), output=str(out), tokenizer=spec, **opts)
+    )
 
 
 def documents(out: Path) -> list[np.ndarray]:
@@ -112,7 +114,8 @@ def test_provenance_names_file_lines_across_units(tmp_path, spec):
 
 def test_nested_text_key(tmp_path, spec, decode):
     data = b"".join(
-        (json.dumps({"meta": {"body": {"content": t}}, "text": "decoy"}) + "\n").encode() for t in TEXTS
+        (json.dumps({"meta": {"body": {"content": t}}, "text": "decoy"}) + "\n").encode()
+        for t in TEXTS
     )
     (tmp_path / "c.jsonl").write_bytes(data)
     run(spec, [tmp_path / "c.jsonl"], tmp_path / "out", text_key="meta.body.content")
@@ -170,7 +173,13 @@ def test_folder_and_glob_mix_in_sorted_order(tmp_path, spec, decode):
     result = run(spec, [data, str(other / "*.jsonl")], tmp_path / "out", workers=2)
     assert decoded_texts(tmp_path / "out", decode, spec.eos_id) == TEXTS
     paths = [i["path"] for i in result.manifest.extra["convert"]["inputs"]]
-    assert [Path(p).name for p in paths] == ["a.jsonl", "b.jsonl", "c.jsonl.gz", "x.jsonl", "y.jsonl"]
+    assert [Path(p).name for p in paths] == [
+        "a.jsonl",
+        "b.jsonl",
+        "c.jsonl.gz",
+        "x.jsonl",
+        "y.jsonl",
+    ]
 
 
 def test_bos_and_no_eos(tmp_path, spec):
