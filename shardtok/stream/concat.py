@@ -1,0 +1,135 @@
+"""Concat packing: documents joined end to end (each keeps the EOS convert wrote) and cut into
+windows of ``seq_len + 1`` tokens, Megatron style.
+
+``stride`` is the distance between the starts of consecutive windows:
+
+* ``seq_len + 1`` (the default): windows share no token, every token is an input or a target
+  of exactly one window;
+* ``seq_len``: Megatron's GPTDataset layout, where the last token of a window (a target only)
+  is the first input of the next, so every token but the very first is a target once;
+* anything smaller: overlapping sliding windows (reference note 004), each token seen several
+  times.
+
+A slice of T tokens gives ``(T - L) // stride + 1`` windows (``L = seq_len + 1``, none when
+T < L); the tail that does not fill a window is left unread (the epoch plan counts it).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from shardtok.stream.node import DocumentNode, Node
+from shardtok.stream.sequence import PackedSequence
+
+
+def concat_window_count(num_tokens: int, seq_len: int, stride: int | None = None) -> int:
+    """How many windows concat packing cuts from `num_tokens` consecutive tokens."""
+    window = seq_len + 1
+    stride = window if stride is None else stride
+    return 0 if num_tokens < window else (num_tokens - window) // stride + 1
+
+
+class ConcatPacker(Node[PackedSequence]):
+    """Cuts the document stream of `upstream` into windows of ``seq_len + 1`` tokens.
+
+    State: the upstream state just before the document holding the next window's first token,
+    the offset of that token in it, and the number of windows emitted.
+    """
+
+    def __init__(self, upstream: DocumentNode, seq_len: int, stride: int | None = None):
+        super().__init__()
+        if seq_len < 1:
+            raise ValueError(f"seq_len must be at least 1, got {seq_len}")
+        self.upstream = upstream
+        self.window = seq_len + 1
+        self.stride = self.window if stride is None else int(stride)
+        if not 1 <= self.stride <= self.window:
+            raise ValueError(f"stride must lie in [1, seq_len + 1 = {self.window}], got {stride}")
+        # Documents still (partly) needed: (upstream position before the pull, tokens).
+        self._pending: deque[tuple[int, np.ndarray]] = deque()
+        self._available = 0  # tokens in _pending
+        self._offset = 0  # next window's first token, relative to the first pending document
+        self._emitted = 0
+        self._exhausted = False
+        self._next_position = 0  # upstream position when _pending is empty
+
+    def _reset(self, state: dict | None) -> None:
+        self._pending.clear()
+        self._available = 0
+        self._exhausted = False
+        if state is None:
+            self.upstream.reset(None)
+            self._offset = 0
+            self._emitted = 0
+        else:
+            self.upstream.reset(state["upstream"])
+            self._offset = int(state["skip"])
+            self._emitted = int(state["emitted"])
+        self._next_position = self.upstream.position
+
+    def state_dict(self) -> dict:
+        if not self._started:
+            self.reset(None)
+        first = self._pending[0][0] if self._pending else self._next_position
+        return {
+            "upstream": self.upstream.state_at(first),
+            "skip": self._offset,
+            "emitted": self._emitted,
+        }
+
+    def _pull(self) -> bool:
+        upstream = self.upstream
+        while True:
+            position = upstream.position
+            try:
+                doc = next(upstream)
+            except StopIteration:
+                self._exhausted = True
+                return False
+            if len(doc):
+                self._pending.append((position, doc))
+                self._available += len(doc)
+                return True
+            if not self._pending:  # an empty document is never a window start
+                self._next_position = upstream.position
+
+    def _next(self) -> PackedSequence:
+        end = self._offset + self.window
+        while self._available < end:
+            if self._exhausted or not self._pull():
+                raise StopIteration
+        window = self.window
+        offset = self._offset
+        first = self._pending[0][1]
+        if offset + window <= len(first):  # the common case for long documents: one slice
+            tokens = first[offset : offset + window].copy()
+            starts = [0]
+        else:
+            pieces = []
+            starts = [0]
+            filled = 0
+            for _, doc in self._pending:
+                if filled:  # every later document begins inside this window
+                    starts.append(filled)
+                piece = doc[offset : offset + window - filled]
+                pieces.append(piece)
+                filled += len(piece)
+                offset = 0
+                if filled == window:
+                    break
+            tokens = np.concatenate(pieces)
+        self._advance()
+        self._emitted += 1
+        return PackedSequence(tokens, starts, window)
+
+    def _advance(self) -> None:
+        self._offset += self.stride
+        pending = self._pending
+        while pending and self._offset >= len(pending[0][1]):
+            _, doc = pending.popleft()
+            self._offset -= len(doc)
+            self._available -= len(doc)
+        if not pending:
+            self._next_position = self.upstream.position

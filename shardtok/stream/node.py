@@ -1,0 +1,84 @@
+"""The node contract every stream stage follows (in the spirit of torchdata.nodes).
+
+A node is an iterator with two more methods:
+
+* ``reset(state=None)``: go to the start of the stream (``None``) or to a saved point;
+* ``state_dict()``: a small JSON-able dict (positions, counters, seeds; never tokens) such that a
+  fresh node given ``reset(state)`` yields exactly the items that would have followed.
+
+Nodes do no I/O when constructed; the first ``__next__`` (or ``reset``) opens what they need, so a
+pipeline can be built in the main process and run inside a DataLoader worker.
+
+Document-level nodes (the reader and the shuffle buffer) add a cheap ``position`` (documents
+emitted so far in this slice and epoch) and ``state_at(position)``, the state for a recent
+position. Packers keep only the integer position of each document they still hold and ask for
+the full state when ``state_dict()`` is called, so the hot path never builds dicts per document.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+
+T = TypeVar("T")
+
+# Document nodes answer ``state_at(p)`` for every p >= position - HISTORY; packers never hold a
+# document older than that (concat holds at most seq_len + 1 documents, greedy closes old
+# sequences), so resume never needs more.
+HISTORY = 1 << 16
+
+
+class Node(Iterator[T], Generic[T]):
+    """Base class: subclasses implement ``_reset``, ``_next`` and ``state_dict``."""
+
+    def __init__(self) -> None:
+        self._started = False
+
+    def __iter__(self) -> Node[T]:
+        return self
+
+    def __next__(self) -> T:
+        if not self._started:
+            self.reset(None)
+        return self._next()
+
+    def reset(self, state: dict | None = None) -> None:
+        self._started = True
+        self._reset(state)
+
+    def state_dict(self) -> dict:
+        raise NotImplementedError
+
+    def _reset(self, state: dict | None) -> None:
+        raise NotImplementedError
+
+    def _next(self) -> T:
+        raise NotImplementedError
+
+
+class DocumentNode(Node[np.ndarray]):
+    """A node yielding documents (1-D token arrays) that can describe recent positions."""
+
+    position: int
+
+    def state_at(self, position: int) -> dict:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict:
+        if not self._started:
+            self.reset(None)
+        return self.state_at(self.position)
+
+
+def take(node: Iterator[Any], count: int | None = None) -> list[Any]:
+    """The next `count` items (all remaining ones when None)."""
+    out: list[Any] = []
+    if count == 0:
+        return out
+    for item in node:
+        out.append(item)
+        if count is not None and len(out) >= count:
+            break
+    return out

@@ -1,0 +1,138 @@
+"""Concat and greedy packing: token conservation, lengths, boundaries, note 004, save/restore."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from node_checks import check_save_restore
+
+from shardtok.stream.array_documents import ArrayDocuments
+from shardtok.stream.concat import ConcatPacker, concat_window_count
+from shardtok.stream.greedy import GreedyPacker
+from shardtok.stream.node import take
+
+# Reference note 004: the 137 token ids of its example text.
+NOTE_004_TOKENS = [43, 80, 223, 86, 74, 71, 223, 74, 71, 10469, 86, 223, 81, 72, 223, 86, 74, 71, 223, 69, 14600, 91, 223, 85, 86, 81, 81, 70, 223, 86, 74, 71, 223, 81, 78, 70, 223, 23806, 29948, 10469, 91, 14, 223, 67, 223, 84, 20999, 75, 69, 223, 72, 84, 9162, 223, 67, 223, 68, 91, 73, 5574, 71, 223, 13757, 67, 16, 223, 43, 86, 85, 223, 85, 86, 5574, 71, 223, 89, 67, 78, 78, 85, 223, 68, 15761, 71, 223, 86, 74, 71, 223, 79, 10469, 77, 85, 223, 81, 72, 223, 86, 29684, 71, 14, 223, 12956, 70, 223, 75, 88, 91, 223, 69, 78, 87, 80, 73, 223, 86, 75, 73, 74, 86, 78, 91, 223, 86, 81, 223, 14600, 85, 223, 72, 67, 69, 67, 70, 71, 223, 4740]  # fmt: skip
+
+
+def unique_documents(lengths) -> list[np.ndarray]:
+    """Documents whose tokens are all distinct (token = global position), so coverage is exact."""
+    docs, at = [], 0
+    for n in lengths:
+        docs.append(np.arange(at, at + n, dtype=np.int32))
+        at += n
+    return docs
+
+
+def pairs(seq) -> tuple[list[int], list[int]]:
+    return seq.tokens[:-1].tolist(), seq.tokens[1:].tolist()
+
+
+def test_note_004_sliding_windows_stride_1():
+    docs = [np.array(NOTE_004_TOKENS, dtype=np.uint16)]
+    windows = take(ConcatPacker(ArrayDocuments(docs), seq_len=4, stride=1), 5)
+    assert [pairs(w) for w in windows] == [
+        ([43, 80, 223, 86], [80, 223, 86, 74]),
+        ([80, 223, 86, 74], [223, 86, 74, 71]),
+        ([223, 86, 74, 71], [86, 74, 71, 223]),
+        ([86, 74, 71, 223], [74, 71, 223, 74]),
+        ([74, 71, 223, 74], [71, 223, 74, 71]),
+    ]
+
+
+def test_note_004_stride_equal_to_context_is_megatron_overlap():
+    docs = [np.array(NOTE_004_TOKENS, dtype=np.uint16)]
+    packer = ConcatPacker(ArrayDocuments(docs), seq_len=4, stride=4)
+    windows = take(packer, None)
+    t = NOTE_004_TOKENS
+    expected = [(t[i : i + 4], t[i + 1 : i + 5]) for i in range(0, len(t) - 4, 4)]
+    assert [pairs(w) for w in windows] == expected
+    # The note's PretrainDataset loop count equals the plan's formula.
+    assert len(windows) == concat_window_count(len(t), 4, 4) == len(range(0, len(t) - 4, 4))
+
+
+lengths_st = st.lists(st.integers(0, 40), min_size=0, max_size=40)
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=lengths_st, seq_len=st.integers(1, 24), data=st.data())
+def test_concat_conserves_tokens_and_boundaries(lengths, seq_len, data):
+    stride = data.draw(st.integers(1, seq_len + 1))
+    docs = unique_documents(lengths)
+    stream = np.concatenate(docs) if docs else np.empty(0, np.int32)
+    doc_of = np.repeat(np.arange(len(docs)), [len(d) for d in docs])
+    windows = take(ConcatPacker(ArrayDocuments(docs), seq_len, stride), None)
+    assert len(windows) == concat_window_count(len(stream), seq_len, stride)
+    for i, w in enumerate(windows):
+        assert len(w.tokens) == seq_len + 1 and w.length == seq_len + 1
+        assert np.array_equal(w.tokens, stream[i * stride : i * stride + seq_len + 1])
+        owners = doc_of[i * stride : i * stride + seq_len + 1]
+        expected_starts = [0] + [j for j in range(1, seq_len + 1) if owners[j] != owners[j - 1]]
+        assert w.starts == expected_starts
+    if stride == seq_len + 1 and windows:  # disjoint windows: no token twice, none skipped
+        used = np.concatenate([w.tokens for w in windows])
+        assert np.array_equal(used, stream[: len(used)])
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=lengths_st, seq_len=st.integers(1, 24), lookahead=st.integers(1, 5))
+def test_greedy_conserves_tokens_and_keeps_documents_whole(lengths, seq_len, lookahead):
+    docs = unique_documents(lengths)
+    window = seq_len + 1
+    seqs = take(GreedyPacker(ArrayDocuments(docs), seq_len, lookahead=lookahead, pad_id=0), None)
+    real = [s.tokens[: s.length] for s in seqs]
+    total = sum(len(d) for d in docs)
+    # Every token exactly once (tokens are unique), nothing lost, nothing duplicated.
+    got = np.sort(np.concatenate(real)) if real else np.empty(0, np.int32)
+    assert np.array_equal(got, np.arange(total, dtype=np.int32))
+    assert len(seqs) >= -(-total // window)
+    for s in seqs:
+        assert len(s.tokens) == window and 1 <= s.length <= window
+        assert (s.tokens[s.length :] == 0).all()
+        bounds = list(s.starts) + [s.length]
+        assert bounds[0] == 0 and all(a < b for a, b in zip(bounds, bounds[1:]))
+        for a, b in zip(bounds, bounds[1:]):
+            piece = s.tokens[a:b]
+            # each segment is a contiguous run of one document
+            assert np.array_equal(piece, np.arange(piece[0], piece[0] + len(piece)))
+    # Documents that fit are never split.
+    for d in docs:
+        if 0 < len(d) <= window:
+            holders = [s for s in seqs if d[0] in s.tokens[: s.length]]
+            assert len(holders) == 1 and set(d.tolist()) <= set(holders[0].tokens.tolist())
+
+
+def test_greedy_splits_long_documents_into_full_windows():
+    docs = unique_documents([25, 3])
+    seqs = take(GreedyPacker(ArrayDocuments(docs), seq_len=9, lookahead=2), None)
+    assert [s.length for s in seqs] == [10, 10, 8]
+    assert seqs[2].starts == [0, 5]
+
+
+def test_greedy_efficiency_improves_with_lookahead():
+    rng = np.random.default_rng(0)
+    docs = unique_documents(rng.integers(1, 300, size=400))
+    eff = []
+    for k in (1, 8):
+        seqs = take(GreedyPacker(ArrayDocuments(docs), 255, lookahead=k), None)
+        eff.append(sum(s.length for s in seqs) / (len(seqs) * 256))
+    assert eff[1] > eff[0] > 0.5
+
+
+@pytest.mark.parametrize("stride", [None, 16, 5])
+def test_concat_save_restore(stride):
+    rng = np.random.default_rng(1)
+    docs = unique_documents(rng.integers(0, 30, size=120))
+    check_save_restore(lambda: ConcatPacker(ArrayDocuments(docs), 16, stride))
+
+
+@pytest.mark.parametrize("lookahead", [1, 3])
+def test_greedy_save_restore(lookahead):
+    rng = np.random.default_rng(2)
+    docs = unique_documents(rng.integers(0, 45, size=150))
+    check_save_restore(
+        lambda: GreedyPacker(ArrayDocuments(docs), 16, lookahead=lookahead, pad_id=7),
+        midpoints=(0, 1, 2, 5, 17, 40, 61),
+    )
