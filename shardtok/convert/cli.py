@@ -129,6 +129,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="zstd level 1-22, or 0/none for an uncompressed, memory-mappable .bin member (default 3)",
     )
     p.add_argument(
+        "--frame-size",
+        type=parse_size,
+        default="1MiB",
+        metavar="SIZE",
+        help="uncompressed token bytes per zstd frame, the unit of random access (default 1MiB)",
+    )
+    p.add_argument(
         "--append-eos",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -201,6 +208,7 @@ def run(args: argparse.Namespace) -> int:
             on_bad_record=args.on_bad_record,
             shard_size=args.shard_size,
             compression_level=args.compression_level,
+            frame_size=args.frame_size,
             unit_size=args.unit_size,
             name=args.name,
             overwrite=args.overwrite,

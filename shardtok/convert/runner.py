@@ -30,6 +30,7 @@ from shardtok.convert.workdir import UnitResult, WorkDir
 from shardtok.convert.worker import UnitFailure, WorkerConfig, init_worker, tokenize_unit
 from shardtok.errors import BadRecordError
 from shardtok.format.dataset_writer import DEFAULT_SHARD_SIZE, DatasetWriter
+from shardtok.format.frames import DEFAULT_FRAME_SIZE
 
 _PLAN_FORMAT = 1
 
@@ -45,6 +46,7 @@ class ConvertOptions:
     on_bad_record: str = "error"  # or "skip"
     shard_size: int = DEFAULT_SHARD_SIZE
     compression_level: int | None = 3  # None = uncompressed .bin members
+    frame_size: int = DEFAULT_FRAME_SIZE  # uncompressed token bytes per zstd frame
     unit_size: int | None = None  # None = auto_unit_size(total input bytes)
     name: str = "shard"
     overwrite: bool = False
@@ -63,6 +65,7 @@ def _settings(opts: ConvertOptions, files: list[InputFile]) -> dict:
         "on_bad_record": opts.on_bad_record,
         "shard_size": opts.shard_size,
         "compression_level": opts.compression_level,
+        "frame_size": opts.frame_size,
     }
 
 
@@ -104,6 +107,7 @@ class _Assembler:
             name=opts.name,
             shard_size=opts.shard_size,
             compression_level=opts.compression_level,
+            frame_size=opts.frame_size,
         )
         self.rejects = RejectsFile(Path(opts.output)) if opts.on_bad_record == "skip" else None
         self.records_seen = [0] * len(files)  # lines/rows of each file consumed so far

@@ -65,10 +65,17 @@ class TokenizerSpec:
 def _load_transformers_tokenizer(path: Path):
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast  # 1 s import: only here
+    from transformers import PreTrainedTokenizerFast  # 1 s import: only here
 
     try:
-        if path.is_dir():
+        if path.is_dir() and (path / "tokenizer.json").exists():
+            # tokenizer.json is the serialized truth; PreTrainedTokenizerFast reads it together
+            # with tokenizer_config.json/special_tokens_map.json, and unlike AutoTokenizer it does
+            # not import torch (2+ s) on the way.
+            tok = PreTrainedTokenizerFast.from_pretrained(str(path), local_files_only=True)
+        elif path.is_dir():
+            from transformers import AutoTokenizer  # can convert vocab/merges or sentencepiece
+
             tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True, use_fast=True)
         else:
             tok = PreTrainedTokenizerFast(tokenizer_file=str(path))
