@@ -1,0 +1,121 @@
+"""Random-access GPT samples over one flat token array, with Megatron GPTDataset semantics.
+
+For local uncompressed data the tokens of every document already lie end to end in one array
+(a Megatron ``.bin`` or an uncompressed shard's ``.bin`` member, memory-mapped), and ``sizes``
+says where each document ends. :class:`GPTSamples` builds Megatron's document/sample/shuffle
+indices (:mod:`shardtok.index.gpt`) over them and cuts sample ``i`` out of the array exactly as
+``megatron.core.datasets.gpt_dataset.GPTDataset`` does: the same ``seq_length + 1`` tokens (the
+concatenation of Megatron's ``tokens`` and the last of its ``labels``) for the same ``i``, seed
+and sample count. It takes plain arrays and never imports torch.
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+
+from shardtok.index.cache import cached_gpt_indices
+from shardtok.index.gpt import GptIndices, build_gpt_indices
+
+
+class SampleDocuments(NamedTuple):
+    """Where the tokens of one sample come from, one entry per document piece, in order.
+
+    ``lengths`` sums to ``seq_length + 1``; ``np.concatenate(([0], np.cumsum(lengths)))`` gives
+    the ``cu_seqlens`` of block-causal attention. A document can be empty (length 0).
+    """
+
+    document_ids: np.ndarray  # int64: document (sequence) ids, as Megatron's document_ids
+    starts: np.ndarray  # int64: token offset inside each document where the piece begins
+    lengths: np.ndarray  # int64: tokens taken from each document
+
+
+class GPTSamples:
+    """Map-style source of ``seq_length + 1``-token samples (int64), Megatron GPTDataset order.
+
+    Args:
+        tokens: every token of every document, end to end (1-D array or memmap, any int dtype).
+        sizes: tokens per document (the ``.idx`` sizes); must sum to ``len(tokens)``.
+        seq_length: tokens per training sequence; samples carry one more for the shifted labels.
+        num_samples: samples wanted (enough epochs are built, Megatron style); None: one epoch.
+        seed: Megatron's ``random_seed``.
+        documents: the document ids of this split (Megatron's ``indexed_indices``); None: all.
+        cache_dir: if given, the indices are stored there and memory-mapped on later runs
+            (:func:`shardtok.index.cache.cached_gpt_indices`).
+
+    ``len()`` is the number of samples the built epochs hold, as Megatron's ``len(GPTDataset)``:
+    at least ``num_samples``, possibly a few more.
+    """
+
+    def __init__(
+        self,
+        tokens: np.ndarray,
+        sizes: np.ndarray,
+        seq_length: int,
+        num_samples: int | None = None,
+        seed: int = 1234,
+        documents: np.ndarray | Sequence[int] | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
+        if tokens.ndim != 1:
+            raise ValueError(f"tokens must be a 1-D array, got shape {tokens.shape}")
+        sizes = np.asarray(sizes)
+        if sizes.ndim != 1 or not np.issubdtype(sizes.dtype, np.integer):
+            raise ValueError("sizes must be a 1-D integer array (tokens per document)")
+        if sizes.size and int(sizes.min()) < 0:
+            raise ValueError("sizes must not be negative")
+        ends = np.cumsum(sizes, dtype=np.int64)
+        total = int(ends[-1]) if ends.size else 0
+        if total != tokens.shape[0]:
+            raise ValueError(
+                f"sizes add up to {total} tokens but the token array holds {tokens.shape[0]}"
+            )
+        self.tokens = tokens
+        self.sizes = sizes
+        self.seq_length = int(seq_length)
+        self._document_starts = ends - sizes
+        if cache_dir is None:
+            indices = build_gpt_indices(sizes, seq_length, num_samples, seed, documents)
+        else:
+            indices = cached_gpt_indices(cache_dir, sizes, seq_length, num_samples, seed, documents)
+        self.indices: GptIndices = indices
+
+    def __len__(self) -> int:
+        return int(self.indices.sample_index.shape[0]) - 1
+
+    def document_boundaries(self, i: int) -> SampleDocuments:
+        """The documents (and the token ranges in them) that make up sample ``i``."""
+        position = int(self.indices.shuffle_index[self._check_index(i)])
+        first, first_offset = (int(v) for v in self.indices.sample_index[position])
+        last, last_offset = (int(v) for v in self.indices.sample_index[position + 1])
+        document_ids = self.indices.document_index[first : last + 1].astype(np.int64)
+        starts = np.zeros(document_ids.shape[0], dtype=np.int64)
+        starts[0] = first_offset
+        ends = self.sizes[document_ids].astype(np.int64)
+        # The extra token: the last piece reaches one past the next sample's start.
+        ends[-1] = last_offset + 1
+        return SampleDocuments(document_ids, starts, ends - starts)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        """Sample ``i``: ``seq_length + 1`` tokens (int64), Megatron's ``tokens`` + last label."""
+        pieces = self.document_boundaries(i)
+        flat_starts = self._document_starts[pieces.document_ids] + pieces.starts
+        if flat_starts.shape[0] == 1:
+            begin = int(flat_starts[0])
+            return np.asarray(self.tokens[begin : begin + int(pieces.lengths[0])], dtype=np.int64)
+        # One gather for all pieces: token positions = piece start + position inside the piece.
+        piece_offsets = np.cumsum(pieces.lengths) - pieces.lengths
+        positions = np.repeat(flat_starts - piece_offsets, pieces.lengths)
+        positions += np.arange(positions.shape[0], dtype=np.int64)
+        return np.asarray(self.tokens[positions], dtype=np.int64)
+
+    def _check_index(self, i: int) -> int:
+        i = operator.index(i)
+        length = len(self)
+        if not -length <= i < length:
+            raise IndexError(f"sample {i} out of range for {length} samples")
+        return i + length if i < 0 else i
