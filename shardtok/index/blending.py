@@ -88,7 +88,7 @@ def _greedy_order(scaled: list[int], total: int, num_samples: int) -> np.ndarray
     step = 0
     while step < num_samples:
         chunk_end = min(num_samples, (step // total + 1) * total)
-        picks = []
+        picks: list[int] = []
         append = picks.append
         for s in range(step, chunk_end):
             t = s or 1

@@ -16,7 +16,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -128,7 +128,7 @@ def cached_gpt_indices(
 
 
 def _publish(
-    cache_root: Path, folder: Path, indices: GptIndices, description: dict[str, object]
+    cache_root: Path, folder: Path, indices: GptIndices, description: Mapping[str, object]
 ) -> None:
     cache_root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=cache_root))
