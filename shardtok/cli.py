@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 
 from shardtok import __version__
+from shardtok.convert import cli as convert_cli
+from shardtok.convert.cli import parse_compression, parse_size
 from shardtok.errors import ShardtokError
 
 DESCRIPTION = """\
@@ -25,51 +27,19 @@ typical session:
 """
 
 
-def _size(text: str) -> int:
-    """Parse sizes like 64MB, 1GiB, 500k, 1048576."""
-    units = {
-        "": 1,
-        "k": 10**3,
-        "m": 10**6,
-        "g": 10**9,
-        "t": 10**12,
-        "ki": 2**10,
-        "mi": 2**20,
-        "gi": 2**30,
-        "ti": 2**40,
-    }
-    raw = text.strip().lower().removesuffix("b")
-    number = raw.rstrip("kmgti")
-    unit = raw[len(number) :]
-    if unit not in units:
-        raise argparse.ArgumentTypeError(
-            f"cannot read size {text!r} (examples: 64MB, 1GiB, 1048576)"
-        )
-    try:
-        return int(float(number) * units[unit])
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"cannot read size {text!r} (examples: 64MB, 1GiB, 1048576)"
-        ) from None
-
-
 def _add_writer_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--shard-size",
-        type=_size,
+        type=parse_size,
         default="64MiB",
         help="stored bytes per shard before rolling over (default 64MiB)",
     )
     parser.add_argument(
         "--compression-level",
-        type=int,
+        type=parse_compression,
         default=3,
         help="zstd level 1-22, or 0 to store the .bin uncompressed (memory-mappable in place); default 3",
     )
-
-
-def _compression(level: int) -> int | None:
-    return None if level == 0 else level
 
 
 # -- inspect ---------------------------------------------------------------------------------
@@ -171,7 +141,7 @@ def _run_import_megatron(args) -> int:
         vocab_size=args.vocab_size,
         tokenizer=tokenizer,
         shard_size=args.shard_size,
-        compression_level=_compression(args.compression_level),
+        compression_level=args.compression_level,
     )
     print(
         f"wrote {len(manifest.shards)} shards, {manifest.num_documents:,} documents, {manifest.num_tokens:,} tokens to {args.out_dir}"
@@ -219,7 +189,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-_SUBCOMMANDS = [_add_inspect, _add_verify, _add_import_megatron, _add_export_megatron]
+_SUBCOMMANDS = [
+    convert_cli.add_parser,
+    convert_cli.add_sample_corpus_parser,
+    _add_inspect,
+    _add_verify,
+    _add_import_megatron,
+    _add_export_megatron,
+]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -123,5 +124,7 @@ def format_summary(summary: dict) -> str:
     lines.append(f"  doc length      mean {lengths['mean']:,}  {pct}")
     extra = summary.get("extra") or {}
     for key, value in sorted(extra.items()):
-        lines.append(f"  {key:<15} {value}")
+        text = value if isinstance(value, (int, float, str)) else json.dumps(value, sort_keys=True)
+        text = str(text)
+        lines.append(f"  {key:<15} {text if len(text) <= 100 else text[:97] + '...'}")
     return "\n".join(lines)
