@@ -143,3 +143,14 @@ def test_auto_unit_size_bounds():
     assert auto_unit_size(0) == 256 << 10
     assert auto_unit_size(64 << 20) == 1 << 20
     assert auto_unit_size(1 << 40) == 16 << 20
+
+
+def test_sample_corpus_skips_whitespace_only_docstrings():
+    import ast
+
+    from shardtok.convert.sample_corpus import _docstrings
+
+    tree = ast.parse(
+        '"""Module doc."""\ndef f():\n    """    """\nclass C:\n    def g(self):\n        """Real text."""\n'
+    )
+    assert list(_docstrings(tree, "m")) == [("m", "Module doc."), ("m.C.g", "Real text.")]

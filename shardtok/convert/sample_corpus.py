@@ -48,7 +48,7 @@ def _module_name(root: Path, path: Path) -> str:
 
 def _docstrings(tree: ast.Module, module: str) -> Iterator[tuple[str, str]]:
     doc = ast.get_docstring(tree, clean=True)
-    if doc:
+    if doc and doc.strip():
         yield module, doc
 
     def walk(node: ast.AST, prefix: str) -> Iterator[tuple[str, str]]:
@@ -56,7 +56,8 @@ def _docstrings(tree: ast.Module, module: str) -> Iterator[tuple[str, str]]:
             if isinstance(child, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
                 name = f"{prefix}.{child.name}"
                 text = ast.get_docstring(child, clean=True)
-                if text:
+                # Whitespace-only docstrings exist (test data); they are not documents.
+                if text and text.strip():
                     yield name, text
                 yield from walk(child, name)
 
