@@ -34,6 +34,9 @@ def concat_window_count(num_tokens: int, seq_len: int, stride: int | None = None
 class ConcatPacker(Node[PackedSequence]):
     """Cuts the document stream of `upstream` into windows of ``seq_len + 1`` tokens.
 
+    Documents are appended to one token buffer, so a window is a view of it (a buffer that runs
+    out of room is replaced, never overwritten, so handed-out windows stay valid).
+
     State: the upstream state just before the document holding the next window's first token,
     the offset of that token in it, and the number of windows emitted.
     """
@@ -47,89 +50,94 @@ class ConcatPacker(Node[PackedSequence]):
         self.stride = self.window if stride is None else int(stride)
         if not 1 <= self.stride <= self.window:
             raise ValueError(f"stride must lie in [1, seq_len + 1 = {self.window}], got {stride}")
-        # Documents still (partly) needed: (upstream position before the pull, tokens).
-        self._pending: deque[tuple[int, np.ndarray]] = deque()
-        self._available = 0  # tokens in _pending
-        self._offset = 0  # next window's first token, relative to the first pending document
+        self._buf = np.empty(0, dtype=np.int32)
+        self._base = 0  # token number (counted from the reset point) of _buf[0]
+        self._end = 0  # token number one past the last buffered token
+        self._head = 0  # token number of the next window's first token
+        # Documents from the one holding _head on: (token number of their start, position).
+        self._docs: deque[tuple[int, int]] = deque()
         self._emitted = 0
         self._exhausted = False
-        self._next_position = 0  # upstream position when _pending is empty
+        self._pull_next = upstream.__next__  # replaced by the faster _next once started
 
     def _reset(self, state: dict | None) -> None:
-        self._pending.clear()
-        self._available = 0
+        self._buf = np.empty(0, dtype=np.int32)
+        self._base = self._end = 0
+        self._docs.clear()
         self._exhausted = False
         if state is None:
             self.upstream.reset(None)
-            self._offset = 0
+            self._head = 0
             self._emitted = 0
         else:
             self.upstream.reset(state["upstream"])
-            self._offset = int(state["skip"])
+            self._head = int(state["skip"])
             self._emitted = int(state["emitted"])
-        self._next_position = self.upstream.position
+        self._pull_next = self.upstream._next  # started by the reset above
 
     def state_dict(self) -> dict:
         if not self._started:
             self.reset(None)
-        first = self._pending[0][0] if self._pending else self._next_position
+        if self._head >= self._end:  # nothing buffered is needed: continue with the next pull
+            position, skip = self.upstream.position, self._head - self._end
+        else:
+            start, position = self._head_document()
+            skip = self._head - start
         return {
-            "upstream": self.upstream.state_at(first),
-            "skip": self._offset,
+            "upstream": self.upstream.state_at(position),
+            "skip": skip,
             "emitted": self._emitted,
         }
 
-    def _pull(self) -> bool:
-        upstream = self.upstream
-        while True:
-            position = upstream.position
-            try:
-                doc = next(upstream)
-            except StopIteration:
-                self._exhausted = True
-                return False
-            if len(doc):
-                self._pending.append((position, doc))
-                self._available += len(doc)
-                return True
-            if not self._pending:  # an empty document is never a window start
-                self._next_position = upstream.position
+    def _append(self, doc: np.ndarray, position: int) -> None:
+        n = len(doc)
+        if self._buf.dtype != doc.dtype or self._end + n - self._base > len(self._buf):
+            keep = max(self._end - self._head, 0)
+            capacity = max(4 * self.window, 2 * (keep + n), 1 << 16)
+            fresh = np.empty(capacity, dtype=doc.dtype)
+            if keep:
+                fresh[:keep] = self._buf[self._head - self._base : self._end - self._base]
+                self._base = self._head
+            else:
+                self._base = self._end
+            self._buf = fresh
+        at = self._end - self._base
+        self._buf[at : at + n] = doc
+        self._docs.append((self._end, position))
+        self._end += n
+
+    def _head_document(self) -> tuple[int, int]:
+        """(start, position) of the document holding the next window's first token."""
+        docs = self._docs
+        while len(docs) > 1 and docs[1][0] <= self._head:
+            docs.popleft()
+        return docs[0]
 
     def _next(self) -> PackedSequence:
-        end = self._offset + self.window
-        while self._available < end:
-            if self._exhausted or not self._pull():
-                raise StopIteration
         window = self.window
-        offset = self._offset
-        first = self._pending[0][1]
-        if offset + window <= len(first):  # the common case for long documents: one slice
-            tokens = first[offset : offset + window].copy()
-            starts = [0]
-        else:
-            pieces = []
-            starts = [0]
-            filled = 0
-            for _, doc in self._pending:
-                if filled:  # every later document begins inside this window
-                    starts.append(filled)
-                piece = doc[offset : offset + window - filled]
-                pieces.append(piece)
-                filled += len(piece)
-                offset = 0
-                if filled == window:
-                    break
-            tokens = np.concatenate(pieces)
-        self._advance()
+        head = self._head
+        while self._end - head < window:
+            if self._exhausted:
+                raise StopIteration
+            position = self.upstream.position
+            try:
+                doc = self._pull_next()
+            except StopIteration:
+                self._exhausted = True
+                raise
+            if len(doc):
+                self._append(doc, position)
+        self._head_document()
+        docs = self._docs
+        starts = [0]
+        limit = head + window
+        for i in range(1, len(docs)):
+            begin = docs[i][0]
+            if begin >= limit:
+                break
+            starts.append(begin - head)
+        at = head - self._base
+        tokens = self._buf[at : at + window]
+        self._head = head + self.stride
         self._emitted += 1
         return PackedSequence(tokens, starts, window)
-
-    def _advance(self) -> None:
-        self._offset += self.stride
-        pending = self._pending
-        while pending and self._offset >= len(pending[0][1]):
-            _, doc = pending.popleft()
-            self._offset -= len(doc)
-            self._available -= len(doc)
-        if not pending:
-            self._next_position = self.upstream.position

@@ -23,7 +23,7 @@ upstream's own small state.
 
 from __future__ import annotations
 
-import heapq
+from collections import deque
 from collections.abc import Sequence
 
 import numpy as np
@@ -32,11 +32,18 @@ from shardtok.stream.node import HISTORY, DocumentNode
 
 KEY_BLOCK = 4096
 MIN_CHECKPOINT_SPACING = 1024
+MIN_ROUND = 64
 
 
 class ShuffleBuffer(DocumentNode):
-    """Shuffles documents within a window of `window` documents (0 is not allowed here:
-    leave the node out to disable shuffling)."""
+    """Shuffles documents within a window of `window` documents (leave the node out to disable
+    shuffling).
+
+    Documents are read in rounds of ``max(64, window // 4)``; after each round every buffered
+    document whose key is below the next ordinal is released in key order (one numpy sort per
+    round instead of a heap operation per document). At most about ``1.25 * window`` documents
+    are held.
+    """
 
     def __init__(self, upstream: DocumentNode, window: int, seed: Sequence[int]):
         super().__init__()
@@ -46,35 +53,78 @@ class ShuffleBuffer(DocumentNode):
         self.window = int(window)
         self.seed = tuple(int(s) for s in seed)
         self.spacing = max(self.window, MIN_CHECKPOINT_SPACING)
-        self._heap: list[tuple[float, int, np.ndarray]] = []
+        self.round = max(MIN_ROUND, self.window // 4)
+        self._keys = np.empty(0)  # keys and ordinals of buffered, not yet released documents
+        self._ordinals = np.empty(0, dtype=np.int64)
+        self._held: dict[int, np.ndarray] = {}
+        self._ready: deque[np.ndarray] = deque()
         self._checkpoints: dict[int, dict] = {}
-        self._key_block = -1
-        self._key_values = np.empty(0)
+        self._key_cache: tuple[int, np.ndarray] = (-1, np.empty(0))
         self._exhausted = False
         self.position = 0
 
+    @property
+    def held(self) -> int:
+        """Documents in memory (buffered or released but not yet emitted)."""
+        return len(self._held) + len(self._ready)
+
     # -- keys ---------------------------------------------------------------------------
-    def _key(self, ordinal: int) -> float:
-        block, at = divmod(ordinal, KEY_BLOCK)
-        if block != self._key_block:
+    def _block_keys(self, block: int) -> np.ndarray:
+        if self._key_cache[0] != block:
             rng = np.random.default_rng((*self.seed, block))
-            self._key_values = (rng.random(KEY_BLOCK) * self.window).tolist()
-            self._key_block = block
-        return ordinal + self._key_values[at]
+            self._key_cache = (block, rng.random(KEY_BLOCK) * self.window)
+        return self._key_cache[1]
+
+    def keys(self, lo: int, hi: int) -> np.ndarray:
+        """Keys of ordinals [lo, hi)."""
+        parts = []
+        at = lo
+        while at < hi:
+            block, offset = divmod(at, KEY_BLOCK)
+            take = min(hi - at, KEY_BLOCK - offset)
+            parts.append(self._block_keys(block)[offset : offset + take])
+            at += take
+        jitter = np.concatenate(parts) if parts else np.empty(0)
+        return np.arange(lo, hi, dtype=np.float64) + jitter
 
     # -- reading ------------------------------------------------------------------------
-    def _read_one(self) -> tuple[float, int, np.ndarray] | None:
+    def _read(self, until: int) -> None:
+        """Read ordinals up to `until` (exclusive) into the buffer."""
         upstream = self.upstream
-        ordinal = upstream.position
-        if ordinal % self.spacing == 0 and ordinal not in self._checkpoints:
-            self._checkpoints[ordinal] = upstream.state_at(ordinal)
-            self._prune(ordinal)
-        try:
-            doc = next(upstream)
-        except StopIteration:
-            self._exhausted = True
-            return None
-        return (self._key(ordinal), ordinal, doc)
+        pull = upstream._next
+        held = self._held
+        first = upstream.position
+        spacing = self.spacing
+        while upstream.position < until:
+            ordinal = upstream.position
+            if ordinal % spacing == 0 and ordinal not in self._checkpoints:
+                self._checkpoints[ordinal] = upstream.state_at(ordinal)
+                self._prune(ordinal)
+            try:
+                held[ordinal] = pull()
+            except StopIteration:
+                self._exhausted = True
+                break
+        last = upstream.position
+        if last > first:
+            self._keys = np.concatenate((self._keys, self.keys(first, last)))
+            self._ordinals = np.concatenate((self._ordinals, np.arange(first, last)))
+
+    def _release(self, below: float | None) -> None:
+        """Move buffered documents with key < `below` (all when None) to the ready queue."""
+        keys, ordinals = self._keys, self._ordinals
+        if below is None:
+            chosen = np.arange(len(keys))
+        else:
+            chosen = np.flatnonzero(keys < below)
+        if not len(chosen):
+            return
+        order = chosen[np.lexsort((ordinals[chosen], keys[chosen]))]
+        held = self._held
+        self._ready.extend(held.pop(o) for o in ordinals[order].tolist())
+        keep = np.ones(len(keys), dtype=bool)
+        keep[chosen] = False
+        self._keys, self._ordinals = keys[keep], ordinals[keep]
 
     def _prune(self, ordinal: int) -> None:
         horizon = ordinal - HISTORY - 2 * self.window - 2 * self.spacing
@@ -82,15 +132,17 @@ class ShuffleBuffer(DocumentNode):
             del self._checkpoints[old]
 
     def _next(self) -> np.ndarray:
-        heap = self._heap
-        while not self._exhausted and (not heap or heap[0][0] >= self.upstream.position):
-            entry = self._read_one()
-            if entry is not None:
-                heapq.heappush(heap, entry)
-        if not heap:
-            raise StopIteration
+        ready = self._ready
+        while not ready:
+            if self._exhausted:
+                if not self._held:
+                    raise StopIteration
+                self._release(None)
+                continue
+            self._read(self.upstream.position + self.round)
+            self._release(None if self._exhausted else self.upstream.position)
         self.position += 1
-        return heapq.heappop(heap)[2]
+        return ready.popleft()
 
     # -- state --------------------------------------------------------------------------
     def _checkpoint_for(self, position: int) -> int:
@@ -110,7 +162,10 @@ class ShuffleBuffer(DocumentNode):
         return {"position": position, "read_from": base, "upstream": self._checkpoints[base]}
 
     def _reset(self, state: dict | None) -> None:
-        self._heap = []
+        self._keys = np.empty(0)
+        self._ordinals = np.empty(0, dtype=np.int64)
+        self._held = {}
+        self._ready = deque()
         self._checkpoints = {}
         self._exhausted = False
         if state is None:
@@ -125,13 +180,15 @@ class ShuffleBuffer(DocumentNode):
                 f"upstream restored to {self.upstream.position}, shuffle state expects {base}"
             )
         self._checkpoints[base] = state["upstream"]
-        entries = []
-        while self.upstream.position < position + self.window:
-            entry = self._read_one()
-            if entry is None:
-                break
-            entries.append(entry)
-        entries.sort(key=lambda e: (e[0], e[1]))
-        self._heap = entries[position - base :]
-        heapq.heapify(self._heap)
+        # Ordinals [base, position + window) hold everything not yet emitted that could come
+        # next; the (position - base) smallest keys among them were emitted already.
+        self._read(position + self.window)
         self.position = position
+        skip = position - base
+        if skip:
+            order = np.lexsort((self._ordinals, self._keys))[:skip]
+            for o in self._ordinals[order].tolist():
+                del self._held[o]
+            keep = np.ones(len(self._keys), dtype=bool)
+            keep[order] = False
+            self._keys, self._ordinals = self._keys[keep], self._ordinals[keep]

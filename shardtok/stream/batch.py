@@ -1,0 +1,116 @@
+"""Turning packed sequences into a training batch (vectorized over the whole batch).
+
+A batch is a dict of numpy arrays, for ``B`` sequences of ``S = seq_len`` inputs:
+
+==================  ============  ======================================================
+``input_ids``       int64 [B, S]  ``tokens[:, :-1]``
+``labels``          int64 [B, S]  ``tokens[:, 1:]``; -100 where the target is padding and,
+                                  with ``mask_boundary_labels``, where the target is the
+                                  first token of another document
+``position_ids``    int64 [B, S]  restart at 0 at every document segment
+``document_ids``    int32 [B, S]  segment number within the row (0, 1, ...); padding is a
+                                  segment of its own. ``document_ids[b, i] == document_ids[b,
+                                  j]`` with ``j <= i`` is the block-causal mask
+``cu_seqlens``      int32 [n+1]   FlashAttention varlen boundaries over the flattened batch
+                                  (``B * S`` tokens, one entry per segment plus the end)
+``max_seqlen``      int           longest segment, for varlen kernels
+==================  ============  ======================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from shardtok.stream.sequence import PackedSequence
+
+IGNORE_INDEX = -100
+BATCH_KEYS = ("input_ids", "labels", "position_ids", "document_ids", "cu_seqlens")
+
+# Allocator for the output arrays: given (batch_size, seq_len) it returns writable arrays for
+# every key in BATCH_KEYS (cu_seqlens with room for batch_size * seq_len + 1 entries). The torch
+# adapter passes one that hands out shared-memory slots, so batches are built in place.
+Allocator = Callable[[int, int], dict[str, np.ndarray]]
+
+
+def allocate_arrays(batch_size: int, seq_len: int) -> dict[str, np.ndarray]:
+    shape = (batch_size, seq_len)
+    return {
+        "input_ids": np.empty(shape, dtype=np.int64),
+        "labels": np.empty(shape, dtype=np.int64),
+        "position_ids": np.empty(shape, dtype=np.int64),
+        "document_ids": np.empty(shape, dtype=np.int32),
+        "cu_seqlens": np.empty(batch_size * seq_len + 1, dtype=np.int32),
+    }
+
+
+_ARANGE_CACHE: dict[int, np.ndarray] = {}
+
+
+def _arange(n: int) -> np.ndarray:
+    out = _ARANGE_CACHE.get(n)
+    if out is None:
+        out = _ARANGE_CACHE[n] = np.arange(n, dtype=np.int64)
+    return out
+
+
+def build_batch(
+    sequences: Sequence[PackedSequence],
+    *,
+    mask_boundary_labels: bool = False,
+    allocate: Allocator = allocate_arrays,
+) -> dict:
+    """Stack sequences (all ``seq_len + 1`` tokens) into the batch described above.
+
+    Work is per segment, not per token: a handful of numpy calls over the whole batch.
+    """
+    rows = len(sequences)
+    window = len(sequences[0].tokens)
+    seq_len = window - 1
+    out = allocate(rows, seq_len)
+    input_ids, labels = out["input_ids"], out["labels"]
+    tokens = np.empty((rows, window), dtype=sequences[0].tokens.dtype)
+    seg_starts: list[int] = []  # flat (row * seq_len + column) start of every input segment
+    local_ids: list[int] = []  # segment number within its row
+    masked: list[int] = []  # flat label positions to set to IGNORE_INDEX
+    for b, seq in enumerate(sequences):
+        tokens[b] = seq.tokens
+        row = b * seq_len
+        starts = seq.starts
+        length = seq.length
+        n = 0
+        for column in starts:
+            if column < seq_len:
+                seg_starts.append(row + column)
+                n += 1
+            if mask_boundary_labels and column > 0:
+                masked.append(row + column - 1)
+        if length < window:
+            if length < seq_len:
+                seg_starts.append(row + length)  # padding is a segment of its own
+                n += 1
+            masked.extend(range(row + max(length - 1, 0), row + seq_len))
+        local_ids.extend(range(n))
+    np.copyto(input_ids, tokens[:, :-1], casting="unsafe")
+    np.copyto(labels, tokens[:, 1:], casting="unsafe")
+    if masked:
+        labels.reshape(-1)[masked] = IGNORE_INDEX
+
+    total = rows * seq_len
+    bounds = np.array(seg_starts + [total], dtype=np.int64)
+    lengths = np.diff(bounds)
+    np.subtract(
+        _arange(total), np.repeat(bounds[:-1], lengths), out=out["position_ids"].reshape(-1)
+    )
+    out["document_ids"].reshape(-1)[:] = np.repeat(np.array(local_ids, dtype=np.int32), lengths)
+    cu = out["cu_seqlens"][: len(bounds)]
+    cu[:] = bounds
+    return {
+        "input_ids": input_ids,
+        "labels": labels,
+        "position_ids": out["position_ids"],
+        "document_ids": out["document_ids"],
+        "cu_seqlens": cu,
+        "max_seqlen": int(lengths.max()),
+    }

@@ -1,0 +1,102 @@
+"""Groups packed sequences into batches and stops after exactly the planned number of batches."""
+
+from __future__ import annotations
+
+from shardtok.errors import ShardtokError
+from shardtok.stream.batch import Allocator, allocate_arrays, build_batch
+from shardtok.stream.node import Node
+from shardtok.stream.sequence import PackedSequence
+
+
+class Batcher(Node[dict]):
+    """Yields batches of `batch_size` sequences; `num_batches` (when given) is exact.
+
+    The plan guarantees every slice can fill `num_batches`; if the upstream runs dry earlier the
+    data disagrees with its manifest, and that is an error rather than a silent short epoch
+    (which would hang a distributed job). The state is the packer's state at a batch boundary
+    plus counters.
+    """
+
+    def __init__(
+        self,
+        upstream: Node[PackedSequence],
+        batch_size: int,
+        *,
+        num_batches: int | None = None,
+        mask_boundary_labels: bool = False,
+        allocate: Allocator = allocate_arrays,
+        where: str = "stream",
+    ):
+        super().__init__()
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        self.upstream = upstream
+        self.batch_size = batch_size
+        self.num_batches = num_batches
+        self.mask_boundary_labels = mask_boundary_labels
+        self.allocate = allocate
+        self.where = where
+        self.batches = 0
+        self.real_tokens = 0  # tokens that are not padding (sequence slots: seq_len + 1 each)
+        self.sequences = 0
+        self.segments = 0
+
+    def _reset(self, state: dict | None) -> None:
+        if state is None:
+            self.upstream.reset(None)
+            self.batches = self.real_tokens = self.sequences = self.segments = 0
+        else:
+            self.upstream.reset(state["upstream"])
+            self.batches = int(state["batches"])
+            self.real_tokens = int(state["real_tokens"])
+            self.sequences = int(state["sequences"])
+            self.segments = int(state["segments"])
+
+    def state_dict(self) -> dict:
+        if not self._started:
+            self.reset(None)
+        return {
+            "upstream": self.upstream.state_dict(),
+            "batches": self.batches,
+            "real_tokens": self.real_tokens,
+            "sequences": self.sequences,
+            "segments": self.segments,
+        }
+
+    def _next(self) -> dict:
+        if self.num_batches is not None and self.batches >= self.num_batches:
+            raise StopIteration
+        sequences = []
+        upstream = self.upstream
+        for _ in range(self.batch_size):
+            try:
+                sequences.append(next(upstream))
+            except StopIteration:
+                if self.num_batches is None:  # an open-ended stream drops its partial batch
+                    raise
+                raise ShardtokError(
+                    f"{self.where}: ran out of data after {self.batches} full batches and "
+                    f"{len(sequences)} sequences, but the epoch plan promised {self.num_batches} "
+                    "batches (do the shards hold the token counts the manifest says?)"
+                ) from None
+        batch = build_batch(
+            sequences, mask_boundary_labels=self.mask_boundary_labels, allocate=self.allocate
+        )
+        self.batches += 1
+        self.sequences += len(sequences)
+        self.real_tokens += sum(s.length for s in sequences)
+        self.segments += len(batch["cu_seqlens"]) - 1
+        return batch
+
+    def stats(self) -> dict:
+        """Packing statistics so far; slots count ``seq_len + 1`` tokens per sequence."""
+        window = int(self.upstream.window)
+        slots = self.sequences * window
+        return {
+            "batches": self.batches,
+            "sequences": self.sequences,
+            "real_tokens": self.real_tokens,
+            "slots": slots,
+            "packing_efficiency": self.real_tokens / slots if slots else 0.0,
+            "segments": self.segments,
+        }

@@ -1,0 +1,232 @@
+"""The epoch plan: who reads which tokens, and how many batches everyone yields.
+
+Computed from the manifest alone, before any shard is opened:
+
+1. permute the shards with ``default_rng((seed, epoch, SHARD_ORDER_STREAM))``;
+2. concatenate them in that order into one virtual stream of T tokens;
+3. cut it into ``S = world_size * num_workers`` slices at token offsets ``s * T // S`` (sizes
+   differ by at most one token); slice ``s = rank * num_workers + worker`` (rank-major, so a
+   rank reads one contiguous stretch of the permuted stream). A slice is a list of pieces
+   (shard, token range); a document cut by a slice boundary becomes two documents, so no token
+   is lost or read twice, and fewer shards than slices works;
+4. count the sequences each slice can make: concat, exactly ``(T_s - L) // stride + 1``
+   (``L = seq_len + 1``); greedy, at least ``ceil(T_s / L)`` (a sequence holds at most L real
+   tokens);
+5. every slice yields exactly ``B = min_s(sequences_s // batch_size)`` batches, so every rank
+   yields ``B * num_workers``. What is left of a slice is not read this epoch and is reported:
+   for concat (stride L) fewer than ``(batch_size + 1) * L`` tokens per slice.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from shardtok.format.manifest import Manifest
+from shardtok.stream.concat import concat_window_count
+
+SHARD_ORDER_STREAM = 1  # rng stream tags keep independent draws apart
+PACKINGS = ("concat", "greedy")
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Tokens ``[start, stop)`` of one shard (shard-local token offsets)."""
+
+    shard: int  # index in the manifest
+    file: str
+    start: int
+    stop: int
+
+    @property
+    def num_tokens(self) -> int:
+        return self.stop - self.start
+
+
+@dataclass(frozen=True)
+class SlicePlan:
+    index: int
+    rank: int
+    worker: int
+    start: int  # virtual token range of the epoch stream
+    stop: int
+    pieces: tuple[Piece, ...]
+    num_sequences: int  # exact for concat, a guaranteed lower bound for greedy
+
+    @property
+    def num_tokens(self) -> int:
+        return self.stop - self.start
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    seed: int
+    epoch: int
+    world_size: int
+    num_workers: int
+    seq_len: int
+    batch_size: int
+    packing: str
+    stride: int
+    shard_order: tuple[int, ...]
+    total_tokens: int
+    slices: tuple[SlicePlan, ...]
+    batches_per_slice: int
+
+    @property
+    def batches_per_rank(self) -> int:
+        return self.batches_per_slice * self.num_workers
+
+    @property
+    def sequences_per_slice(self) -> int:
+        return self.batches_per_slice * self.batch_size
+
+    def slice_for(self, rank: int, worker: int) -> SlicePlan:
+        if not (0 <= rank < self.world_size and 0 <= worker < self.num_workers):
+            raise ValueError(
+                f"rank {rank} / worker {worker} outside world_size {self.world_size} x "
+                f"num_workers {self.num_workers}"
+            )
+        return self.slices[rank * self.num_workers + worker]
+
+    def tokens_read(self, s: SlicePlan) -> int:
+        """Tokens of slice `s` the packer reads this epoch (concat exact; greedy at most)."""
+        n = self.sequences_per_slice
+        window = self.seq_len + 1
+        if n == 0:
+            return 0
+        if self.packing == "concat":
+            return (n - 1) * self.stride + window
+        return min(s.num_tokens, n * window)
+
+    @property
+    def tokens_unread(self) -> int:
+        """Concat: exactly the tokens no window covers. Greedy: a lower bound (padding adds more)."""
+        return sum(s.num_tokens - self.tokens_read(s) for s in self.slices)
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["batches_per_rank"] = self.batches_per_rank
+        out["tokens_unread"] = self.tokens_unread
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1)
+
+    def summary(self) -> str:
+        counts = [s.num_tokens for s in self.slices]
+        seqs = [s.num_sequences for s in self.slices]
+        pieces = [len(s.pieces) for s in self.slices]
+        unread = self.tokens_unread
+        exact = "" if self.packing == "concat" else " at least (greedy padding reads fewer)"
+        order = ", ".join(map(str, self.shard_order[:8])) + (
+            ", ..." if len(self.shard_order) > 8 else ""
+        )
+        return "\n".join(
+            [
+                f"epoch {self.epoch} plan (seed {self.seed}): {len(self.shard_order)} shards, "
+                f"{self.total_tokens:,} tokens, shard order [{order}]",
+                f"  {len(self.slices)} slices = {self.world_size} ranks x {self.num_workers} workers "
+                f"(rank-major); tokens per slice {min(counts):,}..{max(counts):,}; "
+                f"pieces per slice {min(pieces)}..{max(pieces)}",
+                f"  {self.packing} packing, seq_len {self.seq_len}, stride {self.stride}: "
+                f"sequences per slice {min(seqs):,}..{max(seqs):,}"
+                + (" (lower bound)" if self.packing == "greedy" else ""),
+                f"  batches of {self.batch_size}: {self.batches_per_slice:,} per worker, "
+                f"{self.batches_per_rank:,} per rank, "
+                f"{self.batches_per_rank * self.world_size:,} in all",
+                f"  tokens left unread this epoch{exact}: {unread:,} "
+                f"({100.0 * unread / max(self.total_tokens, 1):.4f}%)",
+            ]
+        )
+
+
+def shard_order(num_shards: int, seed: int, epoch: int) -> np.ndarray:
+    """The epoch's shard permutation."""
+    rng = np.random.default_rng((seed, epoch, SHARD_ORDER_STREAM))
+    return rng.permutation(num_shards)
+
+
+def cut_slices(segments: list[Piece], count: int) -> list[tuple[int, int, tuple[Piece, ...]]]:
+    """Cut the concatenation of `segments` into `count` runs of (nearly) equal token counts.
+
+    Returns (start, stop, pieces) per slice, start/stop in the virtual token stream.
+    """
+    lengths = np.array([p.num_tokens for p in segments], dtype=np.int64)
+    begins = np.zeros(len(segments) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=begins[1:])
+    total = int(begins[-1])
+    out = []
+    for s in range(count):
+        a, b = s * total // count, (s + 1) * total // count
+        pieces = []
+        j = int(np.searchsorted(begins, a, side="right")) - 1
+        while j < len(segments) and begins[j] < b:
+            seg = segments[j]
+            lo = max(a, int(begins[j])) - int(begins[j])
+            hi = min(b, int(begins[j + 1])) - int(begins[j])
+            if hi > lo:
+                pieces.append(Piece(seg.shard, seg.file, seg.start + lo, seg.start + hi))
+            j += 1
+        out.append((a, b, tuple(pieces)))
+    return out
+
+
+def sequence_count(num_tokens: int, packing: str, seq_len: int, stride: int) -> int:
+    if packing == "concat":
+        return concat_window_count(num_tokens, seq_len, stride)
+    return -(-num_tokens // (seq_len + 1))
+
+
+def epoch_plan(
+    manifest: Manifest,
+    *,
+    seq_len: int,
+    batch_size: int,
+    seed: int = 0,
+    epoch: int = 0,
+    world_size: int = 1,
+    num_workers: int = 1,
+    packing: str = "concat",
+    stride: int | None = None,
+) -> EpochPlan:
+    """Plan one epoch for every (rank, worker). Reads nothing but the manifest."""
+    if packing not in PACKINGS:
+        raise ValueError(f"packing must be one of {PACKINGS}, got {packing!r}")
+    if world_size < 1 or num_workers < 1 or batch_size < 1 or seq_len < 1:
+        raise ValueError("world_size, num_workers, batch_size and seq_len must be positive")
+    if seed < 0 or epoch < 0:
+        raise ValueError("seed and epoch must be non-negative integers")
+    window = seq_len + 1
+    stride = window if stride is None else int(stride)
+    if packing == "concat" and not 1 <= stride <= window:
+        raise ValueError(f"stride must lie in [1, seq_len + 1 = {window}], got {stride}")
+    if packing == "greedy":
+        stride = window
+    order = shard_order(len(manifest.shards), seed, epoch)
+    segments = [
+        Piece(int(i), manifest.shards[i].file, 0, manifest.shards[i].num_tokens) for i in order
+    ]
+    count = world_size * num_workers
+    slices = []
+    for s, (a, b, pieces) in enumerate(cut_slices(segments, count)):
+        rank, worker = divmod(s, num_workers)
+        n = sequence_count(b - a, packing, seq_len, stride)
+        slices.append(SlicePlan(s, rank, worker, a, b, pieces, n))
+    batches = min(s.num_sequences for s in slices) // batch_size
+    return EpochPlan(
+        seed=seed,
+        epoch=epoch,
+        world_size=world_size,
+        num_workers=num_workers,
+        seq_len=seq_len,
+        batch_size=batch_size,
+        packing=packing,
+        stride=stride,
+        shard_order=tuple(int(i) for i in order),
+        total_tokens=manifest.num_tokens,
+        slices=tuple(slices),
+        batches_per_slice=batches,
+    )
