@@ -34,8 +34,10 @@ def _streaming_base():
     return importlib.import_module("streaming.base")
 
 
+base = _streaming_base()
+
+
 def write(source, out: Path, options) -> None:
-    base = _streaming_base()
     pair = MegatronPair(source.prefix)
     columns = {"tokens": f"ndarray:{np.dtype(source.dtype).name}"}
     with base.MDSWriter(
@@ -59,7 +61,6 @@ class PackedStreamingDataset(torch.utils.data.IterableDataset):
 
 
 def loader(out: Path, source, options):
-    base = _streaming_base()
     importlib.import_module("streaming.base.util").clean_stale_shared_memory()
     # batch_size: samples per device batch, which StreamingDataset partitions by; the packer
     # consumes documents, so the nearest equivalent is the number of sequences per batch

@@ -1,0 +1,239 @@
+"""compare.md from compare.json: medians over repetitions and ratios to shardtok's streaming loader."""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+BASELINE = "shardtok_stream"
+MB = 1e6
+
+
+def _reads(results: dict) -> dict[tuple[str, str, int], list[dict]]:
+    cells: dict[tuple[str, str, int], list[dict]] = defaultdict(list)
+    for entry in results["entries"]:
+        job, result = entry["job"], entry["result"]
+        if job["kind"] == "read" and result["ok"]:
+            workers = job["read_options"]["num_workers"]
+            cells[(job["dataset"], job["system"], workers)].append({**result, **entry["memory"]})
+    return cells
+
+
+def median_of(cells, dataset: str, system: str, workers: int, key: str) -> float | None:
+    values = [r[key] for r in cells.get((dataset, system, workers), []) if key in r]
+    return statistics.median(values) if values else None
+
+
+def _labels(results: dict) -> dict[str, dict]:
+    labels: dict[str, dict] = {}
+    for entry in results["entries"]:
+        if entry.get("label"):
+            labels.setdefault(entry["job"]["system"], entry["label"])
+    return labels
+
+
+def _writes(results: dict) -> dict[tuple[str, str], list[dict]]:
+    cells: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for entry in results["entries"]:
+        job, result = entry["job"], entry["result"]
+        if job["kind"] == "write" and result["ok"]:
+            cells[(job["dataset"], job["system"])].append(result)
+    return cells
+
+
+def _ratio(value: float | None, base: float | None) -> str:
+    if value is None or not base:
+        return ""
+    return f" ({value / base:.2f}x)"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines + [""]
+
+
+def headline(results: dict, dataset: str = "synthetic", workers: int = 2) -> list[str]:
+    """The README table: one row per system at `workers` workers on `dataset`."""
+    cells, writes, labels = _reads(results), _writes(results), _labels(results)
+    base = median_of(cells, dataset, BASELINE, workers, "tokens_per_s")
+    rows = []
+    for system in results["systems"]:
+        tps = median_of(cells, dataset, system, workers, "tokens_per_s")
+        ttfb = median_of(cells, dataset, system, workers, "ttfb_s")
+        rss = median_of(cells, dataset, system, workers, "peak_rss")
+        done = writes.get((dataset, system))
+        rows.append(
+            [
+                labels.get(system, {}).get("label", system),
+                f"{tps / MB:.1f} M{_ratio(tps, base)}" if tps else "failed",
+                f"{ttfb:.2f} s" if ttfb is not None else "",
+                f"{rss / MB:,.0f} MB" if rss else "",
+                f"{statistics.median(w['bytes_per_token'] for w in done):.2f}" if done else "",
+                f"{statistics.median(w['write_tokens_per_s'] for w in done) / MB:.1f} M/s"
+                if done
+                else "",
+            ]
+        )
+    header = [
+        "system",
+        f"tokens/s, {workers} workers (vs shardtok)",
+        "first batch",
+        "peak RSS (tree)",
+        "bytes/token on disk",
+        "write speed",
+    ]
+    return _table(header, rows)
+
+
+def _per_workers(results, cells, dataset, key, fmt, ratio: bool) -> list[str]:
+    workers = results["plan"]["workers"]
+    labels = _labels(results)
+    rows = []
+    for system in results["systems"]:
+        row = [labels.get(system, {}).get("label", system)]
+        for w in workers:
+            value = median_of(cells, dataset, system, w, key)
+            base = median_of(cells, dataset, BASELINE, w, key) if ratio else None
+            row.append(fmt(value) + _ratio(value, base) if value is not None else "failed")
+        rows.append(row)
+    return _table(["system", *[f"{w} workers" for w in workers]], rows)
+
+
+def write_report(results: dict, path: Path) -> None:
+    cells, writes, labels = _reads(results), _writes(results), _labels(results)
+    plan, m = results["plan"], results["machine"]
+    lines = [
+        "# shardtok against WebDataset, MosaicML Streaming, LitData, Megatron and a numpy memmap loader",
+        "",
+    ]
+    if results["mode"] == "smoke":
+        lines += ["**Smoke run: tiny data, one repetition, several jobs per process. These numbers", "only show that the harness works; they measure nothing.**", ""]  # fmt: skip
+    lines += [
+        f"- command: `{results['command']}`",
+        f"- run: {results['started']} to {results['finished']} (UTC); load average (1, 5, 15 min) "
+        f"at start {_load(results['load_average_start'])}, at end {_load(results['load_average_end'])}",
+        f"- machine: {m['cpu']}, {m['cores']} cores, {m['ram_bytes'] / 2**30:.0f} GiB RAM, "
+        f"Linux {m['kernel']}, Python {m['python']}",
+        "- versions: " + ", ".join(f"{k} {v}" for k, v in results["versions"].items()),
+        f"- batches: {results['read_options']['batch_size']} x {results['read_options']['seq_len']} "
+        f"int64 input ids (windows of seq_len + 1 tokens, concat packing); {plan['warmup_batches']} "
+        f"warm-up batches not timed, then a fixed budget of at most {plan['budget_tokens']:,} "
+        f"tokens timed (less where 60% of an epoch is less); {plan['reps']} repetition(s), system "
+        f"order rotated per repetition, {_processes(plan)}; figures are medians, ratios are to "
+        "shardtok stream; data in the page cache (written just before)",
+        "",
+        "## Data",
+        "",
+    ]
+    for name, source in results["datasets"].items():
+        lines.append(f"- **{name}**: {source['description']}")
+    lines += ["", "## Systems", ""]
+    lines += _table(
+        ["system", "format and reader"],
+        [[labels.get(s, {}).get("label", s), labels.get(s, {}).get("layout", "")] for s in results["systems"]],
+    )  # fmt: skip
+    for dataset in results["datasets"]:
+        lines += [f"## {dataset}: throughput (M tokens/s; ratio to shardtok stream)", ""]
+        lines += _per_workers(
+            results, cells, dataset, "tokens_per_s", lambda v: f"{v / MB:.1f}", True
+        )
+        ceiling = _ceiling(results, dataset)
+        if ceiling:
+            lines += [ceiling, ""]
+        lines += [f"## {dataset}: time to first batch (s)", ""]
+        lines += _per_workers(results, cells, dataset, "ttfb_s", lambda v: f"{v:.2f}", False)
+        lines += [f"## {dataset}: peak memory of the process tree, RSS / USS / anonymous (MB)", ""]
+        lines += _memory(results, cells, dataset)
+    lines += ["## Disk and write time", ""]
+    lines += _disk(results, writes, labels)
+    lines += ["## Checks", ""]
+    lines += _checks(results)
+    lines += ["## Headline (synthetic, 2 workers)", ""]
+    lines += headline(results)
+    path.write_text("\n".join(lines))
+
+
+def _processes(plan: dict) -> str:
+    if plan["one_process_per_job"]:
+        return "each measurement in a fresh process"
+    return "one process per system and phase (smoke: memory and first-batch figures mix jobs)"
+
+
+def _load(values) -> str:
+    return ", ".join(f"{v:.2f}" for v in values)
+
+
+def _ceiling(results: dict, dataset: str) -> str:
+    for entry in results["entries"]:
+        job, result = entry["job"], entry["result"]
+        if job["kind"] == "ceiling" and job["dataset"] == dataset and result["ok"]:
+            return (
+                f"Ceiling, one core, the same compressed bytes shardtok reads: zstd decompression "
+                f"{result['decompress_tokens_per_s'] / MB:.0f} M tokens/s; plus one memcpy "
+                f"{result['decompress_memcpy_tokens_per_s'] / MB:.0f} M/s; plus widening to int64 "
+                f"instead {result['decompress_int64_tokens_per_s'] / MB:.0f} M/s "
+                f"(compression ratio {result['uncompressed_bytes'] / result['compressed_bytes']:.2f})."
+            )
+    return ""
+
+
+def _memory(results, cells, dataset) -> list[str]:
+    labels = _labels(results)
+    workers = results["plan"]["workers"]
+    rows = []
+    for system in results["systems"]:
+        row = [labels.get(system, {}).get("label", system)]
+        for w in workers:
+            values = [median_of(cells, dataset, system, w, k) for k in ("peak_rss", "peak_uss", "peak_anon")]  # fmt: skip
+            row.append(" / ".join(f"{v / MB:,.0f}" for v in values) if None not in values else "failed")  # fmt: skip
+        rows.append(row)
+    return _table(["system", *[f"{w} workers" for w in workers]], rows)
+
+
+def _disk(results, writes, labels) -> list[str]:
+    rows = []
+    for system in results["systems"]:
+        row = [labels.get(system, {}).get("label", system)]
+        for dataset in results["datasets"]:
+            done = writes.get((dataset, system))
+            if not done:
+                row += ["failed", "failed"]
+                continue
+            row.append(f"{statistics.median(w['bytes_per_token'] for w in done):.3f}")
+            seconds = statistics.median(w["write_s"] for w in done)
+            speed = statistics.median(w["write_tokens_per_s"] for w in done)
+            row.append(f"{seconds:.1f} s ({speed / MB:.1f} M tokens/s)")
+        rows.append(row)
+    header = ["system"]
+    for dataset in results["datasets"]:
+        header += [f"{dataset}: bytes/token", f"{dataset}: write time"]
+    return _table(header, rows)
+
+
+def _checks(results: dict) -> list[str]:
+    lines = []
+    total = failed = documents = 0
+    for entry in results["entries"]:
+        job, result = entry["job"], entry["result"]
+        if job["kind"] not in ("read", "write", "ceiling"):
+            continue
+        total += 1
+        if not result["ok"]:
+            failed += 1
+            lines.append(f"- FAILED {job['kind']} {job.get('system', '')} {job.get('dataset', '')}: `{result['error'].strip().splitlines()[-1]}`")  # fmt: skip
+        elif "checks" in result:
+            documents += result["checks"]["whole_documents"]
+            if not result["checks"]["ok"]:
+                failed += 1
+                lines.append(
+                    f"- WRONG BATCHES {job['system']} {job['dataset']}: {result['checks']}"
+                )
+    summary = (
+        f"{total - failed} of {total} jobs passed. Every read job's first batches were checked against "
+        f"the source: shape and dtype, ids within the vocabulary and never more frequent than in the "
+        f"data, and every document lying whole inside a window ({documents:,} in all) equal to a source "
+        "document."
+    )
+    return [summary, "", *lines, ""]

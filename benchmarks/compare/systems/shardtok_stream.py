@@ -1,0 +1,44 @@
+"""shardtok, streaming: zstd tar shards written by DatasetWriter, read by `shardtok.torch.
+ShardStreamDataset` (shard permutation per epoch, token-exact slices per worker, document
+shuffle buffer, concat packing, batches built in the worker) under `DataLoader(batch_size=None)`.
+The stream options are the library's defaults."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from shardtok.format import DatasetWriter, MegatronPair
+from shardtok.torch import ShardStreamDataset
+
+LABEL = "shardtok stream"
+LAYOUT = "zstd tar shards (level 3, 1 MiB frames); ShardStreamDataset(concat, default shuffle buffer); DataLoader(batch_size=None)"
+
+COMPRESSION_LEVEL: int | None = 3
+
+
+def write(source, out: Path, options) -> None:
+    pair = MegatronPair(source.prefix)
+    with DatasetWriter(
+        out,
+        vocab_size=source.vocab_size,
+        tokenizer={"name": source.name, "eos_id": source.eos_id},
+        shard_size=options.shard_bytes,
+        frame_size=options.frame_bytes,
+        compression_level=COMPRESSION_LEVEL,
+        dtype=source.dtype,
+    ) as writer:
+        for i in range(len(pair)):
+            writer.add(pair[i])
+
+
+def loader(out: Path, source, options):
+    dataset = ShardStreamDataset(
+        out, seq_len=options.seq_len, batch_size=options.batch_size, seed=options.seed
+    )
+    return torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=options.num_workers)
+
+
+def input_ids(batch):
+    return batch["input_ids"]
