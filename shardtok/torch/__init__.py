@@ -1,0 +1,7 @@
+"""PyTorch adapters (the only part of shardtok that imports torch)."""
+
+from shardtok.torch.dataset import ShardStreamDataset
+from shardtok.torch.distributed import data_parallel_rank
+from shardtok.torch.transport import to_tensors
+
+__all__ = ["ShardStreamDataset", "data_parallel_rank", "to_tensors"]

@@ -1,0 +1,104 @@
+"""The memmap path: a map-style Dataset with Megatron GPTDataset samples over local data.
+
+For a Megatron ``.bin/.idx`` pair or a shardtok dataset written without compression. Sample
+``i`` is exactly Megatron's (``GPTSamples``: document, sample and shuffle indices, separate
+last epoch); it comes out with the same keys as the streaming batches::
+
+    ds = MemmapTokenDataset("data/", seq_len=2048, num_samples=1_000_000, seed=1234)
+    loader = DataLoader(ds, batch_size=8, collate_fn=ds.collate, num_workers=2,
+                        sampler=DistributedSampler(ds))  # when data-parallel
+
+``collate`` builds the batch in the worker (in shared memory, like the streaming dataset).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+from torch.utils.data import Dataset, get_worker_info
+
+from shardtok.stream.batch import build_batch
+from shardtok.stream.memmap_samples import GPTSamples
+from shardtok.stream.memmap_tokens import open_local_tokens
+from shardtok.stream.sequence import PackedSequence
+from shardtok.torch.transport import SlotRing, to_tensors
+
+
+class MemmapTokenDataset(Dataset):
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        seq_len: int,
+        num_samples: int | None = None,
+        seed: int = 1234,
+        cache_dir: str | os.PathLike[str] | None = None,
+        mask_boundary_labels: bool = False,
+        shared_memory: bool = True,
+    ):
+        self.path = str(path)
+        self.seq_len = seq_len
+        self.num_samples = num_samples
+        self.seed = seed
+        self.cache_dir = cache_dir
+        self.mask_boundary_labels = mask_boundary_labels
+        self.shared_memory = shared_memory
+        self._samples: GPTSamples | None = None
+        self._ring: SlotRing | None = None
+        self._length = len(self.samples)
+
+    @property
+    def samples(self) -> GPTSamples:
+        if self._samples is None:  # opened per process: memmaps are not pickled to workers
+            tokens, sizes = open_local_tokens(self.path)
+            self._samples = GPTSamples(
+                tokens, sizes, self.seq_len, self.num_samples, self.seed, cache_dir=self.cache_dir
+            )
+        return self._samples
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_samples": None, "_ring": None}
+
+    def __len__(self) -> int:
+        return self._length
+
+    def sequence(self, i: int) -> PackedSequence:
+        """Sample `i` as ``seq_len + 1`` tokens with the starts of its document pieces."""
+        samples = self.samples
+        tokens = samples[i]
+        lengths = samples.document_boundaries(i).lengths
+        starts = np.cumsum(lengths) - lengths
+        keep = (lengths > 0) & (starts < len(tokens))
+        return PackedSequence(tokens, [int(s) for s in starts[keep]], len(tokens))
+
+    def __getitem__(self, i: int) -> dict:
+        """One sample as tensors: the streaming batch keys without the batch dimension."""
+        batch = build_batch([self.sequence(i)], mask_boundary_labels=self.mask_boundary_labels)
+        out = {k: (v[0] if k not in ("cu_seqlens", "max_seqlen") else v) for k, v in batch.items()}
+        return to_tensors(out)
+
+    def __getitems__(self, indices: list[int]) -> list[PackedSequence]:
+        return [self.sequence(i) for i in indices]
+
+    def collate(self, sequences: list[PackedSequence]) -> dict:
+        """The DataLoader collate_fn: a batch with the streaming dataset's keys."""
+        if not sequences or not isinstance(sequences[0], PackedSequence):
+            raise TypeError(
+                "MemmapTokenDataset.collate takes what the DataLoader gets from __getitems__; "
+                "pass collate_fn=dataset.collate with batch_size set"
+            )
+        ring = None
+        if self.shared_memory and SlotRing.supported():
+            if self._ring is None:
+                self._ring = SlotRing(len(sequences), self.seq_len)
+            ring = self._ring
+        batch = build_batch(
+            sequences,
+            mask_boundary_labels=self.mask_boundary_labels,
+            **({"allocate": ring.allocate} if ring is not None else {}),
+        )
+        if ring is None:
+            return to_tensors(batch)
+        return ring.package(batch, local=get_worker_info() is None)
