@@ -1,0 +1,295 @@
+"""`shardtok stream`: the exact batches one rank would train on, with their statistics.
+
+Runs the pipeline in process, or through a torch DataLoader with ``--num-workers K`` (K >= 1)
+when torch is installed; without torch the K worker streams are interleaved in process in the
+order a DataLoader would yield them, so the batches are the same either way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Iterator
+
+import numpy as np
+
+from shardtok.stream.batch import IGNORE_INDEX
+from shardtok.stream.pipeline import SliceStream, StreamOptions, plan_for
+from shardtok.stream.sources import DatasetSource
+
+EPILOG = """\
+examples:
+  shardtok stream data/ --seq-len 2048 --batch-size 8 --max-batches 200
+  shardtok stream data/ --seq-len 2048 --batch-size 8 --plan --world-size 64 --num-workers 4
+  shardtok stream data/ --seq-len 512 --batch-size 2 --packing greedy --max-batches 1 --decode
+  shardtok stream data/ --seq-len 2048 --batch-size 8 --rank 3 --world-size 8 --dump r3.npz
+"""
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "stream",
+        help="stream packed batches: throughput, packing statistics, epoch plan, dumps",
+        description=(
+            "Stream the packed batches one rank sees in one epoch (shard permutation, "
+            "token-exact slices per rank and worker, shuffle buffer, packing) and report "
+            "throughput and packing statistics."
+        ),
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("dataset", help="a dataset folder or URL prefix (with index.json)")
+    p.add_argument(
+        "--seq-len", type=int, required=True, metavar="L", help="input tokens per sequence"
+    )
+    p.add_argument("--batch-size", type=int, required=True, metavar="B", help="sequences per batch")
+    p.add_argument("--packing", choices=("concat", "greedy"), default="concat")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--epoch", type=int, default=0)
+    p.add_argument("--rank", type=int, default=0)
+    p.add_argument("--world-size", type=int, default=1)
+    p.add_argument(
+        "--num-workers",
+        type=int,
+        default=0,
+        metavar="K",
+        help="DataLoader workers (0: in process); the epoch is split over world size x max(K, 1)",
+    )
+    p.add_argument(
+        "--shuffle-buffer", type=int, default=4096, metavar="N", help="documents; 0 = off"
+    )
+    p.add_argument(
+        "--interleave", type=int, default=4, metavar="N", help="shards read at once per worker"
+    )
+    p.add_argument(
+        "--stride", type=int, default=None, help="concat window stride (default seq_len + 1)"
+    )
+    p.add_argument("--lookahead", type=int, default=8, help="greedy: open sequences")
+    p.add_argument("--pad-id", type=int, default=0, help="greedy: padding token id")
+    p.add_argument(
+        "--mask-boundary-labels",
+        action="store_true",
+        help="label -100 where the target is the first token of another document",
+    )
+    p.add_argument(
+        "--max-batches", type=int, default=None, metavar="N", help="stop after N batches"
+    )
+    p.add_argument("--dump", metavar="OUT.npz", help="save the exact batches")
+    p.add_argument(
+        "--decode",
+        type=int,
+        nargs="?",
+        const=2,
+        default=0,
+        metavar="N",
+        help="print the text of the first N sequences (default 2), document by document",
+    )
+    p.add_argument(
+        "--tokenizer",
+        metavar="PATH",
+        help="tokenizer for --decode (default: the bundled one, if the dataset was made with it)",
+    )
+    p.add_argument("--plan", action="store_true", help="print the epoch plan (JSON) and exit")
+    p.add_argument("--json", action="store_true", help="print the statistics as JSON")
+    p.set_defaults(run=run)
+    return p
+
+
+def options_from(args: argparse.Namespace) -> StreamOptions:
+    return StreamOptions(
+        seq_len=args.seq_len,
+        batch_size=args.batch_size,
+        packing=args.packing,
+        seed=args.seed,
+        shuffle_buffer=args.shuffle_buffer,
+        interleave=args.interleave,
+        stride=args.stride,
+        lookahead=args.lookahead,
+        pad_id=args.pad_id,
+        mask_boundary_labels=args.mask_boundary_labels,
+    )
+
+
+def _torch_batches(args, source: DatasetSource, options: StreamOptions) -> Iterator[dict] | None:
+    if args.num_workers < 1:
+        return None
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return None
+    from torch.utils.data import DataLoader
+
+    from shardtok.torch import ShardStreamDataset
+
+    dataset = ShardStreamDataset(
+        source.location,
+        **{k: v for k, v in options.to_dict().items()},
+        epoch=args.epoch,
+        rank=args.rank,
+        world_size=args.world_size,
+    )
+    loader = DataLoader(dataset, batch_size=None, num_workers=args.num_workers)
+    return ({k: v.numpy() if hasattr(v, "numpy") else v for k, v in b.items()} for b in loader)
+
+
+def _in_process_batches(args, source: DatasetSource, options: StreamOptions) -> Iterator[dict]:
+    """The DataLoader's order without a DataLoader: worker streams taken round-robin."""
+    workers = max(args.num_workers, 1)
+    streams = [
+        SliceStream(
+            source,
+            options,
+            epoch=args.epoch,
+            rank=args.rank,
+            world_size=args.world_size,
+            worker=w,
+            num_workers=workers,
+        )
+        for w in range(workers)
+    ]
+    while True:
+        for stream in streams:
+            try:
+                yield next(stream)
+            except StopIteration:
+                return
+
+
+def real_tokens(batch: dict) -> int:
+    """Tokens that are not padding (inputs plus the last target), from the labels' -100 tail."""
+    labels = batch["labels"]
+    rows, seq_len = labels.shape
+    ignored = labels == IGNORE_INDEX
+    tail = np.where(ignored.all(axis=1), seq_len, np.argmin(ignored[:, ::-1], axis=1))
+    return int(rows * (seq_len + 1) - tail.sum())
+
+
+def _decode(args, manifest, batches: list[dict]) -> None:
+    from shardtok.convert.tokenizer import BUNDLED, load_tokenizer
+
+    spec = load_tokenizer(args.tokenizer or BUNDLED)
+    recorded = (manifest.tokenizer or {}).get("fingerprint")
+    if recorded and recorded != spec.fingerprint:
+        message = (
+            f"the dataset was tokenized with {manifest.tokenizer.get('name')!r} "
+            f"({recorded[:19]}...), not with {spec.name!r}"
+        )
+        if args.tokenizer is None:
+            raise SystemExit(f"shardtok stream: error: {message}; pass --tokenizer PATH")
+        print(f"warning: {message}", file=sys.stderr)
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_str(spec.backend_json)
+    shown = 0
+    for b, batch in enumerate(batches):
+        for row in range(len(batch["input_ids"])):
+            if shown >= args.decode:
+                return
+            ids = batch["input_ids"][row]
+            docs = batch["document_ids"][row]
+            print(f"=== batch {b} sequence {row} ===")
+            bounds = [0, *np.flatnonzero(np.diff(docs)) + 1, len(ids)]
+            for a, c in zip(bounds, bounds[1:]):
+                masked = int((batch["labels"][row, a:c] == IGNORE_INDEX).sum())
+                print(
+                    f"--- document {docs[a]}: positions {a}..{c - 1}, {masked} labels ignored ---"
+                )
+                print(tokenizer.decode(ids[a:c].tolist(), skip_special_tokens=False))
+            shown += 1
+
+
+def _dump(path: str, batches: list[dict], plan_json: str) -> None:
+    cu = [b["cu_seqlens"] for b in batches]
+    offsets = np.zeros(len(cu) + 1, dtype=np.int64)
+    np.cumsum([len(c) for c in cu], out=offsets[1:])
+    np.savez(
+        path,
+        input_ids=np.stack([b["input_ids"] for b in batches]),
+        labels=np.stack([b["labels"] for b in batches]),
+        position_ids=np.stack([b["position_ids"] for b in batches]),
+        document_ids=np.stack([b["document_ids"] for b in batches]),
+        cu_seqlens=np.concatenate(cu) if cu else np.empty(0, np.int32),
+        cu_seqlens_offsets=offsets,
+        max_seqlen=np.array([b["max_seqlen"] for b in batches], dtype=np.int64),
+        plan=np.array(plan_json),
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    source = DatasetSource(args.dataset)
+    options = options_from(args)
+    plan = plan_for(
+        source,
+        options,
+        epoch=args.epoch,
+        world_size=args.world_size,
+        num_workers=max(args.num_workers, 1),
+    )
+    if args.plan:
+        print(plan.to_json())
+        return 0
+    if not args.json:
+        print(plan.summary())
+    keep = bool(args.dump or args.decode)
+    batches = _torch_batches(args, source, options)
+    engine = f"DataLoader with {args.num_workers} workers" if batches is not None else "in process"
+    if batches is None:
+        batches = _in_process_batches(args, source, options)
+    kept: list[dict] = []
+    count = tokens = real = segments = 0
+    first = None
+    started = time.perf_counter()
+    for batch in batches:
+        if first is None:
+            first = time.perf_counter() - started
+        count += 1
+        tokens += batch["input_ids"].size
+        real += real_tokens(batch)
+        segments += len(batch["cu_seqlens"]) - 1
+        if keep:
+            kept.append({k: np.array(v) for k, v in batch.items()})
+        if args.max_batches is not None and count >= args.max_batches:
+            break
+    elapsed = time.perf_counter() - started
+    sequences = count * args.batch_size
+    stats = {
+        "engine": engine,
+        "batches": count,
+        "batches_per_epoch": plan.batches_per_rank,
+        "input_tokens": tokens,
+        "seconds": round(elapsed, 4),
+        "tokens_per_second": tokens / elapsed if elapsed else 0.0,
+        "first_batch_seconds": round(first or 0.0, 4),
+        "packing_efficiency": real / (sequences * (args.seq_len + 1)) if sequences else 0.0,
+        "documents_per_sequence": segments / sequences if sequences else 0.0,
+    }
+    if args.json:
+        print(json.dumps(stats, indent=1))
+    else:
+        print(
+            f"streamed {count:,} of {plan.batches_per_rank:,} batches ({engine}): "
+            f"{tokens:,} input tokens in {elapsed:.3f} s = "
+            f"{stats['tokens_per_second'] / 1e6:.1f} M tokens/s; first batch after "
+            f"{stats['first_batch_seconds']:.3f} s"
+        )
+        print(
+            f"packing: {100 * stats['packing_efficiency']:.2f}% of slots hold real tokens, "
+            f"{stats['documents_per_sequence']:.2f} document segments per sequence"
+        )
+    if args.dump:
+        _dump(args.dump, kept, plan.to_json())
+        if not args.json:
+            print(f"wrote {len(kept)} batches to {args.dump}")
+    if args.decode:
+        _decode(args, source.manifest, kept)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Stand-alone entry (the `shardtok` CLI mounts add_parser/run)."""
+    parser = argparse.ArgumentParser(prog="shardtok")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return int(args.run(args) or 0)
