@@ -11,6 +11,7 @@ from shardtok import __version__
 from shardtok.convert import cli as convert_cli
 from shardtok.convert.cli import parse_compression, parse_size
 from shardtok.errors import ShardtokError
+from shardtok.stream import cli as stream_cli
 
 DESCRIPTION = """\
 shardtok turns raw corpora into tokenized, zstd-compressed tar shards whose indices are
@@ -192,6 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
 _SUBCOMMANDS = [
     convert_cli.add_parser,
     convert_cli.add_sample_corpus_parser,
+    stream_cli.add_parser,
     _add_inspect,
     _add_verify,
     _add_import_megatron,
