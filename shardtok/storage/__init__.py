@@ -1,0 +1,47 @@
+"""The byte layer: open local paths, ``file://``, ``http(s)://``, ``s3://`` and ``gs://`` as
+streams or byte ranges, with retries that lose no byte, and an optional bounded local cache.
+
+    from shardtok.storage import open_source
+    src = open_source("s3://bucket/ds/shard-000003.tar")
+    src.size, src.read_range(0, 512)
+    with src.open_stream() as f:
+        header = f.read(512)
+
+See docs/STORAGE.md. This layer knows nothing of shards.
+"""
+
+from shardtok.storage.cache import LocalCache
+from shardtok.storage.readahead import BlockStream, Prefetcher
+from shardtok.storage.retry import RetryPolicy
+from shardtok.storage.source import (
+    DEFAULT_BLOCK_SIZE,
+    AccessDeniedError,
+    ByteSource,
+    LocalSource,
+    ObjectNotFoundError,
+    RemoteSource,
+    exists,
+    open_source,
+    read_bytes,
+)
+from shardtok.storage.urls import display_url, is_local, join_url, local_path
+
+__all__ = [
+    "DEFAULT_BLOCK_SIZE",
+    "AccessDeniedError",
+    "BlockStream",
+    "ByteSource",
+    "LocalCache",
+    "LocalSource",
+    "ObjectNotFoundError",
+    "Prefetcher",
+    "RemoteSource",
+    "RetryPolicy",
+    "display_url",
+    "exists",
+    "is_local",
+    "join_url",
+    "local_path",
+    "open_source",
+    "read_bytes",
+]

@@ -1,0 +1,256 @@
+"""fsspec filesystems, one per process and configuration, and how to read ranges from them.
+
+Each remote read is a single request for ``[start, end)``. For S3 (s3fs) and HTTP (fsspec's
+aiohttp session) the body is streamed into the caller's buffer as it arrives, so when a
+connection dies halfway the bytes already received are kept and the retry asks only for the
+rest. Other fsspec protocols (``gs://`` through gcsfs, ...) read each range whole with
+``cat_file``; the retry loop above is the same.
+
+The clients' own retries are switched off (s3fs ``retries``, botocore ``total_max_attempts``)
+so that ``RetryPolicy`` is the one place that decides; their timeouts are set from it too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from shardtok.storage.retry import FatalStorageIssue, RetryPolicy, TruncatedBody
+
+CHUNK = 1 << 20  # largest piece read from a response body at once
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    size: int
+    etag: str | None  # validator used for If-Match and as part of the cache key
+
+
+class Progress:
+    """Bytes delivered so far by the current request; survives the request failing."""
+
+    __slots__ = ("done",)
+
+    def __init__(self) -> None:
+        self.done = 0
+
+
+def _with_defaults(options: dict, protocol: str, policy: RetryPolicy) -> dict:
+    options = dict(options)
+    if protocol in ("s3", "s3a"):
+        config = dict(options.get("config_kwargs") or {})
+        config.setdefault("connect_timeout", policy.timeout)
+        config.setdefault("read_timeout", policy.timeout)
+        config["retries"] = {"total_max_attempts": 1}
+        options["config_kwargs"] = config
+    elif protocol in ("http", "https"):
+        import aiohttp
+
+        client = dict(options.get("client_kwargs") or {})
+        client.setdefault(
+            "timeout",
+            aiohttp.ClientTimeout(
+                total=None, sock_connect=policy.timeout, sock_read=policy.timeout
+            ),
+        )
+        options["client_kwargs"] = client
+    options["skip_instance_cache"] = True
+    return options
+
+
+_filesystems: dict[tuple, Any] = {}
+_filesystems_lock = threading.Lock()
+
+
+def filesystem(protocol: str, storage_options: dict | None, policy: RetryPolicy):
+    """The fsspec filesystem for these options, shared by the threads of one process.
+
+    Keyed by process id: an fsspec filesystem made before a fork holds the parent's event loop
+    and connections, so a DataLoader worker must build its own.
+    """
+    import fsspec
+    from fsspec.utils import tokenize
+
+    key = (os.getpid(), protocol, tokenize(storage_options or {}), policy.timeout)
+    with _filesystems_lock:
+        fs = _filesystems.get(key)
+        if fs is None:
+            try:
+                cls = fsspec.get_filesystem_class(protocol)
+            except (ImportError, ValueError) as exc:  # unknown protocol or backend missing
+                raise FatalStorageIssue(f"no fsspec backend for {protocol}://: {exc}") from None
+            fs = cls(**_with_defaults(storage_options or {}, protocol, policy))
+            if protocol in ("s3", "s3a"):
+                fs.retries = 1  # s3fs's own retry loop: one attempt, ours does the rest
+            _filesystems[key] = fs
+        return fs
+
+
+class Backend:
+    """Reads ``[start, end)`` of one object through an fsspec filesystem."""
+
+    def __init__(self, url: str, storage_options: dict | None, policy: RetryPolicy):
+        from shardtok.storage.urls import protocol_of
+
+        self.url = url
+        self.protocol = protocol_of(url)
+        self.storage_options = storage_options
+        self.policy = policy
+
+    @property
+    def fs(self):
+        return filesystem(self.protocol, self.storage_options, self.policy)
+
+    def head(self) -> ObjectInfo:
+        fs = self.fs
+        if self.protocol in ("s3", "s3a"):
+            return _sync(fs, _s3_head(fs, self.url, self.policy.timeout))
+        if self.protocol in ("http", "https"):
+            return _sync(fs, _http_head(fs, self.url, self.policy.timeout))
+        info = fs.info(fs._strip_protocol(self.url))
+        if info.get("type", "file") != "file" or info.get("size") is None:
+            raise FileNotFoundError(f"not a file: {info.get('type')}")
+        etag = next(
+            (str(info[k]) for k in ("ETag", "etag", "generation", "mtime") if info.get(k)), None
+        )
+        return ObjectInfo(int(info["size"]), etag)
+
+    def read_into(self, start: int, out: memoryview, progress: Progress, etag: str | None) -> None:
+        """Fill ``out`` with bytes ``[start, start + len(out))``; ``progress.done`` says how
+        far it got if it raises. Ends early only by raising (``TruncatedBody`` for a short body).
+        """
+        fs = self.fs
+        if self.protocol in ("s3", "s3a"):
+            _sync(fs, _s3_read(fs, self.url, start, out, progress, etag, self.policy.timeout))
+        elif self.protocol in ("http", "https"):
+            _sync(fs, _http_read(fs, self.url, start, out, progress, etag, self.policy.timeout))
+        else:
+            data = fs.cat_file(fs._strip_protocol(self.url), start=start, end=start + len(out))
+            n = min(len(data), len(out))
+            out[:n] = data[:n]
+            progress.done = n
+            if len(data) > len(out):
+                raise FatalStorageIssue(f"server sent {len(data)} bytes for {len(out)} asked")
+        if progress.done < len(out):
+            raise TruncatedBody(progress.done, len(out))
+
+
+def _sync(fs, coro):
+    """Run a coroutine on the filesystem's event loop thread and wait for it."""
+    import fsspec.asyn
+
+    async def run():
+        return await coro
+
+    return fsspec.asyn.sync(fs.loop, run)
+
+
+async def _drain(read, out: memoryview, progress: Progress) -> None:
+    """Copy body chunks into ``out`` as they arrive.
+
+    No timer per chunk (it would cost a task each): the client's socket read timeout, set from
+    ``RetryPolicy.timeout`` (aiohttp ``sock_read``, botocore ``read_timeout``), ends a stall.
+    """
+    while progress.done < len(out):
+        chunk = await read(min(CHUNK, len(out) - progress.done))
+        if not chunk:
+            return
+        n = len(chunk)
+        out[progress.done : progress.done + n] = chunk
+        progress.done += n
+
+
+# -- S3 through s3fs / aiobotocore ----------------------------------------------------------
+
+
+def _s3_location(fs, url: str) -> dict:
+    bucket, key, version = fs.split_path(url)
+    loc: dict[str, Any] = {"Bucket": bucket, "Key": key}
+    if version:
+        loc["VersionId"] = version
+    return loc
+
+
+async def _s3_head(fs, url: str, timeout: float) -> ObjectInfo:
+    resp = await asyncio.wait_for(fs._call_s3("head_object", **_s3_location(fs, url)), timeout)
+    return ObjectInfo(int(resp["ContentLength"]), resp.get("ETag"))
+
+
+async def _s3_read(fs, url, start, out, progress, etag, timeout) -> None:
+    kwargs = _s3_location(fs, url)
+    kwargs["Range"] = f"bytes={start}-{start + len(out) - 1}"
+    if etag:
+        kwargs["IfMatch"] = etag
+    resp = await asyncio.wait_for(fs._call_s3("get_object", **kwargs), timeout)
+    body = resp["Body"]
+    try:
+        _check_content_range(resp.get("ContentRange"), start, len(out), url)
+        await _drain(body.read, out, progress)
+    finally:
+        body.close()
+
+
+# -- HTTP(S) through fsspec's aiohttp session -----------------------------------------------
+
+
+def _request_kwargs(fs, extra_headers: dict) -> dict:
+    kwargs = dict(fs.kwargs)
+    headers = dict(kwargs.pop("headers", None) or {})
+    headers.update(extra_headers)
+    kwargs["headers"] = headers
+    return kwargs
+
+
+def _raise_for_status(response, url: str) -> None:
+    if response.status == 404:
+        raise FileNotFoundError(url)
+    response.raise_for_status()
+
+
+async def _http_head(fs, url: str, timeout: float) -> ObjectInfo:
+    session = await fs.set_session()
+    kwargs = _request_kwargs(fs, {"Accept-Encoding": "identity"})
+    kwargs.setdefault("allow_redirects", True)
+    response = await asyncio.wait_for(session.head(fs.encode_url(url), **kwargs), timeout)
+    async with response:
+        _raise_for_status(response, url)
+        headers = response.headers
+        if headers.get("Content-Encoding", "identity") not in ("identity", ""):
+            raise FatalStorageIssue("server compresses the response; size unknown")
+        if "Content-Length" not in headers:
+            raise FatalStorageIssue("server does not report the size (no Content-Length)")
+        return ObjectInfo(int(headers["Content-Length"]), headers.get("ETag"))
+
+
+async def _http_read(fs, url, start, out, progress, etag, timeout) -> None:
+    session = await fs.set_session()
+    headers = {"Range": f"bytes={start}-{start + len(out) - 1}", "Accept-Encoding": "identity"}
+    if etag and not etag.startswith("W/"):  # If-Match needs a strong validator
+        headers["If-Match"] = etag
+    kwargs = _request_kwargs(fs, headers)
+    response = await asyncio.wait_for(session.get(fs.encode_url(url), **kwargs), timeout)
+    async with response:
+        _raise_for_status(response, url)
+        if response.status != 206 and not (response.status == 200 and start == 0):
+            raise FatalStorageIssue(
+                f"server ignored the Range request (HTTP {response.status}, expected 206)"
+            )
+        _check_content_range(response.headers.get("Content-Range"), start, len(out), url)
+        await _drain(response.content.read, out, progress)
+
+
+def _check_content_range(value: str | None, start: int, length: int, url: str) -> None:
+    """A server that answers a different range than asked would splice wrong bytes in."""
+    if value is None:
+        if start != 0:  # a whole-object answer would put byte 0 where byte `start` belongs
+            raise FatalStorageIssue(f"server ignored the Range request for bytes={start}-")
+        return
+    unit, _, rest = value.partition(" ")
+    first, _, last = rest.partition("/")[0].partition("-")
+    if unit != "bytes" or not first.isdigit() or int(first) != start:
+        raise FatalStorageIssue(f"server answered range {value!r} for bytes={start}-")
+    if last.isdigit() and int(last) != start + length - 1:
+        raise FatalStorageIssue(f"server answered range {value!r} for {length} bytes at {start}")

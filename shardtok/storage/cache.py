@@ -1,0 +1,196 @@
+"""``LocalCache``: whole-object copies of remote objects in a local folder, bounded in size.
+
+Layout of the folder::
+
+    objects/<hash>-<name>   one file per cached object; hash of URL, endpoint, size and ETag
+    tmp/<...>.part          downloads in progress (renamed into objects/ when complete)
+    locks/<xx>.lock         256 lock stripes: one download of an object at a time
+    .lock                   held around eviction + commit
+
+An object appears in ``objects/`` only complete (written to ``tmp/``, fsynced, renamed). The
+least recently used objects (access time is recorded in each file's mtime) are deleted before a
+new one is committed, so the cache holds at most ``max_bytes``, or a single object if that one
+is larger. Readers keep an open descriptor, so an object evicted while it is read stays
+readable to them. Several processes on one node may share a folder: the locks are ``flock``s.
+Local paths are never cached (``open_source`` does not pass them here).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import os
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from shardtok.errors import StorageError
+from shardtok.storage.source import LocalSource
+
+if TYPE_CHECKING:
+    from shardtok.storage.source import RemoteSource
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+# A .part no one wrote to for this long is abandoned; sooner if its process is gone (the pid
+# check alone could misjudge a process in another container sharing the folder).
+_ABANDONED_SECONDS = 3600.0
+_ABANDONED_DEAD_PID_SECONDS = 600.0
+
+
+class LocalCache:
+    def __init__(self, folder: str | os.PathLike, max_bytes: int):
+        if max_bytes <= 0:
+            raise ValueError(f"max_bytes must be > 0, got {max_bytes}")
+        self.folder = Path(folder)
+        self.max_bytes = int(max_bytes)
+        self._objects = self.folder / "objects"
+        self._tmp = self.folder / "tmp"
+        self._locks = self.folder / "locks"
+        for d in (self._objects, self._tmp, self._locks):
+            d.mkdir(parents=True, exist_ok=True)
+
+    def __repr__(self) -> str:
+        return f"LocalCache({str(self.folder)!r}, max_bytes={self.max_bytes})"
+
+    # -- public ----------------------------------------------------------------------------
+    def open(self, source: RemoteSource) -> LocalSource:
+        """A local copy of ``source``, downloading it first if it is not cached."""
+        digest = hashlib.sha256(source.cache_identity().encode()).hexdigest()[:32]
+        name = _UNSAFE.sub("_", source.url.rstrip("/").rsplit("/", 1)[-1])[-80:]
+        path = self._objects / f"{digest}-{name}"
+        size = source.size
+        label = f"{source.url} (cached as {path})"
+        found = self._open_existing(path, size, label)
+        if found is not None:
+            return found
+        with _flock(self._locks / f"{digest[:2]}.lock"):
+            found = self._open_existing(path, size, label)  # another process may have won
+            if found is not None:
+                return found
+            return self._download(source, path, size, label)
+
+    def total_bytes(self) -> int:
+        """Bytes held in committed objects now."""
+        return sum(size for _, size, _ in self._entries())
+
+    # -- internals -------------------------------------------------------------------------
+    def _open_existing(self, path: Path, size: int, label: str) -> LocalSource | None:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        if os.fstat(fd).st_size != size:  # cannot happen short of outside tampering
+            os.close(fd)
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            return None
+        with contextlib.suppress(FileNotFoundError):  # evicted meanwhile: our fd still reads
+            _touch(path)
+        return LocalSource(path, fd=fd, label=label)
+
+    def _download(self, source: RemoteSource, path: Path, size: int, label: str) -> LocalSource:
+        from shardtok.storage.readahead import BlockStream
+
+        tmp = self._tmp / f"{path.name}.{os.getpid()}.{time.monotonic_ns()}.part"
+        try:
+            with open(tmp, "wb") as out, BlockStream(source, 0, source.block_size) as stream:
+                while chunk := stream.read(source.block_size):
+                    out.write(chunk)
+                out.flush()
+                os.fsync(out.fileno())  # never commit a file whose bytes are not on disk
+            written = tmp.stat().st_size
+            if written != size:
+                raise StorageError(source.url, written, f"downloaded {written} of {size} bytes")
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                with _flock(self.folder / ".lock"):
+                    self._make_room(size)
+                    _touch(tmp)
+                    os.rename(tmp, path)
+            except BaseException:
+                os.close(fd)
+                raise
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+            raise
+        return LocalSource(path, fd=fd, label=label)
+
+    def _entries(self) -> list[tuple[int, int, str]]:
+        entries = []
+        with os.scandir(self._objects) as it:
+            for entry in it:
+                try:
+                    st = entry.stat()
+                except FileNotFoundError:
+                    continue
+                entries.append((st.st_mtime_ns, st.st_size, entry.path))
+        return entries
+
+    def _make_room(self, incoming: int) -> None:
+        """Delete least recently used objects until ``incoming`` more bytes fit. Under .lock."""
+        entries = sorted(self._entries())
+        total = sum(size for _, size, _ in entries)
+        for _, size, entry_path in entries:
+            if total + incoming <= self.max_bytes:
+                break
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(entry_path)
+            total -= size
+        self._remove_abandoned_downloads()
+
+    def _remove_abandoned_downloads(self) -> None:
+        now = time.time()
+        with os.scandir(self._tmp) as it:
+            for entry in it:
+                pid = _pid_of(entry.name)
+                try:
+                    idle = now - entry.stat().st_mtime
+                except FileNotFoundError:
+                    continue
+                dead = pid is not None and not _alive(pid)
+                if idle > _ABANDONED_SECONDS or (dead and idle > _ABANDONED_DEAD_PID_SECONDS):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(entry.path)
+
+
+def _touch(path: Path) -> None:
+    """Record an access. The clock is set explicitly: the kernel's file timestamps are
+    coarse (a few ms), too coarse to order accesses that follow each other quickly."""
+    now = time.time_ns()
+    os.utime(path, ns=(now, now))
+
+
+def _pid_of(tmp_name: str) -> int | None:
+    parts = tmp_name.rsplit(".", 3)  # <name>.<pid>.<ns>.part
+    return int(parts[1]) if len(parts) == 4 and parts[1].isdigit() else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def _flock(path: Path) -> Iterator[None]:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                break
+            except OSError as exc:  # interrupted by a signal: try again
+                if exc.errno != errno.EINTR:
+                    raise
+        yield
+    finally:
+        os.close(fd)  # releases the lock
