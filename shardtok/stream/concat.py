@@ -34,8 +34,7 @@ def concat_window_count(num_tokens: int, seq_len: int, stride: int | None = None
 class ConcatPacker(Node[PackedSequence]):
     """Cuts the document stream of `upstream` into windows of ``seq_len + 1`` tokens.
 
-    Documents are appended to one token buffer, so a window is a view of it (a buffer that runs
-    out of room is replaced, never overwritten, so handed-out windows stay valid).
+    Documents are appended to one reused token buffer; a window is a copy of a slice of it.
 
     State: the upstream state just before the document holding the next window's first token,
     the offset of that token in it, and the number of windows emitted.
@@ -92,15 +91,17 @@ class ConcatPacker(Node[PackedSequence]):
     def _append(self, doc: np.ndarray, position: int) -> None:
         n = len(doc)
         if self._buf.dtype != doc.dtype or self._end + n - self._base > len(self._buf):
+            # Keep only what the next window needs, at the front of the buffer; a new buffer
+            # only when it is too small (fresh memory costs page faults on every batch).
             keep = max(self._end - self._head, 0)
-            capacity = max(4 * self.window, 2 * (keep + n), 1 << 16)
-            fresh = np.empty(capacity, dtype=doc.dtype)
-            if keep:
-                fresh[:keep] = self._buf[self._head - self._base : self._end - self._base]
-                self._base = self._head
-            else:
-                self._base = self._end
-            self._buf = fresh
+            live = self._buf[max(self._head, self._base) - self._base : self._end - self._base]
+            if self._buf.dtype != doc.dtype or keep + n > len(self._buf):
+                fresh = np.empty(max(4 * self.window, 2 * (keep + n), 1 << 16), dtype=doc.dtype)
+                fresh[:keep] = live
+                self._buf = fresh
+            elif keep:
+                self._buf[:keep] = live  # numpy copies overlapping ranges correctly
+            self._base = self._end - keep
         at = self._end - self._base
         self._buf[at : at + n] = doc
         self._docs.append((self._end, position))
@@ -137,7 +138,7 @@ class ConcatPacker(Node[PackedSequence]):
                 break
             starts.append(begin - head)
         at = head - self._base
-        tokens = self._buf[at : at + window]
+        tokens = self._buf[at : at + window].copy()  # the buffer is reused
         self._head = head + self.stride
         self._emitted += 1
         return PackedSequence(tokens, starts, window)

@@ -33,7 +33,8 @@ class ConcatTokens:
         dtypes = {a.dtype for a in arrays}
         if len(dtypes) != 1:
             raise ValueError(f"arrays of different dtypes: {sorted(map(str, dtypes))}")
-        self.arrays = arrays
+        # Plain ndarray views: np.memmap's __getitem__ costs microseconds per call.
+        self.arrays = [a.view(np.ndarray) for a in arrays]
         self.dtype = arrays[0].dtype
         self.bounds = np.zeros(len(arrays) + 1, dtype=np.int64)
         np.cumsum([len(a) for a in arrays], out=self.bounds[1:])
@@ -57,6 +58,17 @@ class ConcatTokens:
         positions = np.asarray(index, dtype=np.int64)
         if positions.size and (positions.min() < 0 or positions.max() >= len(self)):
             raise IndexError(f"token positions out of range for {len(self)} tokens")
+        if positions.ndim == 1 and positions.size > 16:
+            # Samples gather a few runs of consecutive positions: copy runs, not elements.
+            breaks = np.flatnonzero(np.diff(positions) != 1) + 1
+            if len(breaks) < 64:
+                edges = [0, *breaks.tolist(), len(positions)]
+                return np.concatenate(
+                    [
+                        self._range(int(positions[a]), int(positions[a]) + (b - a))
+                        for a, b in zip(edges, edges[1:])
+                    ]
+                )
         which = np.searchsorted(self.bounds, positions, side="right") - 1
         out = np.empty(positions.shape, dtype=self.dtype)
         for k in np.unique(which):

@@ -53,9 +53,15 @@ class MemmapTokenDataset(Dataset):
     def samples(self) -> GPTSamples:
         if self._samples is None:  # opened per process: memmaps are not pickled to workers
             tokens, sizes = open_local_tokens(self.path)
-            self._samples = GPTSamples(
+            samples = GPTSamples(
                 tokens, sizes, self.seq_len, self.num_samples, self.seed, cache_dir=self.cache_dir
             )
+            # Cached indices come back as np.memmap, whose __getitem__ costs microseconds per
+            # element access; plain ndarray views of the same pages do not.
+            samples.indices = samples.indices._replace(
+                **{k: np.asarray(v).view(np.ndarray) for k, v in samples.indices._asdict().items()}
+            )
+            self._samples = samples
         return self._samples
 
     def __getstate__(self) -> dict:
@@ -65,13 +71,21 @@ class MemmapTokenDataset(Dataset):
         return self._length
 
     def sequence(self, i: int) -> PackedSequence:
-        """Sample `i` as ``seq_len + 1`` tokens with the starts of its document pieces."""
+        """Sample `i` as ``seq_len + 1`` tokens with the starts of its document pieces.
+
+        The same tokens as ``GPTSamples[i]``, gathered as one slice per document piece (a
+        sample spans a few documents) in the stored dtype; the batch builder widens them.
+        """
         samples = self.samples
-        tokens = samples[i]
-        lengths = samples.document_boundaries(i).lengths
+        pieces = samples.document_boundaries(i)
+        lengths = pieces.lengths
+        begins = samples._document_starts[pieces.document_ids] + pieces.starts
+        tokens = samples.tokens
+        parts = [tokens[b : b + n] for b, n in zip(begins.tolist(), lengths.tolist()) if n]
+        window = parts[0] if len(parts) == 1 else np.concatenate(parts)
         starts = np.cumsum(lengths) - lengths
-        keep = (lengths > 0) & (starts < len(tokens))
-        return PackedSequence(tokens, [int(s) for s in starts[keep]], len(tokens))
+        keep = (lengths > 0) & (starts < len(window))
+        return PackedSequence(window, [int(s) for s in starts[keep]], len(window))
 
     def __getitem__(self, i: int) -> dict:
         """One sample as tensors: the streaming batch keys without the batch dimension."""

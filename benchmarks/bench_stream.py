@@ -1,0 +1,363 @@
+"""Streaming benchmarks: packed int64 batches (8 x 2048) through a torch DataLoader.
+
+    python benchmarks/bench_stream.py prepare              # ~210 MB of int32 tokens under .bench/stream
+    python benchmarks/bench_stream.py throughput           # zstd stream and memmap path, 0/1/2 workers
+    python benchmarks/bench_stream.py stages               # CPU per batch of each stage, in process
+    python benchmarks/bench_stream.py memory --big-gb 5    # worker RSS: 0.2 GB vs >= 5 GB dataset
+
+Data: synthetic text-like tokens (Zipf ids, vocab 128256 so int32, log-normal document lengths
+with mean 1000, EOS at every end), written once compressed (zstd level 3, 1 MiB frames, 64 MiB
+shards) and once uncompressed (for the memmap path), plus the same tokens as a flat Megatron
+.bin/.idx for the plain memmap window loader used as a reference. Every measurement runs in a
+fresh process; the machine's load average is printed with each figure because the cores are
+shared. Figures and commands go to benchmarks/results/stream.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / ".bench" / "stream"
+SEQ_LEN, BATCH = 2048, 8
+
+
+def load() -> str:
+    return "/".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+# -- data -------------------------------------------------------------------------------------
+
+
+def prepare(args) -> None:
+    from shardtok.format import DatasetWriter, ShardReader, load_manifest, write_megatron_pair
+    from shardtok.stream.synthetic import write_synthetic_dataset
+
+    BENCH.mkdir(parents=True, exist_ok=True)
+    zstd = BENCH / "zstd"
+    if not (zstd / "index.json").exists():
+        t0 = time.perf_counter()
+        m = write_synthetic_dataset(zstd, num_tokens=int(args.tokens), seed=0)
+        print(f"zstd: {m.num_tokens:,} tokens, {len(m.shards)} shards, {m.num_bytes / 1e6:.0f} MB "
+              f"in {time.perf_counter() - t0:.1f} s")  # fmt: skip
+    manifest = load_manifest(zstd)
+    plain = BENCH / "plain"
+    if not (plain / "index.json").exists():
+        with DatasetWriter(plain, vocab_size=manifest.vocab_size, tokenizer=manifest.tokenizer,
+                           compression_level=None) as writer:  # fmt: skip
+            for entry in manifest.shards:
+                for doc in ShardReader(zstd / entry.file).documents():
+                    writer.add(doc)
+        print(f"plain: {load_manifest(plain).num_bytes / 1e6:.0f} MB")
+    pair = BENCH / "megatron" / "tokens"
+    if not pair.with_suffix(".idx").exists():
+        pair.parent.mkdir(exist_ok=True)
+
+        def documents():
+            for entry in manifest.shards:
+                yield from ShardReader(zstd / entry.file).documents()
+
+        write_megatron_pair(pair, documents(), manifest.dtype)
+        print(f"megatron pair: {pair}.bin")
+
+
+# -- one measured run (child process) -----------------------------------------------------------
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _rss(pid: int) -> dict:
+    out = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(("VmRSS", "RssAnon", "RssFile", "RssShmem", "VmHWM")):
+            key, value = line.split(":")
+            out[key] = int(value.split()[0]) // 1024  # MiB
+    return out
+
+
+class _RssSampler(threading.Thread):
+    """Peak RSS (anonymous + shared memory) of the given processes, sampled every 50 ms."""
+
+    def __init__(self, pids):
+        super().__init__(daemon=True)
+        self.pids, self.peak, self.stop = pids, {p: {} for p in pids}, threading.Event()
+
+    def run(self):
+        while not self.stop.wait(0.05):
+            for p in self.pids:
+                try:
+                    now = _rss(p)
+                except FileNotFoundError:
+                    continue
+                for k, v in now.items():
+                    self.peak[p][k] = max(self.peak[p].get(k, 0), v)
+
+
+class PlainWindows:
+    """The reference: a plain memmap window loader (reference note 004's PretrainBinaryDataset)."""
+
+    def __init__(self, prefix: Path):
+        import numpy as np
+
+        self.prefix = prefix
+        self.n = os.path.getsize(f"{prefix}.bin") // 4 // (SEQ_LEN + 1)
+        self.np = np
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        import torch
+
+        data = self.np.memmap(f"{self.prefix}.bin", dtype=self.np.int32, mode="r")
+        item = data[i * (SEQ_LEN + 1) : (i + 1) * (SEQ_LEN + 1)].astype(self.np.int64)
+        return torch.from_numpy(item[:-1]), torch.from_numpy(item[1:])
+
+
+def child(args) -> None:
+    import torch
+    from torch.utils.data import DataLoader
+
+    t0 = time.perf_counter()
+    workers = args.workers
+    extra = {"prefetch_factor": args.prefetch} if workers else {}
+    if args.kind == "zstd":
+        from shardtok.torch import ShardStreamDataset
+
+        ds = ShardStreamDataset(BENCH / args.data, seq_len=SEQ_LEN, batch_size=BATCH,
+                                shuffle_buffer=args.shuffle_buffer)  # fmt: skip
+        loader = DataLoader(ds, batch_size=None, num_workers=workers, **extra)
+    elif args.kind == "memmap":
+        from shardtok.torch.memmap_dataset import MemmapTokenDataset
+
+        ds = MemmapTokenDataset(BENCH / "plain", seq_len=SEQ_LEN, num_samples=args.batches * BATCH,
+                                seed=1234, cache_dir=BENCH / "index-cache")  # fmt: skip
+        loader = DataLoader(
+            ds, batch_size=BATCH, collate_fn=ds.collate, num_workers=workers, **extra
+        )
+    else:
+        ds = PlainWindows(BENCH / "megatron" / "tokens")
+        loader = DataLoader(ds, batch_size=BATCH, shuffle=True, num_workers=workers, **extra,
+                            generator=torch.Generator().manual_seed(0))  # fmt: skip
+    built = time.perf_counter()
+    it = iter(loader)
+    next(it)
+    first = time.perf_counter()
+    pids = [w.pid for w in getattr(it, "_workers", [])]
+    sampler = _RssSampler([os.getpid(), *pids])
+    sampler.start()
+    cpu0 = [_cpu_seconds(p) for p in pids]
+    main0 = time.process_time()
+    n = 1
+    for batch in it:
+        n += 1
+        batch["input_ids" if isinstance(batch, dict) else 0]  # what a training step would touch
+        if n >= args.batches:
+            break
+    end = time.perf_counter()
+    main1 = time.process_time()
+    cpu1 = [_cpu_seconds(p) for p in pids]
+    sampler.stop.set()
+    sampler.join()
+    timed = n - 1
+    tokens = timed * BATCH * SEQ_LEN
+    del batch
+    print(json.dumps({
+        "kind": args.kind, "data": args.data, "workers": workers, "batches": n,
+        "tokens_per_s": tokens / (end - first),
+        "first_batch_s": first - built, "setup_s": built - t0,
+        "main_cpu_us_per_batch": (main1 - main0) / timed * 1e6,
+        "worker_cpu_us_per_batch": sum(b - a for a, b in zip(cpu0, cpu1)) / timed * 1e6,
+        "rss_peak_mib": {("main" if p == os.getpid() else f"worker{i}"): sampler.peak[p]
+                         for i, p in enumerate([os.getpid(), *pids])},
+        "load": load(),
+    }))  # fmt: skip
+
+
+def run_child(**kw) -> dict:
+    cmd = [sys.executable, __file__, "_child"]
+    for key, value in kw.items():
+        cmd += [f"--{key.replace('_', '-')}", str(value)]
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    if out.returncode:
+        raise RuntimeError(out.stderr)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# -- reports ----------------------------------------------------------------------------------
+
+
+def throughput(args) -> None:
+    rows = []
+    kinds = args.kinds.split(",")
+    for rep in range(args.repeat):
+        for kind in kinds:
+            for workers in args.workers:
+                r = run_child(kind=kind, workers=workers, batches=args.batches,
+                              prefetch=args.prefetch, shuffle_buffer=args.shuffle_buffer,
+                              data="zstd")  # fmt: skip
+                rows.append(r)
+                print(f"[{rep}] {kind:7s} workers={workers}: {r['tokens_per_s'] / 1e6:6.1f} M tok/s, "
+                      f"first batch {r['first_batch_s']:.3f} s, main {r['main_cpu_us_per_batch']:.0f} us/b, "
+                      f"workers {r['worker_cpu_us_per_batch']:.0f} us/b, load {r['load']}", flush=True)  # fmt: skip
+    print("\n| loader | workers | M tokens/s (best of runs) | median | first batch (s) | "
+          "main CPU µs/batch | worker CPU µs/batch | load avg (1/5/15 min) |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
+    for kind in kinds:
+        for workers in args.workers:
+            mine = [r for r in rows if r["kind"] == kind and r["workers"] == workers]
+            speeds = sorted(r["tokens_per_s"] / 1e6 for r in mine)
+            best = max(mine, key=lambda r: r["tokens_per_s"])
+            print(f"| {kind} | {workers} | {speeds[-1]:.1f} | {speeds[len(speeds) // 2]:.1f} | "
+                  f"{max(r['first_batch_s'] for r in mine):.3f} (worst) | {best['main_cpu_us_per_batch']:.0f} | "
+                  f"{best['worker_cpu_us_per_batch']:.0f} | {best['load']} |")  # fmt: skip
+
+
+def stages(args) -> None:
+    """CPU time per batch of each stage, measured in process (cumulative: each row adds one)."""
+    import numpy as np
+
+    from shardtok.format import ShardStreamReader, load_manifest
+    from shardtok.stream.batch import allocate_arrays
+    from shardtok.stream.node import take
+    from shardtok.stream.pipeline import SliceStream, StreamOptions
+
+    data = BENCH / "zstd"
+    manifest = load_manifest(data)
+    batches = args.batches
+    tokens_needed = batches * BATCH * (SEQ_LEN + 1)
+
+    def cpu(fn, repeat=3):
+        best = float("inf")
+        for _ in range(repeat):
+            c0 = time.process_time()
+            fn()
+            best = min(best, time.process_time() - c0)
+        return best / batches * 1e6
+
+    def decode_only():
+        with open(data / manifest.shards[0].file, "rb") as f:
+            r = ShardStreamReader(f, "bench")
+            got = 0
+            for doc in r.documents(0, r.meta.num_documents - 1):  # skips the whole-bin sha256
+                got += len(doc)
+                if got >= tokens_needed:
+                    break
+
+    def decode_verify():
+        with open(data / manifest.shards[0].file, "rb") as f:
+            r = ShardStreamReader(f, "bench")
+            got = 0
+            for doc in r.documents():
+                got += len(doc)
+                if got >= tokens_needed:
+                    break
+
+    pre = allocate_arrays(BATCH, SEQ_LEN)
+
+    def pipeline(**options):
+        def fn():
+            stream = SliceStream(data, StreamOptions(seq_len=SEQ_LEN, batch_size=BATCH, **options),
+                                 allocate=lambda b, s: pre)  # fmt: skip
+            take(stream, batches)
+
+        return fn
+
+    rows = [
+        ("read + zstd-decode + crc32 (no sha256)", cpu(decode_only)),
+        ("read + decode + crc32 + bin sha256 (a whole shard)", cpu(decode_verify)),
+        ("+ concat packing + batch build (no shuffle)", cpu(pipeline(shuffle_buffer=0))),
+        ("+ shuffle buffer 4096 (the default pipeline)", cpu(pipeline())),
+        ("greedy packing, shuffle 4096", cpu(pipeline(packing="greedy"))),
+    ]
+    print(f"\nCPU per 8 x 2048 batch, in process, best of 3 (load {load()}):\n")
+    print("| stage | µs per batch |\n|---|---|")
+    for name, us in rows:
+        print(f"| {name} | {us:.0f} |")
+    del np
+
+
+def memory(args) -> None:
+    """Peak worker RSS streaming the 0.2 GB dataset and a >= big_gb GB one (shard copies)."""
+    from shardtok.format import Manifest, ShardEntry, load_manifest
+
+    small = load_manifest(BENCH / "zstd")
+    big_dir = BENCH / "big"
+    copies = int(-(-args.big_gb * 1e9 // small.num_bytes))
+    if not (big_dir / "index.json").exists():
+        big_dir.mkdir(parents=True, exist_ok=True)
+        entries = []
+        for c in range(copies):  # real copies: a valid dataset of distinct files on disk
+            for e in small.shards:
+                name = f"copy{c:03d}-{e.file}"
+                shutil.copyfile(BENCH / "zstd" / e.file, big_dir / name)
+                entries.append(ShardEntry(name, e.bytes, e.num_documents, e.num_tokens, e.sha256))
+        Manifest("big", small.dtype, small.vocab_size, small.tokenizer, tuple(entries)).write(
+            big_dir
+        )
+    big = load_manifest(big_dir)
+    print(f"small: {small.num_bytes / 1e9:.2f} GB, {small.num_tokens:,} tokens, {len(small.shards)} shards; "
+          f"big: {big.num_bytes / 1e9:.2f} GB, {big.num_tokens:,} tokens, {len(big.shards)} shards")  # fmt: skip
+    print(
+        "\n| dataset | workers | batches | peak RSS per worker: VmRSS / anon / file / shmem (MiB) | load |"
+    )
+    print("|---|---|---|---|---|")
+    for data in ("zstd", "big"):
+        r = run_child(kind="zstd", data=data, workers=2, batches=args.batches, prefetch=4,
+                      shuffle_buffer=args.shuffle_buffer)  # fmt: skip
+        for name, peak in r["rss_peak_mib"].items():
+            if name.startswith("worker"):
+                print(f"| {data} ({'%.2f' % ((small if data == 'zstd' else big).num_bytes / 1e9)} GB) | {name} | "
+                      f"{r['batches']} | {peak.get('VmRSS')} / {peak.get('RssAnon')} / {peak.get('RssFile')} / "
+                      f"{peak.get('RssShmem')} | {r['load']} |")  # fmt: skip
+    if not args.keep:
+        shutil.rmtree(big_dir)
+        print(f"\n(deleted {big_dir})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("prepare")
+    p.add_argument("--tokens", type=float, default=52.5e6)
+    p = sub.add_parser("throughput")
+    p.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--kinds", default="zstd,memmap,plain")
+    p.add_argument("--batches", type=int, default=3000)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--prefetch", type=int, default=4)
+    p.add_argument("--shuffle-buffer", type=int, default=4096)
+    p = sub.add_parser("stages")
+    p.add_argument("--batches", type=int, default=1500)
+    p = sub.add_parser("memory")
+    p.add_argument("--big-gb", type=float, default=5.0)
+    p.add_argument("--batches", type=int, default=6000)
+    p.add_argument("--shuffle-buffer", type=int, default=4096)
+    p.add_argument("--keep", action="store_true")
+    p = sub.add_parser("_child")
+    p.add_argument("--kind", required=True)
+    p.add_argument("--data", default="zstd")
+    p.add_argument("--workers", type=int, required=True)
+    p.add_argument("--batches", type=int, required=True)
+    p.add_argument("--prefetch", type=int, default=4)
+    p.add_argument("--shuffle-buffer", type=int, default=4096)
+    args = parser.parse_args()
+    {"prepare": prepare, "throughput": throughput, "stages": stages, "memory": memory,
+     "_child": child}[args.cmd](args)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
