@@ -22,7 +22,7 @@ import subprocess
 import sys
 import tarfile
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -62,7 +62,8 @@ def _done(folder: Path, recipe: dict) -> Source | None:
     """The source already built in folder with the same recipe, if any."""
     try:
         if json.loads((folder / "recipe.json").read_text()) == recipe:
-            return Source.load(folder / "source.json")
+            # the prefix is recomputed, so a work folder can move
+            return replace(Source.load(folder / "source.json"), prefix=str(folder / "tokens"))
     except (OSError, ValueError, TypeError):
         pass
     return None
@@ -104,7 +105,7 @@ def _synthetic_documents(sizes: np.ndarray, seed: int) -> Iterator[np.ndarray]:
 def make_synthetic(folder: Path, num_tokens: int, seed: int = 20240607, mean: int = 1000) -> Source:
     from shardtok.format import write_megatron_pair
 
-    folder = Path(folder)
+    folder = Path(folder).resolve()
     recipe = {"kind": "synthetic", "tokens": num_tokens, "seed": seed, "mean": mean, "version": 1}
     done = _done(folder, recipe)
     if done:
@@ -211,7 +212,7 @@ def llama3_tokenizer(cache: Path) -> Path:
 
 def make_real(folder: Path, max_text_bytes: int, tokenizer: str, cache: Path) -> Source:
     """tokenizer: "llama3" or "bundled"."""
-    folder = Path(folder)
+    folder = Path(folder).resolve()
     recipe = {
         "kind": "real",
         "max_text_bytes": max_text_bytes,
