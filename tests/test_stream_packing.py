@@ -136,3 +136,15 @@ def test_greedy_save_restore(lookahead):
         lambda: GreedyPacker(ArrayDocuments(docs), 16, lookahead=lookahead, pad_id=7),
         midpoints=(0, 1, 2, 5, 17, 40, 61),
     )
+
+
+def test_batcher_save_restore_and_exact_count():
+    from shardtok.stream.batcher import Batcher
+
+    rng = np.random.default_rng(3)
+    docs = unique_documents(rng.integers(1, 50, size=200))
+    batches = check_save_restore(
+        lambda: Batcher(ConcatPacker(ArrayDocuments(docs), 15), 3, num_batches=20),
+        midpoints=(0, 1, 6, 19, 20),
+    )
+    assert len(batches) == 20 and batches[0]["input_ids"].shape == (3, 15)

@@ -147,3 +147,21 @@ def test_stateful_dataloader_resumes_exactly(dataset, num_workers):
         rest = [b["input_ids"].clone() for b in resumed]
     assert len(first) + len(rest) == len(reference)
     assert all(torch.equal(a, b) for a, b in zip(first + rest, reference))
+
+
+def test_rank_comes_from_torch_distributed_when_initialised(dataset):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torch.distributed.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1
+    )
+    try:
+        assert data_parallel_rank(None, None) == (0, 1)
+        assert data_parallel_rank(3, 4) == (3, 4)  # explicit (data-parallel) ranks still win
+        ds = ShardStreamDataset(dataset, **OPTIONS)
+        assert ds.plan(2).world_size == 1
+    finally:
+        torch.distributed.destroy_process_group()
