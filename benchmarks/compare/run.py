@@ -51,6 +51,10 @@ class Plan:
     one_process_per_job: bool  # full: fresh process per measurement; smoke: one per system
     timeout_s: int
 
+    def __post_init__(self) -> None:
+        if not 1 <= self.check_batches <= self.warmup_batches:
+            raise ValueError("checked batches are kept from the warm-up: 1 <= check <= warm-up")
+
 
 FULL = Plan(
     mode="full",
@@ -80,7 +84,7 @@ SMOKE = Plan(
     reps=1,
     write_reps=1,
     budget_tokens=6 * 8 * 2048,
-    warmup_batches=2,
+    warmup_batches=4,
     check_batches=4,
     one_process_per_job=False,
     timeout_s=600,

@@ -15,10 +15,8 @@ from shardtok.torch import ShardStreamDataset
 LABEL = "shardtok stream"
 LAYOUT = "zstd tar shards (level 3, 1 MiB frames); ShardStreamDataset(concat, default shuffle buffer); DataLoader(batch_size=None)"
 
-COMPRESSION_LEVEL: int | None = 3
 
-
-def write(source, out: Path, options) -> None:
+def write(source, out: Path, options, compression_level: int | None = 3) -> None:
     pair = MegatronPair(source.prefix)
     with DatasetWriter(
         out,
@@ -26,7 +24,7 @@ def write(source, out: Path, options) -> None:
         tokenizer={"name": source.name, "eos_id": source.eos_id},
         shard_size=options.shard_bytes,
         frame_size=options.frame_bytes,
-        compression_level=COMPRESSION_LEVEL,
+        compression_level=compression_level,
         dtype=source.dtype,
     ) as writer:
         for i in range(len(pair)):

@@ -1,0 +1,45 @@
+"""shardtok, memmap path: uncompressed tar shards (the .bin member is 512-byte aligned inside the
+tar, so it is memory-mapped in place), read by `shardtok.torch.memmap_dataset.MemmapTokenDataset`
+(Megatron GPTDataset samples: document, sample and shuffle indices, cached on disk) under
+`DataLoader(batch_size=8, collate_fn=dataset.collate)`, as its docstring shows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from benchmarks.compare.systems import shardtok_stream
+from shardtok.torch.memmap_dataset import MemmapTokenDataset
+
+LABEL = "shardtok memmap"
+LAYOUT = "uncompressed tar shards, .bin mapped in place; MemmapTokenDataset (GPTDataset samples, cached index); DataLoader(batch_size=8, collate_fn)"
+
+
+def write(source, out: Path, options) -> None:
+    shardtok_stream.write(source, out, options, compression_level=None)
+
+
+def _dataset(out: Path, options) -> MemmapTokenDataset:
+    return MemmapTokenDataset(
+        out, seq_len=options.seq_len, seed=options.seed, cache_dir=Path(out) / "index-cache"
+    )
+
+
+def prepare(out: Path, source, options) -> None:
+    _dataset(out, options)
+
+
+def loader(out: Path, source, options):
+    dataset = _dataset(out, options)
+    return torch.utils.data.DataLoader(
+        dataset,
+        batch_size=options.batch_size,
+        collate_fn=dataset.collate,
+        num_workers=options.num_workers,
+        drop_last=True,
+    )
+
+
+def input_ids(batch):
+    return batch["input_ids"]
