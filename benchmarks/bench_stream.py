@@ -146,6 +146,17 @@ def child(args) -> None:
         loader = DataLoader(
             ds, batch_size=BATCH, collate_fn=ds.collate, num_workers=workers, **extra
         )
+    elif args.kind == "idle":  # baseline: a worker that imports everything and streams nothing
+        from torch.utils.data import IterableDataset
+
+        class Idle(IterableDataset):
+            def __iter__(self):
+                import shardtok.torch  # noqa: F401
+
+                while True:
+                    yield {"input_ids": torch.zeros(BATCH, SEQ_LEN, dtype=torch.int64)}
+
+        loader = DataLoader(Idle(), batch_size=None, num_workers=workers, **extra)
     else:
         ds = PlainWindows(BENCH / "megatron" / "tokens")
         loader = DataLoader(ds, batch_size=BATCH, shuffle=True, num_workers=workers, **extra,
@@ -309,17 +320,21 @@ def memory(args) -> None:
     big = load_manifest(big_dir)
     print(f"small: {small.num_bytes / 1e9:.2f} GB, {small.num_tokens:,} tokens, {len(small.shards)} shards; "
           f"big: {big.num_bytes / 1e9:.2f} GB, {big.num_tokens:,} tokens, {len(big.shards)} shards")  # fmt: skip
-    print(
-        "\n| dataset | workers | batches | peak RSS per worker: VmRSS / anon / file / shmem (MiB) | load |"
-    )
-    print("|---|---|---|---|---|")
-    for data in ("zstd", "big"):
-        r = run_child(kind="zstd", data=data, workers=2, batches=args.batches, prefetch=4,
-                      shuffle_buffer=args.shuffle_buffer)  # fmt: skip
+    print("\n| dataset | shuffle buffer | worker | batches | peak RSS: VmRSS / anon / file / shmem (MiB) | load |")  # fmt: skip
+    print("|---|---|---|---|---|---|")
+    runs = [("idle", "zstd", 0, 2000)]
+    for shuffle in (0, args.shuffle_buffer):
+        runs += [("zstd", "zstd", shuffle, args.batches_small), ("zstd", "big", shuffle, args.batches_big)]
+    for kind, data, shuffle, batches in runs:
+        r = run_child(kind=kind, data=data, workers=2, batches=batches, prefetch=4,
+                      shuffle_buffer=shuffle)  # fmt: skip
+        m = small if data == "zstd" else big
+        label = ("baseline: a torch worker streaming nothing" if kind == "idle" else
+                 f"{m.num_bytes / 1e9:.2f} GB on disk, {m.num_tokens / 1e9:.2f} B tokens")  # fmt: skip
         for name, peak in r["rss_peak_mib"].items():
             if name.startswith("worker"):
-                print(f"| {data} ({'%.2f' % ((small if data == 'zstd' else big).num_bytes / 1e9)} GB) | {name} | "
-                      f"{r['batches']} | {peak.get('VmRSS')} / {peak.get('RssAnon')} / {peak.get('RssFile')} / "
+                print(f"| {label} | {shuffle if kind != 'idle' else '-'} | {name} | {r['batches']} | "
+                      f"{peak.get('VmRSS')} / {peak.get('RssAnon')} / {peak.get('RssFile')} / "
                       f"{peak.get('RssShmem')} | {r['load']} |")  # fmt: skip
     if not args.keep:
         shutil.rmtree(big_dir)
@@ -344,7 +359,8 @@ def main() -> None:
     p.add_argument("--batches", type=int, default=1500)
     p = sub.add_parser("memory")
     p.add_argument("--big-gb", type=float, default=5.0)
-    p.add_argument("--batches", type=int, default=6000)
+    p.add_argument("--batches-small", type=int, default=3000)
+    p.add_argument("--batches-big", type=int, default=12000)
     p.add_argument("--shuffle-buffer", type=int, default=4096)
     p.add_argument("--keep", action="store_true")
     p = sub.add_parser("_child")
