@@ -212,3 +212,15 @@ def test_corrupt_compressed_input_names_the_file(tmp_path, spec):
     (tmp_path / "c.jsonl.gz").write_bytes(data[: len(data) // 2])
     with pytest.raises(ShardtokError, match=r"c\.jsonl\.gz: cannot read the input"):
         run(spec, [tmp_path / "c.jsonl.gz"], tmp_path / "out")
+
+
+def test_output_folder_inside_an_input_folder_is_not_read(tmp_path, spec, decode):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "a.jsonl").write_bytes(jsonl_bytes(TEXTS))
+    run(spec, [data], data / "out", on_bad_record="skip")
+    again = run(
+        spec, [data], data / "out", on_bad_record="skip"
+    )  # index.json must not become input
+    assert again.already_complete
+    assert decoded_texts(data / "out", decode, spec.eos_id) == TEXTS

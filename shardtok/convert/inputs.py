@@ -73,8 +73,19 @@ def _expand_folder(folder: str) -> list[str]:
     return sorted((p for p in found if classify(p) is not None), key=lambda p: Path(p).as_posix())
 
 
-def discover(inputs: list[str]) -> list[InputFile]:
-    """Expand files, folders and glob patterns into the ordered list of input files."""
+def _inside(path: str, folder: str | None) -> bool:
+    if folder is None:
+        return False
+    real, root = os.path.realpath(path), os.path.realpath(folder)
+    return os.path.commonpath([real, root]) == root
+
+
+def discover(inputs: list[str], exclude_dir: str | None = None) -> list[InputFile]:
+    """Expand files, folders and glob patterns into the ordered list of input files.
+
+    Files under `exclude_dir` (the output folder, when it sits inside an input folder) are left
+    out: index.json and rejects.jsonl would otherwise read as JSONL input on the next run.
+    """
     files: list[InputFile] = []
     seen: dict[str, str] = {}
     for given in inputs:
@@ -103,6 +114,8 @@ def discover(inputs: list[str]) -> list[InputFile]:
         else:
             raise InputError(f"input {given!r} does not exist")
         for path in expanded:
+            if _inside(path, exclude_dir):
+                continue
             real = os.path.realpath(path)
             if real in seen:
                 raise InputError(f"input file {path!r} is given twice (also as {seen[real]!r})")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
@@ -87,6 +88,13 @@ def _plan(opts: ConvertOptions, files: list[InputFile], unit_size: int) -> dict:
         "bos_id": spec.bos_id if spec.prepend_bos else None,
         "unit_size": unit_size,
     }
+
+
+def _mp_context():
+    """fork where it is safe and cheap (Linux), spawn elsewhere (macOS, Windows)."""
+    if sys.platform == "linux":
+        return multiprocessing.get_context("fork")
+    return multiprocessing.get_context("spawn")
 
 
 class _Assembler:
@@ -176,7 +184,7 @@ class _Assembler:
 def convert(opts: ConvertOptions) -> ConvertResult:
     """Run (or resume, or recognise as done) the conversion described by `opts`."""
     started = time.monotonic()
-    files = discover(list(opts.inputs))
+    files = discover(list(opts.inputs), exclude_dir=opts.output)
     out = Path(opts.output)
     total_bytes = sum(f.size for f in files)
     unit_size = opts.unit_size or auto_unit_size(total_bytes)
@@ -203,10 +211,6 @@ def convert(opts: ConvertOptions) -> ConvertResult:
     reused = len(ready)
     todo = [u for u in units if u.index not in ready]
 
-    progress = ConvertProgress(total_bytes, opts.progress)
-    for result in ready.values():
-        progress.unit_done(result.input_bytes, result.num_documents, result.num_tokens, reused=True)
-    assembler = _Assembler(opts, files, units, workdir)
     config = WorkerConfig(
         tuple(files),
         str(out),
@@ -217,16 +221,23 @@ def convert(opts: ConvertOptions) -> ConvertResult:
     )
     workers = max(1, min(opts.workers or os.cpu_count() or 1, len(todo) or 1))
     pool = None
+    progress = assembler = None
     try:
         if todo:
-            # spawn, not fork: workers start clean, without the parent's threads or locks.
+            # Workers are started before anything here starts a thread (tqdm's monitor), so
+            # forking is safe; fork also spares each worker re-importing and unpickling.
             pool = ProcessPoolExecutor(
-                workers, mp_context=multiprocessing.get_context("spawn"),
-                initializer=init_worker, initargs=(config,),
-            )  # fmt: skip
+                workers, mp_context=_mp_context(), initializer=init_worker, initargs=(config,)
+            )
         pending: dict[Future, int] = (
             {pool.submit(tokenize_unit, u): u.index for u in todo} if pool else {}
         )
+        progress = ConvertProgress(total_bytes, opts.progress)
+        for result in ready.values():
+            progress.unit_done(
+                result.input_bytes, result.num_documents, result.num_tokens, reused=True
+            )
+        assembler = _Assembler(opts, files, units, workdir)
         for next_index in range(len(units)):
             while next_index not in ready:
                 finished, _ = wait(pending, return_when=FIRST_COMPLETED)
@@ -252,10 +263,12 @@ def convert(opts: ConvertOptions) -> ConvertResult:
             assembler.add(result)
         manifest, rejects_path = assembler.finish(settings)
     except BaseException:
-        assembler.abandon()
+        if assembler is not None:
+            assembler.abandon()
         raise
     finally:
-        progress.close()
+        if progress is not None:
+            progress.close()
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
 

@@ -9,6 +9,9 @@ error reported is always the first bad record of the input.
 
 from __future__ import annotations
 
+import os
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,10 +54,19 @@ _config: WorkerConfig | None = None
 _encoder: BatchEncoder | None = None
 
 
+def _exit_when_orphaned(parent: int) -> None:
+    # A SIGKILLed parent never tells its pool; an orphan would finish its unit (harmless, the
+    # write is atomic) and then wait on the task queue forever.
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(1)
+
+
 def init_worker(config: WorkerConfig) -> None:
     global _config, _encoder
     _config = config
     _encoder = BatchEncoder(config.tokenizer)
+    threading.Thread(target=_exit_when_orphaned, args=(os.getppid(),), daemon=True).start()
 
 
 class _UnitTokenizer:
