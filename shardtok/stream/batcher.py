@@ -5,7 +5,7 @@ from __future__ import annotations
 from shardtok.errors import ShardtokError
 from shardtok.stream.batch import Allocator, allocate_arrays, build_batch
 from shardtok.stream.node import Node
-from shardtok.stream.sequence import PackedSequence
+from shardtok.stream.sequence import Packer
 
 
 class Batcher(Node[dict]):
@@ -19,7 +19,7 @@ class Batcher(Node[dict]):
 
     def __init__(
         self,
-        upstream: Node[PackedSequence],
+        upstream: Packer,
         batch_size: int,
         *,
         num_batches: int | None = None,

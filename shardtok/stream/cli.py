@@ -254,16 +254,19 @@ def run(args: argparse.Namespace) -> int:
             break
     elapsed = time.perf_counter() - started
     sequences = count * args.batch_size
+    speed = tokens / elapsed if elapsed else 0.0
+    efficiency = real / (sequences * (args.seq_len + 1)) if sequences else 0.0
+    per_sequence = segments / sequences if sequences else 0.0
     stats = {
         "engine": engine,
         "batches": count,
         "batches_per_epoch": plan.batches_per_rank,
         "input_tokens": tokens,
         "seconds": round(elapsed, 4),
-        "tokens_per_second": tokens / elapsed if elapsed else 0.0,
+        "tokens_per_second": speed,
         "first_batch_seconds": round(first or 0.0, 4),
-        "packing_efficiency": real / (sequences * (args.seq_len + 1)) if sequences else 0.0,
-        "documents_per_sequence": segments / sequences if sequences else 0.0,
+        "packing_efficiency": efficiency,
+        "documents_per_sequence": per_sequence,
     }
     if args.json:
         print(json.dumps(stats, indent=1))
@@ -271,12 +274,11 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"streamed {count:,} of {plan.batches_per_rank:,} batches ({engine}): "
             f"{tokens:,} input tokens in {elapsed:.3f} s = "
-            f"{stats['tokens_per_second'] / 1e6:.1f} M tokens/s; first batch after "
-            f"{stats['first_batch_seconds']:.3f} s"
+            f"{speed / 1e6:.1f} M tokens/s; first batch after {first or 0.0:.3f} s"
         )
         print(
-            f"packing: {100 * stats['packing_efficiency']:.2f}% of slots hold real tokens, "
-            f"{stats['documents_per_sequence']:.2f} document segments per sequence"
+            f"packing: {100 * efficiency:.2f}% of slots hold real tokens, "
+            f"{per_sequence:.2f} document segments per sequence"
         )
     if args.dump:
         _dump(args.dump, kept, plan.to_json())

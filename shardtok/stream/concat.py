@@ -20,8 +20,8 @@ from collections import deque
 
 import numpy as np
 
-from shardtok.stream.node import DocumentNode, Node
-from shardtok.stream.sequence import PackedSequence
+from shardtok.stream.node import DocumentNode
+from shardtok.stream.sequence import PackedSequence, Packer
 
 
 def concat_window_count(num_tokens: int, seq_len: int, stride: int | None = None) -> int:
@@ -31,7 +31,7 @@ def concat_window_count(num_tokens: int, seq_len: int, stride: int | None = None
     return 0 if num_tokens < window else (num_tokens - window) // stride + 1
 
 
-class ConcatPacker(Node[PackedSequence]):
+class ConcatPacker(Packer):
     """Cuts the document stream of `upstream` into windows of ``seq_len + 1`` tokens.
 
     Documents are appended to one reused token buffer; a window is a copy of a slice of it.

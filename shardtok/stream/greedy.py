@@ -19,8 +19,8 @@ from collections import deque
 import numpy as np
 
 from shardtok.errors import ResumeStateError
-from shardtok.stream.node import DocumentNode, Node
-from shardtok.stream.sequence import PackedSequence
+from shardtok.stream.node import DocumentNode
+from shardtok.stream.sequence import PackedSequence, Packer
 
 # An open sequence whose first document is this many documents old is closed, so the state
 # never reaches further back than document nodes remember (node.HISTORY).
@@ -44,7 +44,7 @@ class _Bin:
         self.used += len(piece)
 
 
-class GreedyPacker(Node[PackedSequence]):
+class GreedyPacker(Packer):
     def __init__(
         self,
         upstream: DocumentNode,

@@ -17,6 +17,7 @@ from shardtok.stream.greedy import GreedyPacker
 from shardtok.stream.node import DocumentNode, Node
 from shardtok.stream.plan import EpochPlan, SlicePlan, epoch_plan
 from shardtok.stream.reader import SliceReader
+from shardtok.stream.sequence import Packer
 from shardtok.stream.shuffle import ShuffleBuffer
 from shardtok.stream.sources import DatasetSource
 
@@ -75,7 +76,7 @@ def document_stream(
     return node
 
 
-def packer_for(documents: DocumentNode, options: StreamOptions) -> Node:
+def packer_for(documents: DocumentNode, options: StreamOptions) -> Packer:
     if options.packing == "concat":
         return ConcatPacker(documents, options.seq_len, options.stride)
     return GreedyPacker(

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from shardtok.stream.node import Node
+
 
 @dataclass(slots=True)
 class PackedSequence:
@@ -27,3 +29,9 @@ class PackedSequence:
             and list(self.starts) == list(other.starts)
             and np.array_equal(self.tokens, other.tokens)
         )
+
+
+class Packer(Node[PackedSequence]):
+    """A node that yields packed sequences of ``window = seq_len + 1`` slots."""
+
+    window: int

@@ -49,7 +49,9 @@ class DatasetSource:
         return {"location": self.location, "storage_options": self.storage_options}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["location"], state["storage_options"])
+        self.location = state["location"]
+        self.storage_options = state["storage_options"]
+        self._manifest = None
 
     @property
     def is_local(self) -> bool:

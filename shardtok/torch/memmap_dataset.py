@@ -54,7 +54,12 @@ class MemmapTokenDataset(Dataset):
         if self._samples is None:  # opened per process: memmaps are not pickled to workers
             tokens, sizes = open_local_tokens(self.path)
             samples = GPTSamples(
-                tokens, sizes, self.seq_len, self.num_samples, self.seed, cache_dir=self.cache_dir
+                tokens,  # type: ignore[arg-type]  # ConcatTokens indexes like an ndarray
+                sizes,
+                self.seq_len,
+                self.num_samples,
+                self.seed,
+                cache_dir=self.cache_dir,
             )
             # Cached indices come back as np.memmap, whose __getitem__ costs microseconds per
             # element access; plain ndarray views of the same pages do not.
