@@ -15,7 +15,7 @@ import numpy as np
 
 from shardtok.stream.sequence import PackedSequence
 
-DEFAULT_MIDPOINTS = (0, 1, 2, 7, 16, 33)
+DEFAULT_MIDPOINTS = (0, 1, 2, 7, 16, 33, -2, -1)
 
 
 def assert_items_equal(a: Any, b: Any, where: str = "item") -> None:
@@ -58,14 +58,18 @@ def check_save_restore(
     total: int | None = None,
     max_state_bytes: int = 64 << 10,
 ) -> list:
-    """Run the check; returns the uninterrupted items. `total` None = the whole (finite) stream."""
+    """Run the check; returns the uninterrupted items. `total` None = the whole (finite) stream.
+
+    A negative midpoint counts from the end (-1: save just before the last item).
+    """
     reference_node = make_node()
     reference_node.reset(None)
     reference = _take(reference_node, total)
     n = len(reference)
     checked = 0
     for k in midpoints:
-        if k > n:
+        k = n + k if k < 0 else k
+        if not 0 <= k <= n:
             continue
         node = make_node()
         node.reset(None)

@@ -134,7 +134,7 @@ def test_greedy_save_restore(lookahead):
     docs = unique_documents(rng.integers(0, 45, size=150))
     check_save_restore(
         lambda: GreedyPacker(ArrayDocuments(docs), 16, lookahead=lookahead, pad_id=7),
-        midpoints=(0, 1, 2, 5, 17, 40, 61),
+        midpoints=(0, 1, 2, 5, 17, 40, 61, -3, -2, -1),
     )
 
 

@@ -221,7 +221,7 @@ def test_slice_stream_save_restore(uneven, options):
     path = uneven[0]
     check_save_restore(
         lambda: SliceStream(path, options, epoch=1, rank=1, world_size=2),
-        midpoints=(0, 1, 2, 9, 30, 77),
+        midpoints=(0, 1, 2, 9, 30, 77, -2, -1),
     )
 
 
@@ -234,7 +234,7 @@ def test_slice_reader_save_restore(uneven, interleave):
     plan = epoch_plan(manifest, seq_len=8, batch_size=1, world_size=2, seed=3)
     pieces = plan.slice_for(1, 0).pieces
     docs = check_save_restore(
-        lambda: SliceReader(source, pieces, interleave), midpoints=(0, 1, 5, 40, 99, 150)
+        lambda: SliceReader(source, pieces, interleave), midpoints=(0, 1, 5, 40, 99, 150, -1)
     )
     assert sum(len(d) for d in docs) == plan.slice_for(1, 0).num_tokens
 

@@ -55,7 +55,7 @@ def test_shuffle_save_restore(window):
     docs = numbered(3000)
     check_save_restore(
         lambda: ShuffleBuffer(ArrayDocuments(docs), window, (11, 2)),
-        midpoints=(0, 1, 7, 299, 300, 1024, 1500, 2999, 3000),
+        midpoints=(0, 1, 7, 299, 300, 1024, 1500, 2999, 3000, -1),
     )
 
 
@@ -68,9 +68,9 @@ def test_packers_over_shuffle_save_restore():
         at += n
     check_save_restore(
         lambda: ConcatPacker(ShuffleBuffer(ArrayDocuments(docs), 64, (1,)), 31),
-        midpoints=(0, 3, 100, 555, 1400),
+        midpoints=(0, 3, 100, 555, 1400, -1),
     )
     check_save_restore(
         lambda: GreedyPacker(ShuffleBuffer(ArrayDocuments(docs), 700, (2,)), 63, lookahead=4),
-        midpoints=(0, 3, 100, 555, 800),
+        midpoints=(0, 3, 100, 555, 800, -2, -1),
     )
