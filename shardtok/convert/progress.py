@@ -61,6 +61,7 @@ class ConvertResult:
     seconds: float = 0.0
     already_complete: bool = False
     rejects_path: str | None = None
+    stored_token_bytes: int = 0  # the shards' bin members (frames), for the compression ratio
 
     @property
     def records_rejected(self) -> int:
@@ -68,9 +69,9 @@ class ConvertResult:
 
     @property
     def compression_ratio(self) -> float:
-        stored = self.manifest.num_bytes
+        """Raw token bytes over stored (zstd) token bytes, as `shardtok inspect` reports it."""
         token_bytes = self.manifest.num_tokens * self.manifest.dtype.itemsize
-        return token_bytes / stored if stored else 0.0
+        return token_bytes / self.stored_token_bytes if self.stored_token_bytes else 1.0
 
     def summary(self) -> str:
         m = self.manifest
@@ -83,7 +84,7 @@ class ConvertResult:
             head,
             f"  documents   {m.num_documents:,}   tokens {m.num_tokens:,}   dtype {m.dtype.name}",
             f"  shards      {len(m.shards):,}   bytes {m.num_bytes:,}   compression ratio "
-            f"{self.compression_ratio:.2f}x (vs raw {m.dtype.name} tokens)",
+            f"{self.compression_ratio:.2f}x (raw {m.dtype.name} tokens / zstd frames)",
             f"  records     {self.records_read:,} read = {self.documents:,} written + "
             f"{self.records_rejected:,} rejected",
         ]

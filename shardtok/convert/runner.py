@@ -32,6 +32,8 @@ from shardtok.convert.worker import UnitFailure, WorkerConfig, init_worker, toke
 from shardtok.errors import BadRecordError
 from shardtok.format.dataset_writer import DEFAULT_SHARD_SIZE, DatasetWriter
 from shardtok.format.frames import DEFAULT_FRAME_SIZE
+from shardtok.format.manifest import Manifest
+from shardtok.format.shard_reader import ShardReader
 
 _PLAN_FORMAT = 1
 
@@ -88,6 +90,14 @@ def _plan(opts: ConvertOptions, files: list[InputFile], unit_size: int) -> dict:
         "bos_id": spec.bos_id if spec.prepend_bos else None,
         "unit_size": unit_size,
     }
+
+
+def _stored_token_bytes(out: Path, manifest: Manifest) -> int:
+    """Bytes of the shards' bin members, read from each shard's json (the head of the tar)."""
+    return sum(
+        sum(f.compressed_size for f in ShardReader(out / shard.file).meta.frames)
+        for shard in manifest.shards
+    )
 
 
 def _mp_context():
@@ -199,6 +209,7 @@ def convert(opts: ConvertOptions) -> ConvertResult:
             str(out), done, extra.get("records_read", 0), extra.get("documents_written", 0),
             dict(extra.get("rejected_by_reason", {})), already_complete=True,
             rejects_path=str(rejects) if rejects.exists() else None,
+            stored_token_bytes=_stored_token_bytes(out, done),
         )  # fmt: skip
 
     units = plan_units(files, unit_size, opts.txt_mode)
@@ -280,4 +291,5 @@ def convert(opts: ConvertOptions) -> ConvertResult:
         units_total=len(units), units_reused=reused, units_tokenized=len(todo),
         seconds=time.monotonic() - started,
         rejects_path=str(rejects_path) if rejects_path else None,
+        stored_token_bytes=_stored_token_bytes(out, manifest),
     )  # fmt: skip
