@@ -140,3 +140,13 @@ def test_every_record_rejected_gives_an_empty_dataset(tmp_path, spec):
     result = run(spec, [tmp_path / "c.jsonl"], tmp_path / "out", on_bad_record="skip")
     assert result.manifest.num_documents == 0 and result.records_read == 2
     assert load_manifest(tmp_path / "out").shards == ()
+
+
+def test_fixing_the_input_after_an_error_and_rerunning_just_works(tmp_path, spec):
+    path = tmp_path / "c.jsonl"
+    path.write_bytes(b"\n".join([GOOD] * 40 + [b"{broken"] + [GOOD] * 40) + b"\n")
+    with pytest.raises(BadRecordError):
+        run(spec, [path], tmp_path / "out")
+    path.write_bytes(b"\n".join([GOOD] * 81) + b"\n")
+    result = run(spec, [path], tmp_path / "out")
+    assert result.documents == 81 and result.units_reused == 0

@@ -1,8 +1,9 @@
 """What the output folder holds before and after a conversion, and tidying it.
 
 States at start: empty or missing (start fresh); an unfinished conversion with the same plan
-(resume); an unfinished one with another plan, a finished dataset from other settings, or foreign
-files (refuse unless --overwrite); the finished dataset of this very command (nothing to do).
+(resume); an unfinished one with another plan (discard it and start fresh); a finished dataset
+from other settings, or foreign files (refuse unless --overwrite); the finished dataset of this
+very command (nothing to do).
 Only shardtok's own names are ever deleted: the shard files of this dataset name, index.json,
 rejects.jsonl, their temporary files and the work folder.
 """
@@ -13,6 +14,7 @@ import json
 import os
 import re
 import shutil
+import sys
 from pathlib import Path
 
 from shardtok.convert.workdir import WORK_DIR_NAME, WorkDir
@@ -90,13 +92,17 @@ def prepare_output(
     workdir.sweep_trash()
     sweep_temporaries(out, dataset_name)
     existing_plan = workdir.read_plan() if workdir.exists() else None
-    if existing_plan is not None:
-        if existing_plan != plan:
-            raise OutputDirError(
-                f"{out} holds an unfinished conversion of other inputs or options; rerun that "
-                "command to finish it, or pass --overwrite to start this one over it"
-            )
+    if existing_plan == plan:
         workdir.sweep_temporaries()
+        return workdir, None
+    if existing_plan is not None:
+        # Typically: a run stopped at a bad record, the input was fixed, and this is the rerun.
+        # The unfinished work is only our own cache, so it is discarded rather than refused.
+        print(
+            f"note: {out} held unfinished work of other inputs or options; starting over",
+            file=sys.stderr,
+        )
+        workdir.start(plan)
         return workdir, None
     manifest = finished_manifest(out)
     if manifest is not None:
