@@ -45,7 +45,7 @@ class ConvertOptions:
     tokenizer: TokenizerSpec
     text_key: str = "text"
     txt_mode: str = "file"  # "file": one document per .txt file; "lines": one per line
-    workers: int = 0  # 0 = os.cpu_count()
+    workers: int = 0  # 0 = the cores this process may run on
     on_bad_record: str = "error"  # or "skip"
     shard_size: int = DEFAULT_SHARD_SIZE
     compression_level: int | None = 3  # None = uncompressed .bin members
@@ -98,6 +98,13 @@ def _stored_token_bytes(out: Path, manifest: Manifest) -> int:
         sum(f.compressed_size for f in ShardReader(out / shard.file).meta.frames)
         for shard in manifest.shards
     )
+
+
+def _usable_cores() -> int:
+    """Cores this process may use (a container's CPU set, not the host's core count)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1
 
 
 def _mp_context():
@@ -230,7 +237,7 @@ def convert(opts: ConvertOptions) -> ConvertResult:
         opts.on_bad_record == "error",
         opts.tokenizer,
     )
-    workers = max(1, min(opts.workers or os.cpu_count() or 1, len(todo) or 1))
+    workers = max(1, min(opts.workers or _usable_cores(), len(todo) or 1))
     pool = None
     progress = assembler = None
     try:
