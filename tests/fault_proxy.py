@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import re
 import socket
 import struct
 import threading
@@ -104,8 +105,19 @@ class FaultProxy:
             return bytes(self._sent[index])
 
     def all_requests(self) -> bytes:
+        """Everything clients sent, connection after connection."""
         with self._lock:
             return b"".join(bytes(s) for s in self._sent)
+
+    def ranges(self) -> list[tuple[int, int]]:
+        """The byte ranges requested (``Range: bytes=a-b`` as ``(a, b + 1)``), in order.
+
+        Requests are recorded as they pass, before any answer, so a test can count them
+        without racing the server. The order is by connection, then within a connection,
+        which is time order for a client that makes one request at a time.
+        """
+        found = re.findall(rb"(?i)\r\nrange: bytes=(\d+)-(\d+)\r\n", self.all_requests())
+        return [(int(a), int(b) + 1) for a, b in found]
 
     # -- plumbing ----------------------------------------------------------------------------
     def _accept_loop(self) -> None:
@@ -212,8 +224,7 @@ class FaultProxy:
 
     def stop(self) -> None:
         self._stopping.set()
-        with contextlib.suppress(OSError):
-            self._listener.close()
+        self._close(self._listener)  # shutdown() also wakes the thread blocked in accept()
         with self._lock:
             socks = list(self._sockets)
         for s in socks:

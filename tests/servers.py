@@ -61,6 +61,27 @@ def _find_binary(name: str, extra_dirs: tuple[str, ...] = ()) -> str:
     )
 
 
+def _prctl():
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl  # looked up now, not in the child
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _prctl()
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """Runs in the server process before exec: end it when the test process ends, even if
+    that one is killed. (Linux ties this to the thread that started it: start servers from
+    the main thread.)"""
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 def _log_tail(path: Path, limit: int = 3000) -> str:
     try:
         return path.read_text(errors="replace")[-limit:]
@@ -189,7 +210,7 @@ class SeaweedS3:
                 stdin=subprocess.DEVNULL,
                 env=env,
                 cwd=self.root,
-                start_new_session=True,
+                preexec_fn=_die_with_parent,
             )
         finally:
             log.close()
@@ -307,7 +328,7 @@ http {{
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             stdin=subprocess.DEVNULL,
-            start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -323,7 +344,8 @@ http {{
         self.stop()
         raise RuntimeError(f"nginx not ready after {timeout}s:\n{_log_tail(self.error_log)}")
 
-    def stop(self) -> None:
+    def stop(self, kill: bool = False) -> None:
+        # Always SIGTERM: nginx stops at once on it, and SIGKILL would orphan its worker.
         _stop_process(self._proc)
         self._proc = None
 
@@ -338,7 +360,8 @@ def _one_per_session(request: pytest.FixtureRequest, name: str, make: Callable[[
     if name not in servers:
         server = make()
         server.start()
-        request.config.add_cleanup(server.stop)
+        # Its data is thrown away with the session: no need for a graceful shutdown.
+        request.config.add_cleanup(lambda: server.stop(kill=True))
         servers[name] = server
     return servers[name]
 
@@ -363,4 +386,4 @@ def private_s3_server(tmp_path: Path) -> Iterator[SeaweedS3]:
     try:
         yield server
     finally:
-        server.stop()
+        server.stop(kill=True)  # its data dies with the test: no graceful shutdown needed

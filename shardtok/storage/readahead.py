@@ -89,15 +89,15 @@ class BlockStream(io.RawIOBase):
             return False
         if self._has_block:
             self._current = memoryview(b"")
+            self._used = 0
+            self._has_block = False
             self._slots.release()
         item = self._blocks.get()
         if item is _END:
             self._finished = True
-            self._has_block = False
             return False
         if isinstance(item, BaseException):
             self._finished = True
-            self._has_block = False
             raise item
         self._current = memoryview(item)
         self._used = 0
@@ -138,6 +138,7 @@ class BlockStream(io.RawIOBase):
             self._cancel.set()
             self._slots.release(2)  # wake the fetcher if it waits for a slot
             self._current = memoryview(b"")
+            self._used = 0
             self._finished = True
             while True:  # drop queued blocks now rather than when the fetcher ends
                 try:

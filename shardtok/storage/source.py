@@ -185,6 +185,13 @@ class LocalSource(ByteSource):
                 os.close(self._fd)
             self._fd = None
 
+    def __getstate__(self) -> dict:
+        # A descriptor does not cross processes: the copy reopens the file by its path.
+        return {"path": self.local_path, "label": self.url}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["path"], label=state["label"])
+
 
 class _PreadStream(io.RawIOBase):
     """Sequential reads on a shared descriptor without touching its file offset."""
@@ -228,6 +235,7 @@ class RemoteSource(ByteSource):
         self._backend = Backend(url, storage_options, self.retry)
         self._redact = Redactor({"options": storage_options, "url": _url_secrets(url)})
         self._info: ObjectInfo | None = None
+        self._info_lock = threading.Lock()
         self._lock = threading.Lock()
         self._retries = 0
         self._prefetched: tuple[int, Future] | None = None
@@ -236,11 +244,11 @@ class RemoteSource(ByteSource):
 
     # -- metadata --------------------------------------------------------------------------
     def info(self) -> ObjectInfo:
-        if self._info is None:
-            info = self._with_retries(self._backend.head, lambda: None)
-            with self._lock:
-                self._info = self._info or info
-        return self._info
+        """Size and ETag, from one HEAD request (threads asking at once wait for it)."""
+        with self._info_lock:
+            if self._info is None:
+                self._info = self._with_retries(self._backend.head, lambda: None)
+            return self._info
 
     @property
     def size(self) -> int:
@@ -389,7 +397,7 @@ class RemoteSource(ByteSource):
     def __getstate__(self) -> dict:
         # Threads, locks and futures stay behind; a worker process re-fetches what it needs.
         state = self.__dict__.copy()
-        for name in ("_lock", "_cache_lock"):
+        for name in ("_lock", "_cache_lock", "_info_lock"):
             del state[name]
         state["_prefetched"] = None
         state["_cached"] = None
@@ -399,6 +407,7 @@ class RemoteSource(ByteSource):
         self.__dict__.update(state)
         self._lock = threading.Lock()
         self._cache_lock = threading.Lock()
+        self._info_lock = threading.Lock()
 
 
 def _url_secrets(url: str) -> dict:
