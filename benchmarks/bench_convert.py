@@ -1,7 +1,8 @@
 """Benchmark `shardtok convert` against the tokenizer's own ceiling and a Megatron-style converter.
 
-    python benchmarks/bench_convert.py                 # 64 MB corpus, workers 1 and 2, 3 repeats
+    python benchmarks/bench_convert.py                 # 32 MB corpus, workers 1 and 2, 3 repeats
     python benchmarks/bench_convert.py --corpus-mb 16 --repeats 1   # a quick look
+    python benchmarks/bench_convert.py --corpus docstrings --corpus-mb 12   # short documents
 
 Corpus: the CPython standard library on this machine, as JSONL: every docstring (prose) followed
 by every module's source (code), cycled until --corpus-mb. Tokenizer: Llama 3's tokenizer.json
@@ -69,16 +70,20 @@ def fetch_llama3_tokenizer() -> Path:
     return folder
 
 
-def build_corpus(megabytes: int) -> Path:
+def build_corpus(megabytes: int, kind: str = "stdlib") -> Path:
+    """`stdlib`: docstrings then module sources (mostly code, 2.6 kB a document on average);
+    `docstrings`: prose only (260 bytes a document: the regime where per-document costs show)."""
     from shardtok.convert.sample_corpus import _python_files, iter_docstring_records, stdlib_root
 
-    path = CACHE / f"corpus-{megabytes}mb.jsonl"
+    path = CACHE / (
+        f"corpus-{megabytes}mb.jsonl" if kind == "stdlib" else f"corpus-{kind}-{megabytes}mb.jsonl"
+    )
     if path.exists():
         return path
     CACHE.mkdir(exist_ok=True)
     records = list(iter_docstring_records())
     root = stdlib_root()
-    for file in _python_files(root):
+    for file in _python_files(root) if kind == "stdlib" else ():
         try:
             text = file.read_text(encoding="utf-8")
         except UnicodeDecodeError:
@@ -225,12 +230,13 @@ def _line(name: str, r: dict, ceiling: float, workers: int) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--corpus-mb", type=int, default=32)
+    parser.add_argument("--corpus", choices=("stdlib", "docstrings"), default="stdlib")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     tokenizer_dir = fetch_llama3_tokenizer()
-    corpus = build_corpus(args.corpus_mb)
+    corpus = build_corpus(args.corpus_mb, args.corpus)
     texts = load_texts(corpus)
     print(
         f"corpus {corpus.name} ({corpus.stat().st_size / 1e6:.1f} MB, {len(texts):,} documents); "
