@@ -197,3 +197,40 @@ def test_sources_pickle_without_threads_and_reopen(s3_server):  # noqa: F811
     assert clone.read_range(10, 10) == data[10:20]
     with clone.open_stream() as f:
         assert f.read() == data
+
+
+def _no_aws_environment(monkeypatch) -> None:
+    for name in list(os.environ):
+        if name.startswith("AWS_"):
+            monkeypatch.delenv(name)
+
+
+def test_s3_configuration_from_the_environment(s3_server, monkeypatch):  # noqa: F811
+    url = s3_server.put("remote/env.bin", b"configured by the environment")
+    _no_aws_environment(monkeypatch)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.endpoint)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3_server.access_key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_server.secret_key)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    assert read_bytes(url) == b"configured by the environment"
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    with pytest.raises(AccessDeniedError) as info:
+        read_bytes(url, retry=FAST)
+    assert SECRET not in str(info.value) + repr(info.value) + str(info.value.__cause__)
+
+
+def test_s3_configuration_from_a_profile(s3_server, monkeypatch, tmp_path):  # noqa: F811
+    url = s3_server.put("remote/profile.bin", b"configured by a profile")
+    _no_aws_environment(monkeypatch)
+    (tmp_path / "credentials").write_text(
+        f"[shardtok]\naws_access_key_id = {s3_server.access_key}\n"
+        f"aws_secret_access_key = {s3_server.secret_key}\n"
+    )
+    (tmp_path / "config").write_text(
+        f"[profile shardtok]\nregion = us-east-1\nendpoint_url = {s3_server.endpoint}\n"
+    )
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
+    assert read_bytes(url, {"profile": "shardtok"}) == b"configured by a profile"
+    monkeypatch.setenv("AWS_PROFILE", "shardtok")
+    assert read_bytes(url) == b"configured by a profile"

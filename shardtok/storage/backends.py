@@ -1,7 +1,7 @@
 """fsspec filesystems, one per process and configuration, and how to read ranges from them.
 
 Each remote read is a single request for ``[start, end)``. For S3 (s3fs) and HTTP (fsspec's
-aiohttp session) the body is streamed into the caller's buffer as it arrives, so when a
+aiohttp session) the body is collected chunk by chunk as it arrives, so when a
 connection dies halfway the bytes already received are kept and the retry asks only for the
 rest. Other fsspec protocols (``gs://`` through gcsfs, ...) read each range whole with
 ``cat_file``; the retry loop above is the same.
@@ -30,12 +30,17 @@ class ObjectInfo:
 
 
 class Progress:
-    """Bytes delivered so far by the current request; survives the request failing."""
+    """The body chunks the current request delivered; kept when the request fails."""
 
-    __slots__ = ("done",)
+    __slots__ = ("chunks", "done")
 
     def __init__(self) -> None:
+        self.chunks: list[bytes] = []
         self.done = 0
+
+    def add(self, chunk: bytes) -> None:
+        self.chunks.append(chunk)
+        self.done += len(chunk)
 
 
 def _with_defaults(options: dict, protocol: str, policy: RetryPolicy) -> dict:
@@ -61,6 +66,7 @@ def _with_defaults(options: dict, protocol: str, policy: RetryPolicy) -> dict:
     return options
 
 
+_CONFIG_ENV = ("AWS_", "GOOGLE_", "GCS", "FSSPEC_")
 _filesystems: dict[tuple, Any] = {}
 _filesystems_lock = threading.Lock()
 
@@ -74,7 +80,9 @@ def filesystem(protocol: str, storage_options: dict | None, policy: RetryPolicy)
     import fsspec
     from fsspec.utils import tokenize
 
-    key = (os.getpid(), protocol, tokenize(storage_options or {}), policy.timeout)
+    # The environment is part of the configuration (AWS_ENDPOINT_URL, AWS_PROFILE, ...).
+    env = sorted((k, v) for k, v in os.environ.items() if k.startswith(_CONFIG_ENV))
+    key = (os.getpid(), protocol, tokenize(storage_options or {}, env), policy.timeout)
     with _filesystems_lock:
         fs = _filesystems.get(key)
         if fs is None:
@@ -118,24 +126,24 @@ class Backend:
         )
         return ObjectInfo(int(info["size"]), etag)
 
-    def read_into(self, start: int, out: memoryview, progress: Progress, etag: str | None) -> None:
-        """Fill ``out`` with bytes ``[start, start + len(out))``; ``progress.done`` says how
-        far it got if it raises. Ends early only by raising (``TruncatedBody`` for a short body).
+    def read(self, start: int, length: int, progress: Progress, etag: str | None) -> None:
+        """Deliver bytes ``[start, start + length)`` into ``progress`` as they arrive.
+
+        Ends early only by raising (``TruncatedBody`` for a short body); ``progress`` then holds
+        the bytes that did arrive, so the caller can ask for the rest.
         """
         fs = self.fs
         if self.protocol in ("s3", "s3a"):
-            _sync(fs, _s3_read(fs, self.url, start, out, progress, etag, self.policy.timeout))
+            _sync(fs, _s3_read(fs, self.url, start, length, progress, etag, self.policy.timeout))
         elif self.protocol in ("http", "https"):
-            _sync(fs, _http_read(fs, self.url, start, out, progress, etag, self.policy.timeout))
+            _sync(fs, _http_read(fs, self.url, start, length, progress, etag, self.policy.timeout))
         else:
-            data = fs.cat_file(fs._strip_protocol(self.url), start=start, end=start + len(out))
-            n = min(len(data), len(out))
-            out[:n] = data[:n]
-            progress.done = n
-            if len(data) > len(out):
-                raise FatalStorageIssue(f"server sent {len(data)} bytes for {len(out)} asked")
-        if progress.done < len(out):
-            raise TruncatedBody(progress.done, len(out))
+            data = fs.cat_file(fs._strip_protocol(self.url), start=start, end=start + length)
+            if len(data) > length:
+                raise FatalStorageIssue(f"server sent {len(data)} bytes for {length} asked")
+            progress.add(bytes(data))
+        if progress.done < length:
+            raise TruncatedBody(progress.done, length)
 
 
 def _sync(fs, coro):
@@ -148,19 +156,17 @@ def _sync(fs, coro):
     return fsspec.asyn.sync(fs.loop, run)
 
 
-async def _drain(read, out: memoryview, progress: Progress) -> None:
-    """Copy body chunks into ``out`` as they arrive.
+async def _drain(read, length: int, progress: Progress) -> None:
+    """Collect body chunks as they arrive (kept as they come: no copy until the final join).
 
     No timer per chunk (it would cost a task each): the client's socket read timeout, set from
     ``RetryPolicy.timeout`` (aiohttp ``sock_read``, botocore ``read_timeout``), ends a stall.
     """
-    while progress.done < len(out):
-        chunk = await read(min(CHUNK, len(out) - progress.done))
+    while progress.done < length:
+        chunk = await read(min(CHUNK, length - progress.done))
         if not chunk:
             return
-        n = len(chunk)
-        out[progress.done : progress.done + n] = chunk
-        progress.done += n
+        progress.add(chunk)
 
 
 # -- S3 through s3fs / aiobotocore ----------------------------------------------------------
@@ -179,16 +185,16 @@ async def _s3_head(fs, url: str, timeout: float) -> ObjectInfo:
     return ObjectInfo(int(resp["ContentLength"]), resp.get("ETag"))
 
 
-async def _s3_read(fs, url, start, out, progress, etag, timeout) -> None:
+async def _s3_read(fs, url, start, length, progress, etag, timeout) -> None:
     kwargs = _s3_location(fs, url)
-    kwargs["Range"] = f"bytes={start}-{start + len(out) - 1}"
+    kwargs["Range"] = f"bytes={start}-{start + length - 1}"
     if etag:
         kwargs["IfMatch"] = etag
     resp = await asyncio.wait_for(fs._call_s3("get_object", **kwargs), timeout)
     body = resp["Body"]
     try:
-        _check_content_range(resp.get("ContentRange"), start, len(out), url)
-        await _drain(body.read, out, progress)
+        _check_content_range(resp.get("ContentRange"), start, length, url)
+        await _drain(body.read, length, progress)
     finally:
         body.close()
 
@@ -225,9 +231,9 @@ async def _http_head(fs, url: str, timeout: float) -> ObjectInfo:
         return ObjectInfo(int(headers["Content-Length"]), headers.get("ETag"))
 
 
-async def _http_read(fs, url, start, out, progress, etag, timeout) -> None:
+async def _http_read(fs, url, start, length, progress, etag, timeout) -> None:
     session = await fs.set_session()
-    headers = {"Range": f"bytes={start}-{start + len(out) - 1}", "Accept-Encoding": "identity"}
+    headers = {"Range": f"bytes={start}-{start + length - 1}", "Accept-Encoding": "identity"}
     if etag and not etag.startswith("W/"):  # If-Match needs a strong validator
         headers["If-Match"] = etag
     kwargs = _request_kwargs(fs, headers)
@@ -238,8 +244,8 @@ async def _http_read(fs, url, start, out, progress, etag, timeout) -> None:
             raise FatalStorageIssue(
                 f"server ignored the Range request (HTTP {response.status}, expected 206)"
             )
-        _check_content_range(response.headers.get("Content-Range"), start, len(out), url)
-        await _drain(response.content.read, out, progress)
+        _check_content_range(response.headers.get("Content-Range"), start, length, url)
+        await _drain(response.content.read, length, progress)
 
 
 def _check_content_range(value: str | None, start: int, length: int, url: str) -> None:

@@ -263,7 +263,7 @@ class RemoteSource(ByteSource):
         self._check_range(offset, length)
         if self.cache is not None:
             return self._cached_copy().read_range(offset, length)
-        return bytes(self.fetch(offset, length))
+        return self.fetch(offset, length)
 
     def open_stream(self, offset: int = 0) -> io.RawIOBase:
         from shardtok.storage.readahead import BlockStream
@@ -301,12 +301,13 @@ class RemoteSource(ByteSource):
 
         threading.Thread(target=run, name="shardtok-prefetch", daemon=True).start()
 
-    def fetch(self, offset: int, length: int, cancel: threading.Event | None = None) -> bytearray:
+    def fetch(self, offset: int, length: int, cancel: threading.Event | None = None) -> bytes:
         """Bytes ``[offset, offset + length)`` with retries that resume where data stopped."""
-        buffer = bytearray(length)
-        view = memoryview(buffer)
+        if length == 0:
+            return b""
+        etag = self.info().etag
+        parts: list[bytes] = []
         received = 0
-        etag = self.info().etag if length else None
 
         def attempt() -> None:
             nonlocal received
@@ -314,12 +315,13 @@ class RemoteSource(ByteSource):
                 return
             progress = Progress()
             try:
-                self._backend.read_into(offset + received, view[received:], progress, etag)
+                self._backend.read(offset + received, length - received, progress, etag)
             finally:
+                parts.extend(progress.chunks)
                 received += progress.done
 
         self._with_retries(attempt, lambda: offset + received, cancel, lambda: received == length)
-        return buffer
+        return b"".join(parts)
 
     def _cached_copy(self) -> LocalSource:
         with self._cache_lock:
