@@ -10,20 +10,20 @@ streams or byte ranges, with retries that lose no byte, and an optional bounded 
 See docs/STORAGE.md. This layer knows nothing of shards.
 """
 
-from shardtok.storage.cache import LocalCache
-from shardtok.storage.readahead import BlockStream, Prefetcher
-from shardtok.storage.retry import RetryPolicy
-from shardtok.storage.source import (
+from shardtok.storage.base import (
     DEFAULT_BLOCK_SIZE,
     AccessDeniedError,
     ByteSource,
-    LocalSource,
     ObjectNotFoundError,
-    RemoteSource,
-    exists,
-    open_source,
-    read_bytes,
+    ReadStream,
 )
+from shardtok.storage.cache import LocalCache
+from shardtok.storage.local import LocalSource
+from shardtok.storage.prefetch import Prefetcher
+from shardtok.storage.readahead import BlockStream
+from shardtok.storage.remote import RemoteSource
+from shardtok.storage.retry import RetryPolicy
+from shardtok.storage.source import exists, open_source, read_bytes
 from shardtok.storage.urls import display_url, is_local, join_url, local_path
 
 __all__ = [
@@ -35,6 +35,7 @@ __all__ = [
     "LocalSource",
     "ObjectNotFoundError",
     "Prefetcher",
+    "ReadStream",
     "RemoteSource",
     "RetryPolicy",
     "display_url",

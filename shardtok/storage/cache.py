@@ -29,10 +29,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from shardtok.errors import StorageError
-from shardtok.storage.source import LocalSource
+from shardtok.storage.local import LocalSource
+from shardtok.storage.readahead import BlockStream
 
 if TYPE_CHECKING:
-    from shardtok.storage.source import RemoteSource
+    from shardtok.storage.remote import RemoteSource
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 # A .part no one wrote to for this long is abandoned; sooner if its process is gone (the pid
@@ -93,8 +94,6 @@ class LocalCache:
         return LocalSource(path, fd=fd, label=label)
 
     def _download(self, source: RemoteSource, path: Path, size: int, label: str) -> LocalSource:
-        from shardtok.storage.readahead import BlockStream
-
         tmp = self._tmp / f"{path.name}.{os.getpid()}.{time.monotonic_ns()}.part"
         try:
             with open(tmp, "wb") as out, BlockStream(source, 0, source.block_size) as stream:

@@ -1,0 +1,242 @@
+"""Remote objects through fsspec backends, with retries that resume at the exact byte.
+
+Every read returns each byte once, in order, or raises ``StorageError`` naming the URL (never
+credentials) and the byte offset.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, TypeVar
+
+from shardtok.errors import StorageError
+from shardtok.storage.backends import Backend, ObjectInfo, Progress
+from shardtok.storage.base import (
+    DEFAULT_BLOCK_SIZE,
+    AccessDeniedError,
+    ByteSource,
+    Cancelled,
+    ObjectNotFoundError,
+    ReadStream,
+)
+from shardtok.storage.local import LocalSource
+from shardtok.storage.readahead import BlockStream
+from shardtok.storage.retry import Redactor, RetryPolicy, classify
+from shardtok.storage.urls import display_url
+
+if TYPE_CHECKING:
+    from shardtok.storage.cache import LocalCache
+
+logger = logging.getLogger("shardtok.storage")
+T = TypeVar("T")
+
+
+class RemoteSource(ByteSource):
+    """An object behind an fsspec backend (``s3://``, ``gs://``, ``http(s)://``, ...)."""
+
+    def __init__(
+        self,
+        url: str,
+        storage_options: dict | None = None,
+        retry: RetryPolicy | None = None,
+        cache: LocalCache | None = None,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+    ):
+        if block_size <= 0:
+            raise ValueError(f"block_size must be > 0, got {block_size}")
+        self.url = display_url(url)
+        self.retry = retry or RetryPolicy()
+        self.cache = cache
+        self.block_size = block_size
+        self.endpoint = str((storage_options or {}).get("endpoint_url") or "")
+        self._backend = Backend(url, storage_options, self.retry)
+        self._redact = Redactor({"options": storage_options, "url": _url_secrets(url)})
+        self._info: ObjectInfo | None = None
+        self._info_lock = threading.Lock()
+        self._lock = threading.Lock()
+        self._retries = 0
+        self._prefetched: tuple[int, Future] | None = None
+        self._cached: LocalSource | None = None
+        self._cache_lock = threading.Lock()
+
+    # -- metadata --------------------------------------------------------------------------
+    def info(self) -> ObjectInfo:
+        """Size and ETag, from one HEAD request (threads asking at once wait for it)."""
+        with self._info_lock:
+            if self._info is None:
+                self._info = self._with_retries(self._backend.head, lambda: None)
+            return self._info
+
+    @property
+    def size(self) -> int:
+        return self.info().size
+
+    @property
+    def retries(self) -> int:
+        return self._retries
+
+    # -- reading ---------------------------------------------------------------------------
+    def read_range(self, offset: int, length: int) -> bytes:
+        self._check_range(offset, length)
+        if self.cache is not None:
+            return self._cached_copy().read_range(offset, length)
+        return self.fetch(offset, length)
+
+    def open_stream(self, offset: int = 0) -> ReadStream:
+        if self.cache is not None:
+            return self._cached_copy().open_stream(offset)
+        if not 0 <= offset <= self.size:
+            raise StorageError(self.url, offset, f"offset past the end ({self.size} bytes)")
+        first = None
+        with self._lock:
+            if self._prefetched is not None and self._prefetched[0] == offset:
+                first = self._prefetched[1]
+            self._prefetched = None
+        return BlockStream(self, offset, self.block_size, first)
+
+    def prefetch(self, offset: int = 0) -> None:
+        """Without a cache: fetch the first block from ``offset`` for the next ``open_stream``.
+        With a cache: download the whole object into the cache."""
+        with self._lock:
+            if self._prefetched is not None:
+                return
+            future: Future = Future()
+            self._prefetched = (offset, future)
+
+        def run() -> None:
+            try:
+                if self.cache is not None:
+                    result: object = self._cached_copy()
+                else:
+                    length = min(self.block_size, max(self.size - offset, 0))
+                    result = self.fetch(offset, length)
+                future.set_result(result)
+            except BaseException as exc:  # handed to whoever uses the block
+                future.set_exception(exc)
+
+        threading.Thread(target=run, name="shardtok-prefetch", daemon=True).start()
+
+    def fetch(self, offset: int, length: int, cancel: threading.Event | None = None) -> bytes:
+        """Bytes ``[offset, offset + length)`` with retries that resume where data stopped."""
+        if length == 0:
+            return b""
+        etag = self.info().etag
+        parts: list[bytes] = []
+        received = 0
+
+        def attempt() -> None:
+            nonlocal received
+            if received == length:
+                return
+            progress = Progress()
+            try:
+                self._backend.read(offset + received, length - received, progress, etag)
+            finally:
+                parts.extend(progress.chunks)
+                received += progress.done
+
+        self._with_retries(attempt, lambda: offset + received, cancel, lambda: received == length)
+        return b"".join(parts)
+
+    def _cached_copy(self) -> LocalSource:
+        with self._cache_lock:
+            if self._cached is None:
+                assert self.cache is not None
+                self._cached = self.cache.open(self)
+            return self._cached
+
+    def cache_identity(self) -> str:
+        """What names this object in a cache: URL, endpoint, size and ETag (no credentials)."""
+        info = self.info()
+        return f"{self.url}\0{self.endpoint}\0{info.size}\0{info.etag or ''}"
+
+    # -- retries ---------------------------------------------------------------------------
+    def _with_retries(
+        self,
+        action: Callable[[], T],
+        where: Callable[[], int | None],
+        cancel: threading.Event | None = None,
+        finished: Callable[[], bool] | None = None,
+    ) -> T:
+        policy = self.retry
+        delays = policy.delays()
+        for attempt in range(1, policy.max_attempts + 1):
+            try:
+                return action()
+            except Exception as exc:
+                kind = classify(exc)
+                if kind is None:
+                    raise
+                if finished is not None and finished():
+                    return None  # type: ignore[return-value]  # everything arrived anyway
+                reason, redacted = self._redact.describe(exc)
+                cause = None if redacted else exc
+                if kind.startswith("fatal"):
+                    raise self._fatal(where(), kind.removeprefix("fatal: "), reason) from cause
+                if attempt == policy.max_attempts:
+                    raise StorageError(
+                        self.url, where(), f"gave up after {attempt} attempts; last: {reason}"
+                    ) from cause
+                delay = next(delays)
+                with self._lock:
+                    self._retries += 1
+                logger.warning(
+                    "%s: byte offset %s: %s; retry %d of %d in %.2f s",
+                    self.url,
+                    where(),
+                    reason,
+                    attempt,
+                    policy.max_attempts - 1,
+                    delay,
+                )
+                if cancel is not None:
+                    if cancel.wait(delay):
+                        raise Cancelled() from None
+                else:
+                    time.sleep(delay)
+        raise AssertionError("unreachable")
+
+    def _fatal(self, offset: int | None, what: str, reason: str) -> StorageError:
+        if what == "not found":
+            return ObjectNotFoundError(self.url, offset, f"not found ({reason})")
+        if what.startswith("access denied"):
+            return AccessDeniedError(self.url, offset, f"{what} ({reason})")
+        return StorageError(self.url, offset, f"{what} ({reason})")
+
+    def close(self) -> None:
+        with self._lock:
+            self._prefetched = None
+        with self._cache_lock:
+            if self._cached is not None:
+                self._cached.close()
+                self._cached = None
+
+    def __getstate__(self) -> dict:
+        # Threads, locks and futures stay behind; a worker process re-fetches what it needs.
+        state = self.__dict__.copy()
+        for name in ("_lock", "_cache_lock", "_info_lock"):
+            del state[name]
+        state["_prefetched"] = None
+        state["_cached"] = None
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+        self._cache_lock = threading.Lock()
+        self._info_lock = threading.Lock()
+
+
+def _url_secrets(url: str) -> dict:
+    """user:password and query values of a URL, for the redactor."""
+    import urllib.parse
+
+    parsed = urllib.parse.urlsplit(url)
+    secrets = {"password": parsed.password or ""}
+    for i, (_, value) in enumerate(urllib.parse.parse_qsl(parsed.query)):
+        secrets[f"token{i}"] = value
+    return secrets
