@@ -234,3 +234,16 @@ def test_s3_configuration_from_a_profile(s3_server, monkeypatch, tmp_path):  # n
     assert read_bytes(url, {"profile": "shardtok"}) == b"configured by a profile"
     monkeypatch.setenv("AWS_PROFILE", "shardtok")
     assert read_bytes(url) == b"configured by a profile"
+
+
+def test_s3_without_any_credentials_fails_fast(s3_server, monkeypatch, tmp_path):  # noqa: F811
+    url = s3_server.put("remote/nocreds.bin", b"x")
+    _no_aws_environment(monkeypatch)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no instance-metadata lookups
+    options = {"endpoint_url": s3_server.endpoint, "client_kwargs": {"region_name": "us-east-1"}}
+    src = open_source(url, options, RetryPolicy(max_attempts=5, initial_delay=5))
+    with pytest.raises(AccessDeniedError, match="no credentials found"):
+        src.read_range(0, 1)
+    assert src.retries == 0

@@ -184,10 +184,11 @@ class RemoteSource(ByteSource):
                 delay = next(delays)
                 with self._lock:
                     self._retries += 1
+                offset = where()
                 logger.warning(
-                    "%s: byte offset %s: %s; retry %d of %d in %.2f s",
+                    "%s%s: %s; retry %d of %d in %.2f s",
                     self.url,
-                    where(),
+                    "" if offset is None else f" at byte offset {offset}",
                     reason,
                     attempt,
                     policy.max_attempts - 1,

@@ -134,6 +134,17 @@ def _timeout_types() -> tuple[type[BaseException], ...]:
     return tuple(types)
 
 
+def _configuration_errors() -> dict[str, str]:
+    """Client-side failures no retry can fix, by exception class name (botocore's)."""
+    return {
+        "NoCredentialsError": "access denied (no credentials found)",
+        "PartialCredentialsError": "access denied (incomplete credentials)",
+        "ProfileNotFound": "configuration error (AWS profile not found)",
+        "NoRegionError": "configuration error (no region configured)",
+        "ParamValidationError": "configuration error (invalid request parameters)",
+    }
+
+
 def classify(exc: BaseException) -> str | None:
     """``"fatal: <reason>"``, ``"transient"``, or None for errors that are not I/O at all.
 
@@ -141,6 +152,11 @@ def classify(exc: BaseException) -> str | None:
     """
     if isinstance(exc, FatalStorageIssue):
         return f"fatal: {exc}"
+    config_errors = _configuration_errors()
+    for link in _chain(exc):
+        for cls in type(link).__mro__:
+            if cls.__name__ in config_errors and cls.__module__.startswith("botocore"):
+                return "fatal: " + config_errors[cls.__name__]
     for link in _chain(exc):
         status = _status_of(link)
         if status is not None:
