@@ -148,3 +148,29 @@ def test_batcher_save_restore_and_exact_count():
         midpoints=(0, 1, 6, 19, 20),
     )
     assert len(batches) == 20 and batches[0]["input_ids"].shape == (3, 15)
+
+
+def test_build_batch_worked_example():
+    from shardtok.stream.batch import build_batch
+    from shardtok.stream.sequence import PackedSequence
+
+    # Row 0: documents [10 11 12] [13 14] [15 16] (concat, all 7 slots real).
+    # Row 1: documents [20 21] [22 23 24], then 2 padding slots (greedy, pad 0).
+    rows = [
+        PackedSequence(np.array([10, 11, 12, 13, 14, 15, 16], np.uint16), [0, 3, 5], 7),
+        PackedSequence(np.array([20, 21, 22, 23, 24, 0, 0], np.uint16), [0, 2], 5),
+    ]
+    batch = build_batch(rows)
+    assert batch["input_ids"].tolist() == [[10, 11, 12, 13, 14, 15], [20, 21, 22, 23, 24, 0]]
+    assert batch["labels"].tolist() == [[11, 12, 13, 14, 15, 16], [21, 22, 23, 24, -100, -100]]
+    assert batch["position_ids"].tolist() == [[0, 1, 2, 0, 1, 0], [0, 1, 0, 1, 2, 0]]
+    assert batch["document_ids"].tolist() == [[0, 0, 0, 1, 1, 2], [0, 0, 1, 1, 1, 2]]
+    assert batch["cu_seqlens"].tolist() == [0, 3, 5, 6, 8, 11, 12]
+    assert batch["max_seqlen"] == 3
+    assert batch["input_ids"].dtype == np.int64 and batch["cu_seqlens"].dtype == np.int32
+    masked = build_batch(rows, mask_boundary_labels=True)
+    # the label whose target is a document's first token is ignored
+    assert masked["labels"].tolist() == [
+        [11, 12, -100, 14, -100, 16],
+        [21, -100, 23, 24, -100, -100],
+    ]
