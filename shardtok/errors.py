@@ -29,6 +29,10 @@ class CorruptShardError(ShardtokError):
             where += f", byte offset {offset}"
         super().__init__(f"{where}: {reason}")
 
+    def __reduce__(self):
+        # Errors cross process boundaries (DataLoader workers); pickle the constructor arguments.
+        return (type(self), (self.path, self.member, self.offset, self.reason))
+
 
 class BadRecordError(ShardtokError):
     """An input record cannot become a document (invalid JSON, missing field, empty text...)."""
@@ -38,6 +42,9 @@ class BadRecordError(ShardtokError):
         self.line = line
         self.reason = reason
         super().__init__(f"{self.path}, line {line}: {reason}")
+
+    def __reduce__(self):
+        return (type(self), (self.path, self.line, self.reason))
 
 
 class StorageError(ShardtokError):
@@ -49,6 +56,9 @@ class StorageError(ShardtokError):
         self.reason = reason
         where = url if offset is None else f"{url} at byte offset {offset}"
         super().__init__(f"{where}: {reason}")
+
+    def __reduce__(self):
+        return (type(self), (self.url, self.offset, self.reason))
 
 
 class ResumeStateError(ShardtokError):

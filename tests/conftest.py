@@ -7,3 +7,7 @@ import os
 # Tests must never reach a model hub; the machines have none anyway.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+# Real servers on loopback (SeaweedFS for S3, nginx for HTTP) and the fault-injecting proxy.
+from fault_proxy import fault_proxy  # noqa: E402,F401
+from servers import http_server, private_s3_server, s3_server  # noqa: E402,F401

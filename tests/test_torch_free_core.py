@@ -31,3 +31,20 @@ def test_cli_help_needs_no_torch():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert "shardtok convert" in result.stdout
+
+
+def test_errors_survive_pickling():
+    # DataLoader workers send exceptions to the main process by pickling them.
+    import pickle
+
+    from shardtok.errors import BadRecordError, CorruptShardError, StorageError
+    from shardtok.storage import ObjectNotFoundError
+
+    for error in (
+        CorruptShardError("s.tar", "s.bin.zst", 1024, "frame 3 fails its crc32 check"),
+        BadRecordError("in.jsonl", 7, "invalid JSON"),
+        StorageError("s3://bucket/s.tar", 4096, "retries exhausted"),
+        ObjectNotFoundError("s3://bucket/missing.tar", None, "no such object"),
+    ):
+        copy = pickle.loads(pickle.dumps(error))
+        assert type(copy) is type(error) and str(copy) == str(error)
