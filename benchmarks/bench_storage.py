@@ -1,6 +1,6 @@
 """Client benchmark for shardtok.storage against loopback SeaweedFS (S3) and nginx (HTTP).
 
-    python .bench/bench_storage.py [--mb 256] [--repeat 3] [--seconds 5]
+    python benchmarks/bench_storage.py [--mb 256] [--repeat 3] [--seconds 5]
 
 Measures, per client: sequential MB/s over the whole object in 16 MiB ranges, and 1 MiB random
 range reads per second (one thread). Best and median of --repeat interleaved runs. Needs weed,

@@ -14,7 +14,6 @@ import os
 import platform
 import subprocess
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -143,7 +142,3 @@ def machine() -> dict:
         "kernel": platform.release(),
         "python": platform.python_version(),
     }
-
-
-def now() -> float:
-    return time.perf_counter()

@@ -10,7 +10,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from benchmarks.compare.report import MB, _labels, _reads, median_of  # noqa: E402
+from benchmarks.compare.report import MB, median_of, read_cells, system_labels  # noqa: E402
 
 
 def _ceiling(results: dict, dataset: str) -> float | None:
@@ -28,7 +28,7 @@ def _style(system: str) -> dict:
 
 
 def throughput(results: dict, path: Path) -> None:
-    cells, labels = _reads(results), _labels(results)
+    cells, labels = read_cells(results), system_labels(results)
     workers = results["plan"]["workers"]
     datasets = list(results["datasets"])
     fig, axes = plt.subplots(1, len(datasets), figsize=(5.2 * len(datasets), 4), squeeze=False)
@@ -57,7 +57,7 @@ def throughput(results: dict, path: Path) -> None:
 
 
 def memory(results: dict, path: Path) -> None:
-    cells, labels = _reads(results), _labels(results)
+    cells, labels = read_cells(results), system_labels(results)
     workers = results["plan"]["workers"]
     datasets = list(results["datasets"])
     systems = results["systems"]

@@ -10,7 +10,7 @@ BASELINE = "shardtok_stream"
 MB = 1e6
 
 
-def _reads(results: dict) -> dict[tuple[str, str, int], list[dict]]:
+def read_cells(results: dict) -> dict[tuple[str, str, int], list[dict]]:
     cells: dict[tuple[str, str, int], list[dict]] = defaultdict(list)
     for entry in results["entries"]:
         job, result = entry["job"], entry["result"]
@@ -25,7 +25,7 @@ def median_of(cells, dataset: str, system: str, workers: int, key: str) -> float
     return statistics.median(values) if values else None
 
 
-def _labels(results: dict) -> dict[str, dict]:
+def system_labels(results: dict) -> dict[str, dict]:
     labels: dict[str, dict] = {}
     for entry in results["entries"]:
         if entry.get("label"):
@@ -56,7 +56,7 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 def headline(results: dict, dataset: str = "synthetic", workers: int = 2) -> list[str]:
     """The README table: one row per system at `workers` workers on `dataset`."""
-    cells, writes, labels = _reads(results), _writes(results), _labels(results)
+    cells, writes, labels = read_cells(results), _writes(results), system_labels(results)
     base = median_of(cells, dataset, BASELINE, workers, "tokens_per_s")
     rows = []
     for system in results["systems"]:
@@ -89,7 +89,7 @@ def headline(results: dict, dataset: str = "synthetic", workers: int = 2) -> lis
 
 def _per_workers(results, cells, dataset, key, fmt, ratio: bool) -> list[str]:
     workers = results["plan"]["workers"]
-    labels = _labels(results)
+    labels = system_labels(results)
     rows = []
     for system in results["systems"]:
         row = [labels.get(system, {}).get("label", system)]
@@ -102,7 +102,7 @@ def _per_workers(results, cells, dataset, key, fmt, ratio: bool) -> list[str]:
 
 
 def write_report(results: dict, path: Path) -> None:
-    cells, writes, labels = _reads(results), _writes(results), _labels(results)
+    cells, writes, labels = read_cells(results), _writes(results), system_labels(results)
     plan, m = results["plan"], results["machine"]
     lines = [
         "# shardtok against WebDataset, MosaicML Streaming, LitData, Megatron and a numpy memmap loader",
@@ -142,11 +142,18 @@ def write_report(results: dict, path: Path) -> None:
         ceiling = _ceiling(results, dataset)
         if ceiling:
             lines += [ceiling, ""]
+        lines += [_load_during(results, dataset), ""]
         lines += [f"## {dataset}: time to first batch (s)", ""]
         lines += _per_workers(results, cells, dataset, "ttfb_s", lambda v: f"{v:.2f}", False)
         lines += [f"## {dataset}: peak memory of the process tree, RSS / USS / anonymous (MB)", ""]
         lines += _memory(results, cells, dataset)
-    lines += ["## Disk and write time", ""]
+    lines += [
+        "## Disk and write time",
+        "",
+        f"Bytes of the written format per token, and the time to write it from the source's "
+        f".bin/.idx pair in a fresh process (median of {plan['write_reps']} writes).",
+        "",
+    ]
     lines += _disk(results, writes, labels)
     lines += ["## Checks", ""]
     lines += _checks(results)
@@ -159,6 +166,20 @@ def _processes(plan: dict) -> str:
     if plan["one_process_per_job"]:
         return "each measurement in a fresh process"
     return "one process per system and phase (smoke: memory and first-batch figures mix jobs)"
+
+
+def _load_during(results: dict, dataset: str) -> str:
+    loads = [
+        e["load1"] for e in results["entries"] if e["job"]["kind"] == "read" and e["job"]["dataset"] == dataset
+    ]  # fmt: skip
+    if not loads:
+        return ""
+    return (
+        f"1-minute load average as each of these {len(loads)} measurements started: median "
+        f"{statistics.median(loads):.2f}, min {min(loads):.2f}, max {max(loads):.2f} "
+        f"({results['machine']['cores']} cores; the benchmark itself accounts for 1 to 2 of it, the "
+        "rest is other work on the machine)."
+    )
 
 
 def _load(values) -> str:
@@ -180,7 +201,7 @@ def _ceiling(results: dict, dataset: str) -> str:
 
 
 def _memory(results, cells, dataset) -> list[str]:
-    labels = _labels(results)
+    labels = system_labels(results)
     workers = results["plan"]["workers"]
     rows = []
     for system in results["systems"]:

@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -65,7 +66,7 @@ FULL = Plan(
     frame_bytes=1 << 20,
     workers=(0, 1, 2),
     reps=3,
-    write_reps=1,
+    write_reps=3,
     budget_tokens=24_000_000,
     warmup_batches=20,
     check_batches=8,
@@ -202,6 +203,7 @@ def run(plan: Plan, systems: list[str], datasets: list[str], work: Path, out: Pa
                     }
                 )
     entries = _execute(runner, plan, write_jobs, "write")
+    shutil.rmtree(work / "scratch", ignore_errors=True)
 
     ceiling_jobs = [
         {"kind": "ceiling", "dataset": d, "shards": fmt(d, "shardtok_stream")}
