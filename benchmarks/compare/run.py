@@ -202,17 +202,6 @@ def run(plan: Plan, systems: list[str], datasets: list[str], work: Path, out: Pa
                         "prepare": rep == 0,
                     }
                 )
-    entries = _execute(runner, plan, write_jobs, "write")
-    shutil.rmtree(work / "scratch", ignore_errors=True)
-
-    ceiling_jobs = [
-        {"kind": "ceiling", "dataset": d, "shards": fmt(d, "shardtok_stream")}
-        for d in sources
-        if "shardtok_stream" in systems
-    ]
-    if ceiling_jobs:
-        print("[compare] ceiling", flush=True)
-        entries += runner.run(ceiling_jobs, "ceiling")
 
     read_jobs = []
     for rep in range(plan.reps):
@@ -236,8 +225,21 @@ def run(plan: Plan, systems: list[str], datasets: list[str], work: Path, out: Pa
                             "dump": str(runner.jobs / f"{stem}.rows.npy"),
                         }
                     )
-    entries += _execute(runner, plan, read_jobs, "read")
+    if plan.one_process_per_job:
+        entries = _execute(runner, plan, write_jobs, "write")
+        entries += _execute(runner, plan, read_jobs, "read")
+    else:  # smoke: one process per system writes, then reads (imports once)
+        entries = _execute(runner, plan, write_jobs + read_jobs, "write+read")
+    shutil.rmtree(work / "scratch", ignore_errors=True)
     _check(entries, sources)
+    ceiling_jobs = [
+        {"kind": "ceiling", "dataset": d, "shards": fmt(d, "shardtok_stream")}
+        for d in sources
+        if "shardtok_stream" in systems
+    ]
+    if ceiling_jobs:
+        print("[compare] ceiling", flush=True)
+        entries += runner.run(ceiling_jobs, "ceiling")
 
     results = {
         "mode": plan.mode,
@@ -278,9 +280,11 @@ def _execute(runner: Runner, plan: Plan, jobs: list[dict], phase: str) -> list[d
     entries = []
     for i, group in enumerate(groups, 1):
         first = group[0]
-        what = f"{first['system']} {first['dataset']}"
-        if len(group) == 1 and phase == "read":
-            what += f" w{first['read_options']['num_workers']} rep {first['rep']}"
+        what = first["system"]
+        if len(group) == 1:
+            what += f" {first['dataset']} rep {first['rep']}"
+            if first["kind"] == "read":
+                what += f" w{first['read_options']['num_workers']}"
         started = time.perf_counter()
         done = runner.run(group, f"{phase}-{first['system']}")
         failed = sum(not e["result"]["ok"] for e in done)
