@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import shutil
 import sys
 import time
@@ -21,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.compare.data import Source
-from benchmarks.compare.measure import disk_usage
+from benchmarks.compare.measure import cpu_seconds, disk_usage
 from benchmarks.compare.options import ReadOptions, WriteOptions
 from benchmarks.compare.systems import load
 
@@ -82,6 +83,8 @@ def run_read(job: dict) -> dict:
         if len(kept) < job["check_batches"]:
             kept.append(ids.numpy().copy())
     tokens = 0
+    me = os.getpid()
+    cpu_before = cpu_seconds(me)
     start = time.perf_counter()
     try:
         for _ in range(job["budget_batches"]):
@@ -92,6 +95,10 @@ def run_read(job: dict) -> dict:
             "were asked for: lower the budget or use more data"
         ) from None
     seconds = time.perf_counter() - start
+    cpu_after = cpu_seconds(me)
+    # CPU time is what the load of other work does not change: the cost of the loader itself
+    cpu_tree = sum(t - cpu_before.get(pid, 0.0) for pid, t in cpu_after.items())
+    cpu_main = cpu_after[me] - cpu_before[me]
     del batches, loader
     gc.collect()
     # the parent checks these rows against the source (checks.py), after this process is gone
@@ -102,6 +109,9 @@ def run_read(job: dict) -> dict:
         "seconds": seconds,
         "tokens": tokens,
         "tokens_per_s": tokens / seconds,
+        "cpu_s": cpu_tree,
+        "cpu_main_s": cpu_main,
+        "cpu_s_per_m_tokens": cpu_tree / tokens * 1e6,
         "batch_shape": list(shape),
     }
 

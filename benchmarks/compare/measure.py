@@ -46,6 +46,23 @@ def process_tree(root: int) -> list[int]:
     return tree
 
 
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(root: int) -> dict[int, float]:
+    """User + system CPU seconds of each process in root's tree, alive now."""
+    out = {}
+    for pid in process_tree(root):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(b")") + 2 :].split()
+        out[pid] = (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime
+    return out
+
+
 def memory_of(pid: int) -> dict[str, int] | None:
     """rss/uss/anon of one process in bytes, or None when it is gone."""
     totals = {"rss": 0, "uss": 0, "anon": 0}
