@@ -62,7 +62,7 @@ def verify_shard(path: str | Path, entry: ShardEntry | None = None) -> ShardRepo
     try:
         with open(path, "rb") as raw:
             stream = _HashingReader(raw)
-            reader = ShardStreamReader(stream, str(path))
+            reader = ShardStreamReader(stream, str(path), full_checks=True)
             for _ in reader.documents():
                 pass
             stream.drain()  # trailing bytes (none in shards we write) still count towards the file hash
