@@ -134,6 +134,9 @@ class SliceReader(DocumentNode):
         self._open = [
             _OpenPiece(self.source, p, manifest.shards[p.shard].num_tokens) for p in members
         ]
+        # Remote shards: the next group's first blocks arrive while this group is consumed.
+        following = self.pieces[(group + 1) * self.interleave : (group + 2) * self.interleave]
+        self.source.prefetch([p.file for p in following])
         counts = [p.count for p in self._open]
         self._counts[group] = sum(counts)
         self._bases[group] = self.position - ordinal

@@ -15,6 +15,7 @@ from shardtok.format.manifest import MANIFEST_NAME, Manifest
 from shardtok.format.shard_reader import ShardReader, ShardStreamReader
 
 STREAM_BUFFER = 1 << 20
+PREFETCH_DEPTH = 8  # first blocks of the next shard group kept ready (2 groups of 4)
 
 
 def _is_local(location: str) -> bool:
@@ -38,20 +39,64 @@ def _storage():
 
 
 class DatasetSource:
-    """A dataset location; picklable (it holds strings only), so it travels to workers."""
+    """A dataset location; picklable (it holds plain data only), so it travels to workers.
 
-    def __init__(self, location: str | Path, storage_options: dict[str, Any] | None = None):
+    Remote options: `storage_options` for the fsspec backend (endpoint, credentials, ...),
+    `retry` (a shardtok.storage.RetryPolicy), and `cache_dir`/`cache_bytes` for an optional
+    shared local cache of whole shards. Each process builds its own prefetcher and cache handle.
+    """
+
+    def __init__(
+        self,
+        location: str | Path,
+        storage_options: dict[str, Any] | None = None,
+        *,
+        retry: Any = None,
+        cache_dir: str | Path | None = None,
+        cache_bytes: int | None = None,
+    ):
         self.location = str(location).rstrip("/") or "/"
         self.storage_options = dict(storage_options or {})
+        self.retry = retry
+        self.cache_dir = None if cache_dir is None else str(cache_dir)
+        self.cache_bytes = cache_bytes
+        if self.cache_dir is not None and not cache_bytes:
+            raise ValueError("cache_dir needs cache_bytes, the cache's size limit")
         self._manifest: Manifest | None = None
+        self._prefetcher: Any = None
 
     def __getstate__(self) -> dict:
-        return {"location": self.location, "storage_options": self.storage_options}
+        return {
+            "location": self.location,
+            "storage_options": self.storage_options,
+            "retry": self.retry,
+            "cache_dir": self.cache_dir,
+            "cache_bytes": self.cache_bytes,
+        }
 
     def __setstate__(self, state: dict) -> None:
-        self.location = state["location"]
-        self.storage_options = state["storage_options"]
+        self.__dict__.update(state)
         self._manifest = None
+        self._prefetcher = None
+
+    def _remote(self):
+        """The process's prefetcher: opens remote shards, starting on the next ones early."""
+        if self._prefetcher is None:
+            storage = _storage()
+            cache = None
+            if self.cache_dir is not None:
+                cache = storage.LocalCache(self.cache_dir, self.cache_bytes)
+            self._prefetcher = storage.Prefetcher(
+                self.storage_options or None, self.retry, cache, depth=PREFETCH_DEPTH
+            )
+        return self._prefetcher
+
+    def prefetch(self, names: list[str]) -> None:
+        """Start fetching the first block of each shard in `names` (remote datasets only)."""
+        if self.is_local:
+            return
+        for name in names:
+            self._remote().prefetch(self.path_of(name))
 
     @property
     def is_local(self) -> bool:
@@ -74,12 +119,9 @@ class DatasetSource:
                         where, None, None, "no dataset manifest here (is this a shardtok dataset?)"
                     ) from None
             else:
-                data = _storage().read_bytes(where, **self._options())
+                data = _storage().read_bytes(where, self.storage_options or None, self.retry)
             self._manifest = Manifest.from_bytes(data, where)
         return self._manifest
-
-    def _options(self) -> dict:
-        return {"storage_options": self.storage_options} if self.storage_options else {}
 
     def open_stream(self, name: str) -> tuple[ShardStreamReader, Any]:
         """A sequential reader of shard `name` and the file object to close when done."""
@@ -92,7 +134,7 @@ class DatasetSource:
                     where, None, None, "shard listed in the manifest is missing"
                 ) from None
         else:
-            fileobj = _storage().open_source(where, **self._options()).open_stream(0)
+            fileobj = self._remote().open_stream(where)
         try:
             return ShardStreamReader(fileobj, where), fileobj
         except BaseException:
@@ -108,4 +150,4 @@ class DatasetSource:
                     where, None, None, "shard listed in the manifest is missing"
                 )
             return ShardReader(where)
-        return ShardReader(_storage().open_source(where, **self._options()), where)
+        return ShardReader(self._remote().source(where), where)
