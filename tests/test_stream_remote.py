@@ -14,7 +14,9 @@ from shardtok.stream.synthetic import write_synthetic_dataset
 
 def test_http_dataset_streams_like_local(tmp_path, http_server):  # noqa: F811
     local = tmp_path / "ds"
-    write_synthetic_dataset(local, num_tokens=20_000, mean_length=80, shard_size=5000, frame_size=2000)
+    write_synthetic_dataset(
+        local, num_tokens=20_000, mean_length=80, shard_size=5000, frame_size=2000
+    )
     shutil.copytree(local, http_server.root / "ds")
     options = StreamOptions(seq_len=31, batch_size=2, shuffle_buffer=20, packing="greedy")
     for worker in range(2):
