@@ -15,9 +15,17 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from shardtok.errors import ShardtokError
 from shardtok.stream.batch import IGNORE_INDEX
+from shardtok.stream.fingerprint import check_fingerprint, stream_fingerprint
+from shardtok.stream.mix_config import MixSpec, load_mix_config, spec_from_args
+from shardtok.stream.mix_stream import MixedStream
+from shardtok.stream.node import Node
 from shardtok.stream.pipeline import SliceStream, StreamOptions, plan_for
 from shardtok.stream.sources import DatasetSource
+from shardtok.stream.state_file import load_state_file, save_state_file
+
+DEFAULT_OPTIONS = StreamOptions(seq_len=1, batch_size=1)
 
 EPILOG = """\
 examples:
@@ -25,6 +33,9 @@ examples:
   shardtok stream data/ --seq-len 2048 --batch-size 8 --plan --world-size 64 --num-workers 4
   shardtok stream data/ --seq-len 512 --batch-size 2 --packing greedy --max-batches 1 --decode
   shardtok stream data/ --seq-len 2048 --batch-size 8 --rank 3 --world-size 8 --dump r3.npz
+  shardtok stream --source web/:0.7 --source code/:0.3 --seq-len 2048 --batch-size 8 \
+      --max-batches 1000 --state-out step1000.json
+  shardtok stream --config mix.yaml --max-batches 1000 --state-in step1000.json
 """
 
 
@@ -40,13 +51,23 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("dataset", help="a dataset folder or URL prefix (with index.json)")
+    p.add_argument("dataset", nargs="?", help="a dataset folder or URL prefix (with index.json)")
     p.add_argument(
-        "--seq-len", type=int, required=True, metavar="L", help="input tokens per sequence"
+        "--source",
+        action="append",
+        default=[],
+        metavar="PATH[:WEIGHT]",
+        help="mix this dataset in (repeatable); weights count tokens; without weights they are "
+        "proportional to each dataset's size",
     )
-    p.add_argument("--batch-size", type=int, required=True, metavar="B", help="sequences per batch")
-    p.add_argument("--packing", choices=("concat", "greedy"), default="concat")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--config", metavar="MIX.yaml", help="a mix config (Nanotron-style dataset_path)"
+    )
+    p.add_argument("--stage", default="0", help="--config: data stage index or name")
+    p.add_argument("--seq-len", type=int, metavar="L", help="input tokens per sequence")
+    p.add_argument("--batch-size", type=int, metavar="B", help="sequences per batch")
+    p.add_argument("--packing", choices=("concat", "greedy"), default=None)
+    p.add_argument("--seed", type=int, default=None)
     p.add_argument("--epoch", type=int, default=0)
     p.add_argument("--rank", type=int, default=0)
     p.add_argument("--world-size", type=int, default=1)
@@ -57,21 +78,25 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         metavar="K",
         help="DataLoader workers (0: in process); the epoch is split over world size x max(K, 1)",
     )
-    p.add_argument(
-        "--shuffle-buffer", type=int, default=4096, metavar="N", help="documents; 0 = off"
-    )
-    p.add_argument(
-        "--interleave", type=int, default=4, metavar="N", help="shards read at once per worker"
-    )
-    p.add_argument(
-        "--stride", type=int, default=None, help="concat window stride (default seq_len + 1)"
-    )
-    p.add_argument("--lookahead", type=int, default=8, help="greedy: open sequences")
-    p.add_argument("--pad-id", type=int, default=0, help="greedy: padding token id")
+    p.add_argument("--shuffle-buffer", type=int, metavar="N", help="documents; 0 = off")
+    p.add_argument("--interleave", type=int, metavar="N", help="shards read at once per worker")
+    p.add_argument("--stride", type=int, help="concat window stride (default seq_len + 1)")
+    p.add_argument("--lookahead", type=int, help="greedy: open sequences (default 8)")
+    p.add_argument("--pad-id", type=int, help="greedy: padding token id (default 0)")
     p.add_argument(
         "--mask-boundary-labels",
         action="store_true",
+        default=None,
         help="label -100 where the target is the first token of another document",
+    )
+    p.add_argument(
+        "--state-out", metavar="FILE", help="save the stream position after the last batch"
+    )
+    p.add_argument("--state-in", metavar="FILE", help="continue from a saved stream position")
+    p.add_argument(
+        "--ignore-fingerprint",
+        action="store_true",
+        help="--state-in: resume even if the sources or options differ from the saved ones",
     )
     p.add_argument(
         "--max-batches", type=int, default=None, metavar="N", help="stop after N batches"
@@ -97,24 +122,45 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def options_from(args: argparse.Namespace) -> StreamOptions:
-    return StreamOptions(
-        seq_len=args.seq_len,
-        batch_size=args.batch_size,
-        packing=args.packing,
-        seed=args.seed,
-        shuffle_buffer=args.shuffle_buffer,
-        interleave=args.interleave,
-        stride=args.stride,
-        lookahead=args.lookahead,
-        pad_id=args.pad_id,
-        mask_boundary_labels=args.mask_boundary_labels,
-    )
+def options_from(args: argparse.Namespace, config: dict | None = None) -> StreamOptions:
+    """Command-line values win over the mix config, which wins over the defaults."""
+    given = {
+        "seq_len": args.seq_len,
+        "batch_size": args.batch_size,
+        "packing": args.packing,
+        "seed": args.seed,
+        "shuffle_buffer": args.shuffle_buffer,
+        "interleave": args.interleave,
+        "stride": args.stride,
+        "lookahead": args.lookahead,
+        "pad_id": args.pad_id,
+        "mask_boundary_labels": args.mask_boundary_labels,
+    }
+    merged = {**(config or {}), **{k: v for k, v in given.items() if v is not None}}
+    for key in ("seq_len", "batch_size"):
+        if key not in merged:
+            raise SystemExit(
+                f"shardtok stream: error: --{key.replace('_', '-')} is required "
+                "(or set it in the --config file)"
+            )
+    return StreamOptions(**merged)
 
 
-def _torch_batches(args, source: DatasetSource, options: StreamOptions) -> Iterator[dict] | None:
-    if args.num_workers < 1:
-        return None
+def mix_from(args: argparse.Namespace) -> MixSpec | None:
+    chosen = [bool(args.dataset), bool(args.source), bool(args.config)]
+    if sum(chosen) != 1:
+        raise SystemExit("shardtok stream: error: give one of DATASET, --source or --config")
+    if args.source:
+        return spec_from_args(args.source)
+    if args.config:
+        stage = int(args.stage) if args.stage.isdigit() else args.stage
+        return load_mix_config(args.config, stage=stage)
+    return None
+
+
+def _torch_batches(args, job: StreamJob) -> Iterator[dict] | None:
+    if args.num_workers < 1 or args.state_in or args.state_out:
+        return None  # states are taken from the in-process worker streams (same batches)
     try:
         import torch  # noqa: F401
     except ImportError:
@@ -124,37 +170,114 @@ def _torch_batches(args, source: DatasetSource, options: StreamOptions) -> Itera
     from shardtok.torch import ShardStreamDataset
 
     dataset = ShardStreamDataset(
-        source.location,
-        **{k: v for k, v in options.to_dict().items()},
+        job.mix if job.mix is not None else job.sources[0].location,
+        **job.options.to_dict(),
         epoch=args.epoch,
         rank=args.rank,
         world_size=args.world_size,
+        **({"num_batches": args.max_batches} if job.mix is not None else {}),
     )
     loader = DataLoader(dataset, batch_size=None, num_workers=args.num_workers)
     return ({k: v.numpy() if hasattr(v, "numpy") else v for k, v in b.items()} for b in loader)
 
 
-def _in_process_batches(args, source: DatasetSource, options: StreamOptions) -> Iterator[dict]:
-    """The DataLoader's order without a DataLoader: worker streams taken round-robin."""
-    workers = max(args.num_workers, 1)
-    streams = [
-        SliceStream(
-            source,
-            options,
-            epoch=args.epoch,
-            rank=args.rank,
-            world_size=args.world_size,
-            worker=w,
-            num_workers=workers,
+class StreamJob:
+    """The worker streams of one rank, in process, and the DataLoader's round robin over them."""
+
+    def __init__(self, args: argparse.Namespace):
+        self.mix = mix_from(args)
+        self.options = options_from(args, self.mix.options if self.mix is not None else None)
+        if self.mix is not None:
+            self.sources = list(self.mix.sources)
+        else:
+            self.sources = [DatasetSource(args.dataset)]
+        self.args = args
+        self.workers = max(args.num_workers, 1)
+        weights = self.mix.weights if self.mix is not None else None
+        self.fingerprint = stream_fingerprint(self.sources, weights, self.options)
+        self.plan = None
+        if self.mix is None:
+            self.plan = plan_for(
+                self.sources[0],
+                self.options,
+                epoch=args.epoch,
+                world_size=args.world_size,
+                num_workers=self.workers,
+            )
+        elif args.max_batches is None:
+            raise SystemExit("shardtok stream: error: a mix never ends: give --max-batches")
+        self.streams: list[Node[dict]] = [self._stream(w) for w in range(self.workers)]
+        self.next_worker = 0
+        self.taken = 0
+
+    def _stream(self, worker: int) -> Node[dict]:
+        placement = dict(
+            rank=self.args.rank,
+            world_size=self.args.world_size,
+            worker=worker,
+            num_workers=self.workers,
         )
-        for w in range(workers)
-    ]
-    while True:
-        for stream in streams:
+        if self.mix is not None:
+            return MixedStream(self.mix, self.options, first_epoch=self.args.epoch, **placement)
+        return SliceStream(self.sources[0], self.options, epoch=self.args.epoch, **placement)
+
+    def restore(self, path: str, strict: bool) -> None:
+        saved = load_state_file(path)
+        problems = check_fingerprint(saved.get("fingerprint"), self.fingerprint, strict=strict)
+        for problem in problems:
+            print(f"warning: resuming anyway: {problem}", file=sys.stderr)
+        if len(saved["workers"]) != self.workers:
+            raise ShardtokError(
+                f"{path}: saved with {len(saved['workers'])} worker streams, this run has "
+                f"{self.workers}: use the same --num-workers"
+            )
+        for stream, state in zip(self.streams, saved["workers"], strict=True):
+            stream.reset(state)
+        self.next_worker = int(saved["next_worker"])
+        self.taken = int(saved["batches"])
+
+    def save(self, path: str) -> None:
+        save_state_file(
+            path,
+            fingerprint=self.fingerprint,
+            workers=[s.state_dict() for s in self.streams],
+            next_worker=self.next_worker,
+            batches=self.taken,
+            epoch=self.args.epoch,
+            rank=self.args.rank,
+            world_size=self.args.world_size,
+        )
+
+    def batches(self) -> Iterator[dict]:
+        while True:
+            stream = self.streams[self.next_worker]
             try:
-                yield next(stream)
+                batch = next(stream)
             except StopIteration:
                 return
+            self.next_worker = (self.next_worker + 1) % self.workers
+            self.taken += 1
+            yield batch
+
+    def shares(self) -> list[dict]:
+        """Per source, over this rank's worker streams: sequences, share, epochs reached."""
+        if self.mix is None:
+            return []
+        rows = []
+        per_stream = [s.stats()["sources"] for s in self.streams]  # type: ignore[attr-defined]
+        total = sum(r["sequences"] for shares in per_stream for r in shares) or 1
+        for i, source in enumerate(self.mix.sources):
+            sequences = sum(shares[i]["sequences"] for shares in per_stream)
+            rows.append(
+                {
+                    "source": source.location,
+                    "weight": self.mix.shares[i],
+                    "sequences": sequences,
+                    "share": sequences / total,
+                    "epochs": [shares[i]["epoch"] for shares in per_stream],
+                }
+            )
+        return rows
 
 
 def real_tokens(batch: dict) -> int:
@@ -218,25 +341,22 @@ def _dump(path: str, batches: list[dict], plan_json: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    source = DatasetSource(args.dataset)
-    options = options_from(args)
-    plan = plan_for(
-        source,
-        options,
-        epoch=args.epoch,
-        world_size=args.world_size,
-        num_workers=max(args.num_workers, 1),
-    )
+    job = StreamJob(args)
+    plan = job.plan
     if args.plan:
+        if plan is None:
+            raise SystemExit("shardtok stream: error: --plan describes one dataset, not a mix")
         print(plan.to_json())
         return 0
-    if not args.json:
+    if not args.json and plan is not None:
         print(plan.summary())
+    if args.state_in:
+        job.restore(args.state_in, strict=not args.ignore_fingerprint)
     keep = bool(args.dump or args.decode)
-    batches = _torch_batches(args, source, options)
+    batches = _torch_batches(args, job)
     engine = f"DataLoader with {args.num_workers} workers" if batches is not None else "in process"
     if batches is None:
-        batches = _in_process_batches(args, source, options)
+        batches = job.batches()
     kept: list[dict] = []
     count = tokens = real = segments = 0
     first = None
@@ -253,14 +373,15 @@ def run(args: argparse.Namespace) -> int:
         if args.max_batches is not None and count >= args.max_batches:
             break
     elapsed = time.perf_counter() - started
-    sequences = count * args.batch_size
+    sequences = count * job.options.batch_size
     speed = tokens / elapsed if elapsed else 0.0
-    efficiency = real / (sequences * (args.seq_len + 1)) if sequences else 0.0
+    efficiency = real / (sequences * (job.options.seq_len + 1)) if sequences else 0.0
     per_sequence = segments / sequences if sequences else 0.0
+    per_epoch = plan.batches_per_rank if plan is not None else None
     stats = {
         "engine": engine,
         "batches": count,
-        "batches_per_epoch": plan.batches_per_rank,
+        "batches_per_epoch": per_epoch,
         "input_tokens": tokens,
         "seconds": round(elapsed, 4),
         "tokens_per_second": speed,
@@ -268,11 +389,15 @@ def run(args: argparse.Namespace) -> int:
         "packing_efficiency": efficiency,
         "documents_per_sequence": per_sequence,
     }
+    shares = job.shares() if engine == "in process" else []
+    if shares:
+        stats["sources"] = shares
     if args.json:
         print(json.dumps(stats, indent=1))
     else:
+        of = f" of {per_epoch:,}" if per_epoch is not None else ""
         print(
-            f"streamed {count:,} of {plan.batches_per_rank:,} batches ({engine}): "
+            f"streamed {count:,}{of} batches ({engine}): "
             f"{tokens:,} input tokens in {elapsed:.3f} s = "
             f"{speed / 1e6:.1f} M tokens/s; first batch after {first or 0.0:.3f} s"
         )
@@ -280,12 +405,24 @@ def run(args: argparse.Namespace) -> int:
             f"packing: {100 * efficiency:.2f}% of slots hold real tokens, "
             f"{per_sequence:.2f} document segments per sequence"
         )
+        for row in shares:
+            print(
+                f"source {row['source']}: weight {100 * row['weight']:.2f}%, "
+                f"{row['sequences']:,} sequences = {100 * row['share']:.2f}% "
+                f"(since the start of the stream), epochs {row['epochs']}"
+            )
+    if args.state_out:
+        if engine != "in process":  # pragma: no cover - _torch_batches declines with states
+            raise ShardtokError("--state-out needs the in-process engine")
+        job.save(args.state_out)
+        if not args.json:
+            print(f"saved the stream position after {job.taken:,} batches to {args.state_out}")
     if args.dump:
-        _dump(args.dump, kept, plan.to_json())
+        _dump(args.dump, kept, plan.to_json() if plan is not None else json.dumps(job.fingerprint))
         if not args.json:
             print(f"wrote {len(kept)} batches to {args.dump}")
     if args.decode:
-        _decode(args, source.manifest, kept)
+        _decode(args, job.sources[0].manifest, kept)
     return 0
 
 

@@ -14,6 +14,11 @@ from typing import Any
 
 from torch.utils.data import IterableDataset, get_worker_info
 
+from shardtok.errors import ShardtokError
+from shardtok.stream.fingerprint import check_fingerprint, stream_fingerprint
+from shardtok.stream.mix_config import MixSpec, load_mix_config, mix_spec
+from shardtok.stream.mix_stream import MixedStream
+from shardtok.stream.node import Node
 from shardtok.stream.pipeline import SliceStream, StreamOptions, plan_for
 from shardtok.stream.plan import EpochPlan
 from shardtok.stream.sources import DatasetSource
@@ -28,11 +33,18 @@ class ShardStreamDataset(IterableDataset):
     reaches workers even when they are persistent (the epoch lives in shared memory).
     ``state_dict()``/``load_state_dict()`` hold one worker's stream state: a DataLoader-aware
     checkpointer (torchdata's StatefulDataLoader) calls them inside each worker.
+
+    `dataset` is one dataset (a path or URL: an epoch of it, ``plan().batches_per_rank``
+    batches), or a weighted mix: a ``{path: weight}`` mapping, a list of paths (weights
+    proportional to size) or a ``MixSpec``; a mix yields `num_batches` batches per rank (rounded
+    up to a multiple of the number of workers) from an endless schedule over source epochs.
+    Saved states carry a fingerprint of the sources and options; `strict=False` resumes even
+    when it differs.
     """
 
     def __init__(
         self,
-        dataset: str | Path,
+        dataset: str | Path | dict | list | MixSpec,
         *,
         seq_len: int,
         batch_size: int,
@@ -49,9 +61,25 @@ class ShardStreamDataset(IterableDataset):
         world_size: int | None = None,
         storage_options: dict[str, Any] | None = None,
         shared_memory: bool = True,
+        num_batches: int | None = None,
+        strict: bool = True,
     ):
         super().__init__()
-        self.source = DatasetSource(dataset, storage_options)
+        self.mix: MixSpec | None = None
+        if isinstance(dataset, MixSpec):
+            self.mix = dataset
+        elif isinstance(dataset, (dict, list, tuple)):
+            self.mix = mix_spec(dataset, storage_options)
+        if self.mix is not None:
+            if num_batches is None or num_batches < 1:
+                raise ShardtokError("a mixed dataset needs num_batches (batches per rank) >= 1")
+            self.sources = list(self.mix.sources)
+        else:
+            self.sources = [DatasetSource(dataset, storage_options)]  # type: ignore[arg-type]
+        self.source = self.sources[0]
+        self.num_batches = num_batches
+        self.strict = strict
+        self._fingerprint: dict | None = None
         self.options = StreamOptions(
             seq_len=seq_len,
             batch_size=batch_size,
@@ -67,9 +95,24 @@ class ShardStreamDataset(IterableDataset):
         self.rank, self.world_size = rank, world_size
         self.shared_memory = shared_memory
         self._epoch = multiprocessing.RawValue("q", epoch)
-        self._stream: SliceStream | None = None
+        self._stream: Node[dict] | None = None
         self._pending_state: dict | None = None
         self._ring: SlotRing | None = None
+
+    @classmethod
+    def from_config(cls, config: str | Path | dict, *, stage: str | int = 0, **kwargs):
+        """A dataset from a YAML mix config (Nanotron style); keyword arguments override it."""
+        spec = load_mix_config(
+            config, stage=stage, storage_options=kwargs.pop("storage_options", None)
+        )
+        return cls(spec, **{**spec.options, **kwargs})
+
+    @property
+    def fingerprint(self) -> dict:
+        if self._fingerprint is None:
+            weights = self.mix.weights if self.mix is not None else None
+            self._fingerprint = stream_fingerprint(self.sources, weights, self.options)
+        return self._fingerprint
 
     # -- epochs and plans -----------------------------------------------------------------
     @property
@@ -81,6 +124,8 @@ class ShardStreamDataset(IterableDataset):
 
     def plan(self, num_workers: int = 1, epoch: int | None = None) -> EpochPlan:
         """The epoch plan for a DataLoader with `num_workers` workers (0 counts as 1)."""
+        if self.mix is not None:
+            raise ShardtokError("a mixed dataset has no single epoch plan (see num_batches)")
         _, world_size = data_parallel_rank(self.rank, self.world_size)
         return plan_for(
             self.source,
@@ -91,10 +136,16 @@ class ShardStreamDataset(IterableDataset):
         )
 
     def batches_per_rank(self, num_workers: int = 1) -> int:
+        if self.mix is not None:
+            return self._mix_batches_per_worker(max(num_workers, 1)) * max(num_workers, 1)
         return self.plan(num_workers).batches_per_rank
 
+    def _mix_batches_per_worker(self, num_workers: int) -> int:
+        assert self.num_batches is not None
+        return -(-self.num_batches // num_workers)
+
     # -- iteration ------------------------------------------------------------------------
-    def _make_stream(self) -> tuple[SliceStream, SlotRing | None]:
+    def _make_stream(self) -> tuple[Node[dict], SlotRing | None]:
         rank, world_size = data_parallel_rank(self.rank, self.world_size)
         info = get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
@@ -103,16 +154,22 @@ class ShardStreamDataset(IterableDataset):
             if self._ring is None:  # one per process, kept across epochs
                 self._ring = SlotRing(self.options.batch_size, self.options.seq_len)
             ring = self._ring
-        stream = SliceStream(
-            self.source,
-            self.options,
-            epoch=self.epoch,
-            rank=rank,
-            world_size=world_size,
-            worker=worker,
-            num_workers=num_workers,
-            **({"allocate": ring.allocate} if ring is not None else {}),
-        )
+        allocate = {"allocate": ring.allocate} if ring is not None else {}
+        placement = dict(rank=rank, world_size=world_size, worker=worker, num_workers=num_workers)
+        stream: Node[dict]
+        if self.mix is not None:
+            stream = MixedStream(
+                self.mix,
+                self.options,
+                num_batches=self._mix_batches_per_worker(num_workers),
+                first_epoch=self.epoch,
+                **placement,
+                **allocate,
+            )
+        else:
+            stream = SliceStream(
+                self.source, self.options, epoch=self.epoch, **placement, **allocate
+            )
         return stream, ring
 
     def __iter__(self):
@@ -128,12 +185,21 @@ class ShardStreamDataset(IterableDataset):
 
     # -- state ----------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        """This worker's position: the epoch and its stream state (None before iterating)."""
+        """This worker's position: the epoch, its stream state (None before iterating) and the
+        fingerprint of the sources and options it belongs to."""
         stream = None if self._stream is None else self._stream.state_dict()
-        return {"epoch": self.epoch, "stream": stream}
+        return {"epoch": self.epoch, "stream": stream, "fingerprint": self.fingerprint}
 
-    def load_state_dict(self, state: dict) -> None:
-        """Continue from `state` at the next iteration (same epoch, rank and worker)."""
+    def load_state_dict(self, state: dict, strict: bool | None = None) -> None:
+        """Continue from `state` at the next iteration (same epoch, rank and worker).
+
+        A state saved for other sources or options is refused (ResumeStateError naming what
+        differs) unless `strict` (default: the constructor's) is False."""
+        check_fingerprint(
+            state.get("fingerprint"),
+            self.fingerprint,
+            strict=self.strict if strict is None else strict,
+        )
         self.set_epoch(int(state["epoch"]))
         self._pending_state = state.get("stream")
 

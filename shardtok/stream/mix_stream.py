@@ -1,0 +1,128 @@
+"""One (rank, worker)'s batches from a weighted mix of datasets: sources -> mixer -> batcher.
+
+A mixed stream has no epoch end (each source restarts on its own), so it yields ``num_batches``
+batches when given, else without end; every (rank, worker) can therefore yield the same count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from shardtok.errors import ResumeStateError
+from shardtok.stream.batch import Allocator, allocate_arrays
+from shardtok.stream.batcher import Batcher
+from shardtok.stream.mix import MixedSequences, SourceSequences, with_source_seed
+from shardtok.stream.mix_config import MixSpec
+from shardtok.stream.node import Node
+from shardtok.stream.pipeline import StreamOptions
+
+
+class MixedStream(Node[dict]):
+    """The exact batches of one (rank, worker) from the weighted sources of `spec`.
+
+    State: ``{"rank", "world_size", "worker", "num_workers", "batcher": {..., "upstream":
+    {"step", "sources": [{"epoch", "sequences", "packer"}, ...]}}}``.
+    """
+
+    def __init__(
+        self,
+        spec: MixSpec,
+        options: StreamOptions,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        worker: int = 0,
+        num_workers: int = 1,
+        num_batches: int | None = None,
+        first_epoch: int = 0,
+        allocate: Allocator = allocate_arrays,
+    ):
+        super().__init__()
+        self.spec, self.options = spec, options
+        self.rank, self.world_size = rank, world_size
+        self.worker, self.num_workers = worker, num_workers
+        self.num_batches = num_batches
+        self.first_epoch = first_epoch
+        sources = [
+            SourceSequences(
+                source,
+                with_source_seed(options, i),
+                rank=rank,
+                world_size=world_size,
+                worker=worker,
+                num_workers=num_workers,
+                first_epoch=first_epoch,
+            )
+            for i, source in enumerate(spec.sources)
+        ]
+        self.mixer = MixedSequences(sources, spec.weights)
+        self.batcher = Batcher(
+            self.mixer,
+            options.batch_size,
+            num_batches=num_batches,
+            mask_boundary_labels=options.mask_boundary_labels,
+            allocate=allocate,
+            where=f"mix rank {rank} worker {worker}",
+        )
+
+    @classmethod
+    def from_config(cls, config, *, stage: str | int = 0, **kwargs) -> MixedStream:
+        """Build from a YAML mix config (see ``mix_config``); keyword options override it."""
+        from shardtok.stream.mix_config import load_mix_config
+
+        spec = load_mix_config(config, stage=stage)
+        placement = {
+            k: kwargs.pop(k)
+            for k in ("rank", "world_size", "worker", "num_workers", "num_batches", "first_epoch")
+            if k in kwargs
+        }
+        options = StreamOptions(**{**spec.options, **kwargs})
+        return cls(spec, options, **placement)
+
+    @property
+    def identity(self) -> dict:
+        return {
+            "first_epoch": self.first_epoch,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "worker": self.worker,
+            "num_workers": self.num_workers,
+        }
+
+    def __len__(self) -> int:
+        if self.num_batches is None:
+            raise TypeError("an open-ended mixed stream has no length (give num_batches)")
+        return self.num_batches
+
+    def _reset(self, state: dict | None) -> None:
+        if state is None:
+            self.batcher.reset(None)
+            return
+        mine = self.identity
+        theirs = {k: state.get(k) for k in mine}
+        if theirs != mine:
+            raise ResumeStateError(
+                f"mixed stream state belongs to {theirs}, this stream is {mine}: restore with "
+                "the same epoch, rank, world size, worker and number of workers"
+            )
+        self.batcher.reset(state["batcher"])
+
+    def state_dict(self) -> dict:
+        return {**self.identity, "batcher": self.batcher.state_dict()}
+
+    def _next(self) -> dict:
+        return next(self.batcher)
+
+    def stats(self) -> dict:
+        return {**self.batcher.stats(), "sources": self.mixer.shares()}
+
+
+def interleave_workers(streams: Sequence[Node[dict]]):
+    """Batches of several worker streams in the DataLoader's order (round-robin)."""
+    iterators = list(streams)
+    while True:
+        for it in iterators:
+            try:
+                yield next(it)
+            except StopIteration:
+                return
