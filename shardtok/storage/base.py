@@ -8,6 +8,9 @@ from typing import Any, Protocol, TypeVar
 from shardtok.errors import StorageError
 
 DEFAULT_BLOCK_SIZE = 16 << 20  # read-ahead block: large enough that latency does not bound speed
+# A stream's first block is small and each next one doubles up to the block size: the head of a
+# shard (json, idx, first frame) arrives after one small request, so the first batch is quick.
+FIRST_BLOCK_SIZE = 1 << 20
 T = TypeVar("T")
 
 

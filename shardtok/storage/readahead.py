@@ -12,7 +12,7 @@ import threading
 from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
-from shardtok.storage.base import Cancelled
+from shardtok.storage.base import FIRST_BLOCK_SIZE, Cancelled
 
 if TYPE_CHECKING:
     from shardtok.storage.remote import RemoteSource
@@ -52,17 +52,20 @@ class BlockStream(io.RawIOBase):
         self._thread.start()
 
     def _fetch_blocks(self, pos: int, block_size: int, first: Future | None) -> None:
+        step = min(FIRST_BLOCK_SIZE, block_size)
         try:
             if first is not None:
                 self._slots.acquire()
                 block = first.result()
                 self._blocks.put(block)
                 pos += len(block)
+                step = min(max(2 * len(block), step), block_size)
             while pos < self._end:
                 self._slots.acquire()
                 if self._cancel.is_set():
                     return
-                length = min(block_size, self._end - pos)
+                length = min(step, self._end - pos)
+                step = min(2 * step, block_size)
                 block = self._source.fetch(pos, length, self._cancel)
                 if self._cancel.is_set():
                     return

@@ -17,6 +17,7 @@ from shardtok.errors import StorageError
 from shardtok.storage.backends import Backend, ObjectInfo, Progress
 from shardtok.storage.base import (
     DEFAULT_BLOCK_SIZE,
+    FIRST_BLOCK_SIZE,
     AccessDeniedError,
     ByteSource,
     Cancelled,
@@ -112,7 +113,7 @@ class RemoteSource(ByteSource):
                 if self.cache is not None:
                     result: object = self._cached_copy()
                 else:
-                    length = min(self.block_size, max(self.size - offset, 0))
+                    length = min(FIRST_BLOCK_SIZE, self.block_size, max(self.size - offset, 0))
                     result = self.fetch(offset, length)
                 future.set_result(result)
             except BaseException as exc:  # handed to whoever uses the block
