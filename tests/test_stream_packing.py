@@ -174,3 +174,24 @@ def test_build_batch_worked_example():
         [11, 12, -100, 14, -100, 16],
         [21, -100, 23, 24, -100, -100],
     ]
+
+
+@pytest.mark.parametrize("kind", ["concat", "concat-stride", "greedy"])
+def test_next_into_writes_the_sequences_iteration_yields(kind):
+    rng = np.random.default_rng(4)
+    docs = unique_documents(rng.integers(0, 60, size=300))
+
+    def make():
+        if kind == "greedy":
+            return GreedyPacker(ArrayDocuments(docs), 20, lookahead=3, pad_id=9)
+        return ConcatPacker(ArrayDocuments(docs), 20, 7 if kind == "concat-stride" else None)
+
+    expected = take(make(), None)
+    packer = make()
+    row = np.empty(21, dtype=np.int64)
+    for seq in expected:
+        starts, length = packer.next_into(row)
+        assert (starts, length) == (seq.starts, seq.length)
+        assert np.array_equal(row, seq.tokens)
+    with pytest.raises(StopIteration):
+        packer.next_into(row)

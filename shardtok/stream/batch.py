@@ -61,26 +61,42 @@ def build_batch(
     mask_boundary_labels: bool = False,
     allocate: Allocator = allocate_arrays,
 ) -> dict:
-    """Stack sequences (all ``seq_len + 1`` tokens) into the batch described above.
+    """Stack sequences (all ``seq_len + 1`` tokens) into the batch described above."""
+    tokens = np.stack([seq.tokens for seq in sequences])
+    return assemble_batch(
+        tokens,
+        [seq.starts for seq in sequences],
+        [seq.length for seq in sequences],
+        mask_boundary_labels=mask_boundary_labels,
+        allocate=allocate,
+    )
+
+
+def assemble_batch(
+    tokens: np.ndarray,
+    starts: Sequence[Sequence[int]],
+    lengths: Sequence[int],
+    *,
+    mask_boundary_labels: bool = False,
+    allocate: Allocator = allocate_arrays,
+) -> dict:
+    """The batch of rows `tokens` [B, seq_len + 1], whose segments begin at `starts` and whose
+    first `lengths` tokens are real (the rest padding).
 
     Work is per segment, not per token: a handful of numpy calls over the whole batch.
     """
-    rows = len(sequences)
-    window = len(sequences[0].tokens)
+    rows, window = tokens.shape
     seq_len = window - 1
     out = allocate(rows, seq_len)
     input_ids, labels = out["input_ids"], out["labels"]
-    tokens = np.empty((rows, window), dtype=sequences[0].tokens.dtype)
     seg_starts: list[int] = []  # flat (row * seq_len + column) start of every input segment
     local_ids: list[int] = []  # segment number within its row
     masked: list[int] = []  # flat label positions to set to IGNORE_INDEX
-    for b, seq in enumerate(sequences):
-        tokens[b] = seq.tokens
+    for b in range(rows):
         row = b * seq_len
-        starts = seq.starts
-        length = seq.length
+        length = lengths[b]
         n = 0
-        for column in starts:
+        for column in starts[b]:
             if column < seq_len:
                 seg_starts.append(row + column)
                 n += 1
@@ -99,11 +115,15 @@ def build_batch(
 
     total = rows * seq_len
     bounds = np.array(seg_starts + [total], dtype=np.int64)
-    lengths = np.diff(bounds)
+    segment_lengths = np.diff(bounds)
     np.subtract(
-        _arange(total), np.repeat(bounds[:-1], lengths), out=out["position_ids"].reshape(-1)
+        _arange(total),
+        np.repeat(bounds[:-1], segment_lengths),
+        out=out["position_ids"].reshape(-1),
     )
-    out["document_ids"].reshape(-1)[:] = np.repeat(np.array(local_ids, dtype=np.int32), lengths)
+    out["document_ids"].reshape(-1)[:] = np.repeat(
+        np.array(local_ids, dtype=np.int32), segment_lengths
+    )
     cu = out["cu_seqlens"][: len(bounds)]
     cu[:] = bounds
     return {
@@ -112,5 +132,5 @@ def build_batch(
         "position_ids": out["position_ids"],
         "document_ids": out["document_ids"],
         "cu_seqlens": cu,
-        "max_seqlen": int(lengths.max()),
+        "max_seqlen": int(segment_lengths.max()),
     }

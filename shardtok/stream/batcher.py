@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from shardtok.errors import ShardtokError
-from shardtok.stream.batch import Allocator, allocate_arrays, build_batch
+from shardtok.stream.batch import Allocator, allocate_arrays, assemble_batch
 from shardtok.stream.node import Node
 from shardtok.stream.sequence import Packer
 
@@ -36,6 +38,7 @@ class Batcher(Node[dict]):
         self.mask_boundary_labels = mask_boundary_labels
         self.allocate = allocate
         self.where = where
+        self._rows: np.ndarray | None = None
         self.batches = 0
         self.real_tokens = 0  # tokens that are not padding (sequence slots: seq_len + 1 each)
         self.sequences = 0
@@ -66,25 +69,35 @@ class Batcher(Node[dict]):
     def _next(self) -> dict:
         if self.num_batches is not None and self.batches >= self.num_batches:
             raise StopIteration
-        sequences = []
         upstream = self.upstream
-        for _ in range(self.batch_size):
+        # One reused staging array: the packer writes each sequence straight into its row.
+        if self._rows is None:
+            self._rows = np.empty((self.batch_size, upstream.window), dtype=np.int64)
+        rows = self._rows
+        starts, lengths = [], []
+        for b in range(self.batch_size):
             try:
-                sequences.append(next(upstream))
+                row_starts, length = upstream.next_into(rows[b])
             except StopIteration:
                 if self.num_batches is None:  # an open-ended stream drops its partial batch
                     raise
                 raise ShardtokError(
                     f"{self.where}: ran out of data after {self.batches} full batches and "
-                    f"{len(sequences)} sequences, but the epoch plan promised {self.num_batches} "
+                    f"{b} sequences, but the epoch plan promised {self.num_batches} "
                     "batches (do the shards hold the token counts the manifest says?)"
                 ) from None
-        batch = build_batch(
-            sequences, mask_boundary_labels=self.mask_boundary_labels, allocate=self.allocate
+            starts.append(row_starts)
+            lengths.append(length)
+        batch = assemble_batch(
+            rows,
+            starts,
+            lengths,
+            mask_boundary_labels=self.mask_boundary_labels,
+            allocate=self.allocate,
         )
         self.batches += 1
-        self.sequences += len(sequences)
-        self.real_tokens += sum(s.length for s in sequences)
+        self.sequences += self.batch_size
+        self.real_tokens += sum(lengths)
         self.segments += len(batch["cu_seqlens"]) - 1
         return batch
 

@@ -21,7 +21,7 @@ from collections import deque
 import numpy as np
 
 from shardtok.stream.node import DocumentNode
-from shardtok.stream.sequence import PackedSequence, Packer
+from shardtok.stream.sequence import Packer
 
 
 def concat_window_count(num_tokens: int, seq_len: int, stride: int | None = None) -> int:
@@ -33,8 +33,6 @@ def concat_window_count(num_tokens: int, seq_len: int, stride: int | None = None
 
 class ConcatPacker(Packer):
     """Cuts the document stream of `upstream` into windows of ``seq_len + 1`` tokens.
-
-    Documents are appended to one reused token buffer; a window is a copy of a slice of it.
 
     State: the upstream state just before the document holding the next window's first token,
     the offset of that token in it, and the number of windows emitted.
@@ -49,96 +47,89 @@ class ConcatPacker(Packer):
         self.stride = self.window if stride is None else int(stride)
         if not 1 <= self.stride <= self.window:
             raise ValueError(f"stride must lie in [1, seq_len + 1 = {self.window}], got {stride}")
-        self._buf = np.empty(0, dtype=np.int32)
-        self._base = 0  # token number (counted from the reset point) of _buf[0]
-        self._end = 0  # token number one past the last buffered token
-        self._head = 0  # token number of the next window's first token
-        # Documents from the one holding _head on: (token number of their start, position).
-        self._docs: deque[tuple[int, int]] = deque()
+        # Documents still (partly) needed: (upstream position before the pull, tokens).
+        self._pending: deque[tuple[int, np.ndarray]] = deque()
+        self._available = 0  # tokens in _pending
+        self._offset = 0  # next window's first token, relative to the first pending document
         self._emitted = 0
         self._exhausted = False
+        self._next_position = 0  # upstream position when _pending is empty
         self._pull_next = upstream.__next__  # replaced by the faster _next once started
 
     def _reset(self, state: dict | None) -> None:
-        self._buf = np.empty(0, dtype=np.int32)
-        self._base = self._end = 0
-        self._docs.clear()
+        self._pending.clear()
+        self._available = 0
         self._exhausted = False
         if state is None:
             self.upstream.reset(None)
-            self._head = 0
+            self._offset = 0
             self._emitted = 0
         else:
             self.upstream.reset(state["upstream"])
-            self._head = int(state["skip"])
+            self._offset = int(state["skip"])
             self._emitted = int(state["emitted"])
+        self._next_position = self.upstream.position
         self._pull_next = self.upstream._next  # started by the reset above
 
     def state_dict(self) -> dict:
         if not self._started:
             self.reset(None)
-        if self._head >= self._end:  # nothing buffered is needed: continue with the next pull
-            position, skip = self.upstream.position, self._head - self._end
-        else:
-            start, position = self._head_document()
-            skip = self._head - start
+        first = self._pending[0][0] if self._pending else self._next_position
         return {
-            "upstream": self.upstream.state_at(position),
-            "skip": skip,
+            "upstream": self.upstream.state_at(first),
+            "skip": self._offset,
             "emitted": self._emitted,
         }
 
-    def _append(self, doc: np.ndarray, position: int) -> None:
-        n = len(doc)
-        if self._buf.dtype != doc.dtype or self._end + n - self._base > len(self._buf):
-            # Keep only what the next window needs, at the front of the buffer; a new buffer
-            # only when it is too small (fresh memory costs page faults on every batch).
-            keep = max(self._end - self._head, 0)
-            live = self._buf[max(self._head, self._base) - self._base : self._end - self._base]
-            if self._buf.dtype != doc.dtype or keep + n > len(self._buf):
-                fresh = np.empty(max(4 * self.window, 2 * (keep + n), 1 << 16), dtype=doc.dtype)
-                fresh[:keep] = live
-                self._buf = fresh
-            elif keep:
-                self._buf[:keep] = live  # numpy copies overlapping ranges correctly
-            self._base = self._end - keep
-        at = self._end - self._base
-        self._buf[at : at + n] = doc
-        self._docs.append((self._end, position))
-        self._end += n
-
-    def _head_document(self) -> tuple[int, int]:
-        """(start, position) of the document holding the next window's first token."""
-        docs = self._docs
-        while len(docs) > 1 and docs[1][0] <= self._head:
-            docs.popleft()
-        return docs[0]
-
-    def _next(self) -> PackedSequence:
-        window = self.window
-        head = self._head
-        while self._end - head < window:
+    def _prepare(self) -> bool:
+        end = self._offset + self.window
+        while self._available < end:
             if self._exhausted:
-                raise StopIteration
+                return False
             position = self.upstream.position
             try:
                 doc = self._pull_next()
             except StopIteration:
                 self._exhausted = True
-                raise
+                return False
             if len(doc):
-                self._append(doc, position)
-        self._head_document()
-        docs = self._docs
-        starts = [0]
-        limit = head + window
-        for i in range(1, len(docs)):
-            begin = docs[i][0]
-            if begin >= limit:
-                break
-            starts.append(begin - head)
-        at = head - self._base
-        tokens = self._buf[at : at + window].copy()  # the buffer is reused
-        self._head = head + self.stride
+                if self.dtype is None:
+                    self.dtype = doc.dtype
+                self._pending.append((position, doc))
+                self._available += len(doc)
+            elif not self._pending:  # an empty document is never a window start
+                self._next_position = self.upstream.position
+        return True
+
+    def _emit_into(self, out: np.ndarray) -> tuple[list[int], int]:
+        window = self.window
+        offset = self._offset
+        pending = self._pending
+        first = pending[0][1]
+        if offset + window <= len(first):  # inside one document
+            out[:] = first[offset : offset + window]
+            starts = [0]
+        else:
+            pieces = []
+            starts = [0]
+            filled = 0
+            for _, doc in pending:
+                if filled:  # every later document begins inside this window
+                    starts.append(filled)
+                piece = doc[offset : offset + window - filled]
+                pieces.append(piece)
+                filled += len(piece)
+                offset = 0
+                if filled == window:
+                    break
+            np.concatenate(pieces, out=out, casting="unsafe")
+        # Advance to the next window's start, dropping documents it is past.
+        self._offset += self.stride
+        while pending and self._offset >= len(pending[0][1]):
+            _, doc = pending.popleft()
+            self._offset -= len(doc)
+            self._available -= len(doc)
+        if not pending:
+            self._next_position = self.upstream.position
         self._emitted += 1
-        return PackedSequence(tokens, starts, window)
+        return starts, window

@@ -20,7 +20,7 @@ import numpy as np
 
 from shardtok.errors import ResumeStateError
 from shardtok.stream.node import DocumentNode
-from shardtok.stream.sequence import PackedSequence, Packer
+from shardtok.stream.sequence import Packer
 
 # An open sequence whose first document is this many documents old is closed, so the state
 # never reaches further back than document nodes remember (node.HISTORY).
@@ -62,7 +62,6 @@ class GreedyPacker(Packer):
         self.window = seq_len + 1
         self.lookahead = lookahead
         self.pad_id = int(pad_id)
-        self._dtype: np.dtype | None = None
         self._open: list[_Bin] = []
         self._ready: deque[_Bin] = deque()
         # A document longer than the window, cut lazily: (position, tokens, next start).
@@ -117,7 +116,7 @@ class GreedyPacker(Packer):
         while self.upstream.position < target:
             pos = self.upstream.position
             try:
-                doc = next(self.upstream)
+                doc = self.upstream._next()  # started by reset
             except StopIteration:
                 raise ResumeStateError(
                     f"greedy packer state refers to document {pos}, but the stream ends there"
@@ -137,8 +136,8 @@ class GreedyPacker(Packer):
 
     # -- packing ------------------------------------------------------------------------
     def _note_dtype(self, doc: np.ndarray) -> None:
-        if self._dtype is None:
-            self._dtype = doc.dtype
+        if self.dtype is None:
+            self.dtype = doc.dtype
 
     def _place(self, ref: Ref, piece: np.ndarray) -> None:
         n = len(piece)
@@ -179,7 +178,7 @@ class GreedyPacker(Packer):
             return True
         pos = self.upstream.position
         try:
-            doc = next(self.upstream)
+            doc = self.upstream._next()  # started by reset
         except StopIteration:
             self._exhausted = True
             return True
@@ -193,17 +192,20 @@ class GreedyPacker(Packer):
             self._place((pos, 0, n), doc)
         return True
 
-    def _next(self) -> PackedSequence:
+    def _prepare(self) -> bool:
         while not self._ready:
             if not self._step():
-                raise StopIteration
+                return False
+        return True
+
+    def _emit_into(self, out: np.ndarray) -> tuple[list[int], int]:
         b = self._ready.popleft()
         self._emitted += 1
-        tokens = np.full(self.window, self.pad_id, dtype=self._dtype)
         starts = []
         at = 0
         for piece in b.pieces:
             starts.append(at)
-            tokens[at : at + len(piece)] = piece
+            out[at : at + len(piece)] = piece
             at += len(piece)
-        return PackedSequence(tokens, starts, at)
+        out[at:] = self.pad_id
+        return starts, at
