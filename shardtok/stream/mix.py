@@ -130,19 +130,26 @@ class SourceSequences(Packer):
             "packer": self._packer.state_dict(),
         }
 
-    def _next(self) -> PackedSequence:
+    def next_into(self, out: np.ndarray) -> tuple[list[int], int]:
+        if not self._started:
+            self.reset(None)
         assert self._packer is not None
         for _ in range(2):
             try:
-                sequence = next(self._packer)
+                placed = self._packer.next_into(out)
             except StopIteration:
                 self.epoch += 1  # this source ran out: its next epoch, a fresh shard order
                 self._packer = self._open(self.epoch)
                 self._packer.reset(None)
                 continue
             self.sequences += 1
-            return sequence
+            return placed
         raise ShardtokError(f"{self.source.location}: epoch {self.epoch} gave no sequence")
+
+    def _next(self) -> PackedSequence:
+        out = np.empty(self.window, dtype=np.int64)
+        starts, length = self.next_into(out)
+        return PackedSequence(out, starts, length)
 
 
 class MixedSequences(Packer):
@@ -176,11 +183,17 @@ class MixedSequences(Packer):
             self.reset(None)
         return {"step": self.step, "sources": [s.state_dict() for s in self.sources]}
 
-    def _next(self) -> PackedSequence:
-        source = self.schedule[self.step]
-        sequence = next(self.sources[source])
+    def next_into(self, out: np.ndarray) -> tuple[list[int], int]:
+        if not self._started:
+            self.reset(None)
+        placed = self.sources[self.schedule[self.step]].next_into(out)
         self.step += 1
-        return sequence
+        return placed
+
+    def _next(self) -> PackedSequence:
+        out = np.empty(self.window, dtype=np.int64)
+        starts, length = self.next_into(out)
+        return PackedSequence(out, starts, length)
 
     def shares(self) -> list[dict]:
         """Per source: sequences served, share of all, epochs started."""
