@@ -148,7 +148,9 @@ class SliceStream(Node[dict]):
         if theirs != mine:
             raise ResumeStateError(
                 f"stream state belongs to {theirs}, this stream is {mine}: "
-                "restore with the same epoch, rank, world size, worker and number of workers"
+                "restore with the same epoch, rank, world size, worker and number of workers, or "
+                "merge every (rank, worker)'s state with shardtok.stream.elastic.merge_states "
+                "to finish the epoch with another layout"
             )
         self.batcher.reset(state["batcher"])
 

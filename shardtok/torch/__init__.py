@@ -1,7 +1,14 @@
 """PyTorch adapters (the only part of shardtok that imports torch)."""
 
+from shardtok.torch.checkpoint import dataset_states, merge_states
 from shardtok.torch.dataset import ShardStreamDataset
 from shardtok.torch.distributed import data_parallel_rank
 from shardtok.torch.transport import to_tensors
 
-__all__ = ["ShardStreamDataset", "data_parallel_rank", "to_tensors"]
+__all__ = [
+    "ShardStreamDataset",
+    "data_parallel_rank",
+    "dataset_states",
+    "merge_states",
+    "to_tensors",
+]

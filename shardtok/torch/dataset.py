@@ -14,7 +14,8 @@ from typing import Any
 
 from torch.utils.data import IterableDataset, get_worker_info
 
-from shardtok.errors import ShardtokError
+from shardtok.errors import ResumeStateError, ShardtokError
+from shardtok.stream.elastic import ElasticStream
 from shardtok.stream.fingerprint import check_fingerprint, stream_fingerprint
 from shardtok.stream.mix_config import MixSpec, load_mix_config, mix_spec
 from shardtok.stream.mix_stream import MixedStream
@@ -145,19 +146,30 @@ class ShardStreamDataset(IterableDataset):
         return -(-self.num_batches // num_workers)
 
     # -- iteration ------------------------------------------------------------------------
-    def _make_stream(self) -> tuple[Node[dict], SlotRing | None]:
+    def _placement(self) -> dict:
         rank, world_size = data_parallel_rank(self.rank, self.world_size)
         info = get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        return dict(rank=rank, world_size=world_size, worker=worker, num_workers=num_workers)
+
+    def _make_stream(self, state: dict | None) -> tuple[Node[dict], SlotRing | None]:
         ring = None
         if self.shared_memory and SlotRing.supported():
             if self._ring is None:  # one per process, kept across epochs
                 self._ring = SlotRing(self.options.batch_size, self.options.seq_len)
             ring = self._ring
         allocate = {"allocate": ring.allocate} if ring is not None else {}
-        placement = dict(rank=rank, world_size=world_size, worker=worker, num_workers=num_workers)
+        placement = self._placement()
+        num_workers = placement["num_workers"]
         stream: Node[dict]
-        if self.mix is not None:
+        if state is not None and "elastic" in state:  # the rest of an epoch of another layout
+            if self.mix is not None:
+                raise ResumeStateError("a mixed stream does not resume elastically")
+            stream = ElasticStream(
+                self.source, self.options, state["elastic"], epoch=self.epoch, **placement,
+                **allocate,
+            )  # fmt: skip
+        elif self.mix is not None:
             stream = MixedStream(
                 self.mix,
                 self.options,
@@ -173,8 +185,10 @@ class ShardStreamDataset(IterableDataset):
         return stream, ring
 
     def __iter__(self):
-        stream, ring = self._make_stream()
         state, self._pending_state = self._pending_state, None
+        stream, ring = self._make_stream(state)
+        if state is not None and "elastic" in state and "remainder" not in state:
+            state = None  # a merged state: this new slice starts at its beginning
         stream.reset(state)
         self._stream = stream
         # Batches are built in reused slots (no page faults for fresh memory); across a process
@@ -188,10 +202,17 @@ class ShardStreamDataset(IterableDataset):
         """This worker's position: the epoch, its stream state (None before iterating) and the
         fingerprint of the sources and options it belongs to."""
         stream = None if self._stream is None else self._stream.state_dict()
-        return {"epoch": self.epoch, "stream": stream, "fingerprint": self.fingerprint}
+        return {
+            "epoch": self.epoch,
+            "placement": self._placement(),
+            "stream": stream,
+            "fingerprint": self.fingerprint,
+        }
 
     def load_state_dict(self, state: dict, strict: bool | None = None) -> None:
-        """Continue from `state` at the next iteration (same epoch, rank and worker).
+        """Continue from `state` at the next iteration: one worker's own state (same epoch,
+        rank and worker), or a ``merge_states([...])`` of every old (rank, worker)'s state, which
+        finishes that epoch with this dataset's world size and DataLoader workers.
 
         A state saved for other sources or options is refused (ResumeStateError naming what
         differs) unless `strict` (default: the constructor's) is False."""
@@ -201,7 +222,10 @@ class ShardStreamDataset(IterableDataset):
             strict=self.strict if strict is None else strict,
         )
         self.set_epoch(int(state["epoch"]))
-        self._pending_state = state.get("stream")
+        if "elastic" in state:  # from merge_states: every new (rank, worker) takes its share
+            self._pending_state = {"elastic": state["elastic"]}
+        else:
+            self._pending_state = state.get("stream")
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()

@@ -1,0 +1,299 @@
+"""Elastic resume: finish an epoch with another world size or number of workers.
+
+The rule. At save time every old (rank, worker) slice has read a prefix of its own document
+stream (reader, then shuffle buffer) and its packer holds a few documents or pieces. What remains
+of the epoch is, per old slice in slice order, its *residual stream*: the tokens it had not put
+into a yielded sequence (concat: from the next window's first token on; greedy: the pieces in
+open and finished-but-unyielded sequences, then every later document), through the end of the
+slice, including the tail the old plan would have left unread. The residual streams are joined
+in old-slice order (R tokens) and cut into the new ``world_size * num_workers`` slices at token
+offsets ``j * R // S'``, exactly as an epoch is cut (a document cut there becomes two). Every new
+slice then packs and batches as usual, and every new slice yields the same number of batches
+``min_j(sequences_j) // batch_size``; the leftover is reported (``ElasticPlan.tokens_unread``).
+
+No document is repeated or skipped: a token is either in a sequence yielded before the save or
+in exactly one residual stream. Computing this needs the states of ALL old slices (gather them
+on rank 0 or read every rank's checkpoint file) merged with :func:`merge_states`. It is refused
+(ResumeStateError) when a slice is missing or given twice, when states come from different
+epochs or fingerprints, for mixed streams, and when the remainder is too small to give every
+new slice one batch.
+
+A new slice re-reads its residual documents from the start of its first old slice's saved
+position, so its own state is just a document count (re-read on resume: the cost is at most one
+slice of reading).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from shardtok.errors import ResumeStateError, ShardtokError
+from shardtok.stream.batch import Allocator, allocate_arrays
+from shardtok.stream.batcher import Batcher
+from shardtok.stream.node import DocumentNode, Node
+from shardtok.stream.pipeline import StreamOptions, document_stream, packer_for, plan_for
+from shardtok.stream.plan import EpochPlan, sequence_count
+from shardtok.stream.sources import DatasetSource
+
+
+def merge_states(states: list[dict]) -> dict:
+    """One elastic resume state from the dataset states of every old (rank, worker).
+
+    Each item is what ``ShardStreamDataset.state_dict()`` returned inside one worker of one rank
+    (``shardtok.torch.dataset_states`` digs them out of StatefulDataLoader states).
+    """
+    if not states:
+        raise ResumeStateError("merge_states: no states given")
+    epochs = {int(s["epoch"]) for s in states}
+    if len(epochs) != 1:
+        raise ResumeStateError(f"merge_states: states of different epochs {sorted(epochs)}")
+    fingerprints = {repr(s.get("fingerprint")) for s in states}
+    if len(fingerprints) != 1:
+        raise ResumeStateError("merge_states: states of different sources or options")
+    placements = [s.get("placement") for s in states]
+    if any(p is None for p in placements):
+        raise ResumeStateError("merge_states: a state without its placement (rank, worker)")
+    world = {p["world_size"] for p in placements}
+    workers = {p["num_workers"] for p in placements}
+    if len(world) != 1 or len(workers) != 1:
+        raise ResumeStateError("merge_states: states from different world sizes or worker counts")
+    world_size, num_workers = world.pop(), workers.pop()
+    slices: list[dict | None] = [None] * (world_size * num_workers)
+    seen = set()
+    for state, p in zip(states, placements, strict=True):
+        index = p["rank"] * num_workers + p["worker"]
+        if index in seen:
+            raise ResumeStateError(f"merge_states: rank {p['rank']} worker {p['worker']} twice")
+        seen.add(index)
+        stream = state.get("stream")
+        if stream is not None and ("batcher" not in stream or "epoch" not in stream):
+            raise ResumeStateError(
+                "merge_states: only single-dataset epochs resume elastically (this state is of "
+                "a mixed stream or an elastic remainder); resume with the same world size and "
+                "number of workers"
+            )
+        slices[index] = None if stream is None else stream["batcher"]
+    missing = [i for i in range(len(slices)) if i not in seen]
+    if missing:
+        raise ResumeStateError(
+            f"merge_states: the states of slices {missing[:8]} (rank * {num_workers} + worker) "
+            f"are missing; all {len(slices)} are needed"
+        )
+    return {
+        "epoch": epochs.pop(),
+        "fingerprint": states[0].get("fingerprint"),
+        "elastic": {"world_size": world_size, "num_workers": num_workers, "slices": slices},
+    }
+
+
+def residual_tokens(plan: EpochPlan, index: int, state: dict | None) -> int:
+    """Tokens of old slice `index` not in any sequence yielded before `state` (a batcher state)."""
+    total = plan.slices[index].num_tokens
+    if state is None:
+        return total
+    if plan.packing == "concat":
+        return max(0, total - int(state["upstream"]["emitted"]) * plan.stride)
+    return total - int(state["real_tokens"])
+
+
+def residual_documents(
+    source: DatasetSource, options: StreamOptions, plan: EpochPlan, index: int, state: dict | None
+) -> Iterator[np.ndarray]:
+    """The residual stream of old slice `index` (module docstring), document by document."""
+    documents = document_stream(source, plan.slices[index], options, plan.epoch)
+    if state is None:
+        documents.reset(None)
+        yield from documents
+        return
+    packer = state["upstream"]
+    documents.reset(packer["upstream"])
+    if options.packing == "concat":
+        first = next(documents, None)
+        if first is not None:
+            yield first[int(packer["skip"]) :]
+        yield from documents
+        return
+    wanted: dict[int, list[tuple[int, int | None]]] = {}
+    for sequence in (*packer["open"], *packer["ready"]):
+        for pos, start, stop in sequence:
+            wanted.setdefault(int(pos), []).append((int(start), int(stop)))
+    if packer["long"] is not None:
+        wanted.setdefault(int(packer["long"][0]), []).append((int(packer["long"][1]), None))
+    while documents.position < int(packer["position"]):
+        pos = documents.position
+        doc = next(documents)
+        for start, stop in sorted(wanted.get(pos, []), key=lambda r: r[0]):
+            yield doc[start:stop]
+    yield from documents
+
+
+@dataclass(frozen=True)
+class ElasticPlan:
+    """The new slices of an epoch's remainder: (old slice, residual token range) segments."""
+
+    residuals: tuple[int, ...]  # tokens per old slice
+    segments: tuple[tuple[tuple[int, int, int], ...], ...]  # per new slice
+    sequences: tuple[int, ...]
+    batches_per_slice: int
+    tokens_unread: int
+
+
+def elastic_plan(
+    old: EpochPlan, slices: list[dict | None], new_slices: int, options: StreamOptions
+) -> ElasticPlan:
+    residuals = [residual_tokens(old, i, s) for i, s in enumerate(slices)]
+    begins = np.concatenate([[0], np.cumsum(residuals)]).astype(np.int64)
+    total = int(begins[-1])
+    segments, sequences = [], []
+    for j in range(new_slices):
+        a, b = j * total // new_slices, (j + 1) * total // new_slices
+        mine = []
+        for i in range(len(residuals)):
+            lo, hi = max(a, int(begins[i])), min(b, int(begins[i + 1]))
+            if hi > lo:
+                mine.append((i, lo - int(begins[i]), hi - int(begins[i])))
+        segments.append(tuple(mine))
+        sequences.append(sequence_count(b - a, old.packing, old.seq_len, old.stride))
+    batches = min(sequences) // options.batch_size
+    window = old.seq_len + 1
+    read = 0
+    for j in range(new_slices):
+        n = batches * options.batch_size
+        size = (j + 1) * total // new_slices - j * total // new_slices
+        if n:
+            read += (
+                (n - 1) * old.stride + window if old.packing == "concat" else min(size, n * window)
+            )
+    return ElasticPlan(tuple(residuals), tuple(segments), tuple(sequences), batches, total - read)
+
+
+class RemainderDocuments(DocumentNode):
+    """The documents of one new slice: its residual token ranges, in order.
+
+    State: documents emitted (restoring re-reads from the slice's start).
+    """
+
+    def __init__(self, make_residual, segments: tuple[tuple[int, int, int], ...]):
+        super().__init__()
+        self.make_residual = make_residual
+        self.segments = segments
+        self.position = 0
+        self._docs: Iterator[np.ndarray] = iter(())
+
+    def _generate(self) -> Iterator[np.ndarray]:
+        for index, lo, hi in self.segments:
+            at = 0
+            for doc in self.make_residual(index):
+                end = at + len(doc)
+                if end > lo and len(doc):
+                    yield doc[max(lo - at, 0) : min(hi, end) - at]
+                at = end
+                if at >= hi:
+                    break
+
+    def _reset(self, state: dict | None) -> None:
+        self._docs = self._generate()
+        self.position = 0
+        target = 0 if state is None else int(state["position"])
+        for _ in range(target):
+            if next(self._docs, None) is None:
+                raise ResumeStateError(
+                    f"remainder state at document {target}: the slice ends first"
+                )
+            self.position += 1
+
+    def _next(self) -> np.ndarray:
+        doc = next(self._docs)
+        self.position += 1
+        return doc
+
+    def state_at(self, position: int) -> dict:
+        return {"position": position}
+
+
+class ElasticStream(Node[dict]):
+    """One new (rank, worker)'s batches for the remainder of an epoch saved with another layout."""
+
+    def __init__(
+        self,
+        source: DatasetSource,
+        options: StreamOptions,
+        elastic: dict,
+        *,
+        epoch: int,
+        rank: int,
+        world_size: int,
+        worker: int,
+        num_workers: int,
+        allocate: Allocator = allocate_arrays,
+    ):
+        super().__init__()
+        self.source, self.options, self.elastic = source, options, elastic
+        self.epoch = epoch
+        self.rank, self.world_size = rank, world_size
+        self.worker, self.num_workers = worker, num_workers
+        self.old_plan = plan_for(
+            source,
+            options,
+            epoch=epoch,
+            world_size=int(elastic["world_size"]),
+            num_workers=int(elastic["num_workers"]),
+        )
+        self.plan = elastic_plan(
+            self.old_plan, elastic["slices"], world_size * num_workers, options
+        )
+        if self.plan.batches_per_slice == 0:
+            raise ShardtokError(
+                f"{source.location}: the rest of epoch {epoch} ({sum(self.plan.residuals):,} "
+                f"tokens) cannot give each of {world_size * num_workers} new slices a batch; "
+                "finish this epoch with the old world size and workers, or start the next epoch"
+            )
+        index = rank * num_workers + worker
+        documents = RemainderDocuments(self._residual, self.plan.segments[index])
+        self.batcher = Batcher(
+            packer_for(documents, options),
+            options.batch_size,
+            num_batches=self.plan.batches_per_slice,
+            mask_boundary_labels=options.mask_boundary_labels,
+            allocate=allocate,
+            where=f"{source.location} epoch {epoch} remainder rank {rank} worker {worker}",
+        )
+
+    def _residual(self, index: int) -> Iterator[np.ndarray]:
+        state = self.elastic["slices"][index]
+        return residual_documents(self.source, self.options, self.old_plan, index, state)
+
+    @property
+    def identity(self) -> dict:
+        return {
+            "epoch": self.epoch,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "worker": self.worker,
+            "num_workers": self.num_workers,
+        }
+
+    def __len__(self) -> int:
+        return self.plan.batches_per_slice
+
+    def _reset(self, state: dict | None) -> None:
+        if state is None:
+            self.batcher.reset(None)
+            return
+        mine = self.identity
+        theirs = {k: state.get(k) for k in mine}
+        if theirs != mine:
+            raise ResumeStateError(
+                f"remainder state belongs to {theirs}, this stream is {mine}: an elastically "
+                "resumed epoch resumes again with the same world size and workers"
+            )
+        self.batcher.reset(state["remainder"])
+
+    def state_dict(self) -> dict:
+        return {**self.identity, "elastic": self.elastic, "remainder": self.batcher.state_dict()}
+
+    def _next(self) -> dict:
+        return next(self.batcher)

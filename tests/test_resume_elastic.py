@@ -1,0 +1,154 @@
+"""Elastic resume: finish an epoch with another world size or number of workers.
+
+Tokens are their global positions, so coverage is exact: the batches yielded before the save
+(old layout) plus those after (new layout) hold every token of the epoch at most once, and for
+concat exactly once except the reported leftover.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+from node_checks import check_save_restore
+
+from shardtok.errors import ResumeStateError
+from shardtok.stream.elastic import ElasticStream, merge_states
+from shardtok.stream.pipeline import StreamOptions
+from shardtok.stream.sources import DatasetSource
+from shardtok.stream.synthetic import write_synthetic_dataset
+from shardtok.torch import ShardStreamDataset, dataset_states
+
+pytestmark = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")
+OPTIONS = dict(seq_len=31, batch_size=3, shuffle_buffer=20, seed=9)
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    path = tmp_path_factory.mktemp("elastic")
+    lengths = [int(n) for n in np.random.default_rng(2).integers(1, 150, size=260)]
+    lengths[40] = 2000  # a document longer than several sequences
+    write_synthetic_dataset(
+        path, lengths=lengths, vocab_size=1 << 24, unique_tokens=True, first_token=1,
+        shard_size=2600, frame_size=700,
+    )  # fmt: skip
+    return str(path), sum(lengths)
+
+
+def tokens_of(batches) -> np.ndarray:
+    """Real tokens of each row (inputs plus the last target); 0 is padding (ids start at 1)."""
+    rows = [np.concatenate([b["input_ids"], b["labels"][:, -1:]], axis=1) for b in batches]
+    flat = np.concatenate([r.ravel() for r in rows]) if rows else np.empty(0, np.int64)
+    return flat[flat > 0]
+
+
+def run_old_layout(path, packing, world, workers, steps):
+    """`steps` batches on every rank of the old layout; returns batches and every worker state."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    batches, states = [], []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for rank in range(world):
+            ds = ShardStreamDataset(path, **OPTIONS, packing=packing, rank=rank, world_size=world)
+            loader = StatefulDataLoader(ds, batch_size=None, num_workers=workers)
+            it = iter(loader)
+            for _ in range(steps):
+                batches.append(
+                    {k: v.numpy().copy() for k, v in next(it).items() if k != "max_seqlen"}
+                )
+            states += dataset_states(loader.state_dict())
+            del it, loader
+    return batches, json.loads(json.dumps(states))  # as a checkpoint file would hold them
+
+
+def run_new_layout(path, packing, merged, world, workers):
+    from torch.utils.data import DataLoader
+
+    batches, counts = [], []
+    for rank in range(world):
+        ds = ShardStreamDataset(path, **OPTIONS, packing=packing, rank=rank, world_size=world)
+        ds.load_state_dict(merged)
+        mine = [{k: v.numpy() for k, v in b.items() if k != "max_seqlen"}
+                for b in DataLoader(ds, batch_size=None, num_workers=workers)]  # fmt: skip
+        counts.append(len(mine))
+        batches += mine
+    return batches, counts
+
+
+@pytest.mark.parametrize(
+    "packing, old, new",
+    [
+        ("concat", (2, 2), (3, 0)),
+        ("concat", (1, 0), (2, 2)),
+        ("greedy", (2, 2), (1, 0)),
+        ("greedy", (1, 2), (3, 1)),
+    ],
+)
+def test_another_layout_finishes_the_epoch_without_repeat_or_skip(dataset, packing, old, new):
+    path, total = dataset
+    before, states = run_old_layout(path, packing, *old, steps=5)
+    merged = merge_states(states)
+    after, counts = run_new_layout(path, packing, merged, *new)
+    assert len(set(counts)) == 1 and counts[0] > 0  # every new rank: the same batch count
+    seen = np.concatenate([tokens_of(before), tokens_of(after)])
+    assert len(np.unique(seen)) == len(seen), "a token was read twice"
+    assert seen.max() <= total
+    world, workers = new
+    plan = ElasticStream(
+        DatasetSource(path), StreamOptions(**OPTIONS, packing=packing), merged["elastic"],
+        epoch=0, rank=0, world_size=world, worker=0, num_workers=max(workers, 1),
+    ).plan  # fmt: skip
+    missing = total - len(seen)
+    if packing == "concat":  # exactly the reported leftover is unread
+        assert missing == plan.tokens_unread
+    else:  # greedy: the sequences its padding displaced are not yielded (as in any epoch)
+        padding = sum(b["input_ids"].size + len(b["input_ids"]) for b in after) - len(
+            tokens_of(after)
+        )
+        slices = world * max(workers, 1)
+        assert plan.tokens_unread <= missing <= padding + slices * OPTIONS["batch_size"] * 32
+
+
+@pytest.mark.parametrize("packing", ["concat", "greedy"])
+def test_remainder_streams_save_and_restore(dataset, packing):
+    path, _ = dataset
+    _, states = run_old_layout(path, packing, 2, 2, steps=3)
+    elastic = merge_states(states)["elastic"]
+    options = StreamOptions(**OPTIONS, packing=packing)
+    check_save_restore(
+        lambda: ElasticStream(
+            DatasetSource(path),
+            options,
+            elastic,
+            epoch=0,
+            rank=1,
+            world_size=3,
+            worker=0,
+            num_workers=1,
+        ),  # fmt: skip
+        midpoints=(0, 1, 4, -1),
+    )
+
+
+def test_merge_refuses_what_it_cannot_resume(dataset, tmp_path):
+    path, _ = dataset
+    _, states = run_old_layout(path, "concat", 2, 2, steps=3)
+    with pytest.raises(ResumeStateError, match=r"slices \[2\].*missing"):
+        merge_states(states[:2] + states[3:])
+    with pytest.raises(ResumeStateError, match="twice"):
+        merge_states(states + states[:1])
+    with pytest.raises(ResumeStateError, match="different epochs"):
+        merge_states([*states[:3], {**states[3], "epoch": 1}])
+    single = ShardStreamDataset(path, **OPTIONS, rank=0, world_size=3)
+    with pytest.raises(ResumeStateError, match="merge_states"):  # an old state, a new layout
+        single.load_state_dict(states[0])
+        next(iter(single))
+    other = tmp_path / "other"
+    write_synthetic_dataset(other, num_tokens=20_000, vocab_size=1000, mean_length=50)
+    mix = ShardStreamDataset({path: 1, str(other): 1}, **OPTIONS, num_batches=4)
+    next(iter(mix))
+    with pytest.raises(ResumeStateError, match="only single-dataset epochs"):
+        merge_states([{**mix.state_dict(), "fingerprint": None}])
