@@ -265,3 +265,9 @@ def main(argv: list[str] | None = None) -> int:
     except ShardtokError as exc:
         print(f"shardtok {args.command}: error: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(
+            f"shardtok {args.command}: interrupted (run the same command again to resume)",
+            file=sys.stderr,
+        )
+        return 130
