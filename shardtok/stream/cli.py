@@ -17,15 +17,7 @@ import numpy as np
 
 from shardtok.errors import ShardtokError
 from shardtok.stream.batch import IGNORE_INDEX
-from shardtok.stream.fingerprint import check_fingerprint, stream_fingerprint
-from shardtok.stream.mix_config import MixSpec, load_mix_config, spec_from_args
-from shardtok.stream.mix_stream import MixedStream
-from shardtok.stream.node import Node
-from shardtok.stream.pipeline import SliceStream, StreamOptions, plan_for
-from shardtok.stream.sources import DatasetSource
-from shardtok.stream.state_file import load_state_file, save_state_file
-
-DEFAULT_OPTIONS = StreamOptions(seq_len=1, batch_size=1)
+from shardtok.stream.cli_job import StreamJob
 
 EPILOG = """\
 examples:
@@ -122,42 +114,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def options_from(args: argparse.Namespace, config: dict | None = None) -> StreamOptions:
-    """Command-line values win over the mix config, which wins over the defaults."""
-    given = {
-        "seq_len": args.seq_len,
-        "batch_size": args.batch_size,
-        "packing": args.packing,
-        "seed": args.seed,
-        "shuffle_buffer": args.shuffle_buffer,
-        "interleave": args.interleave,
-        "stride": args.stride,
-        "lookahead": args.lookahead,
-        "pad_id": args.pad_id,
-        "mask_boundary_labels": args.mask_boundary_labels,
-    }
-    merged = {**(config or {}), **{k: v for k, v in given.items() if v is not None}}
-    for key in ("seq_len", "batch_size"):
-        if key not in merged:
-            raise SystemExit(
-                f"shardtok stream: error: --{key.replace('_', '-')} is required "
-                "(or set it in the --config file)"
-            )
-    return StreamOptions(**merged)
-
-
-def mix_from(args: argparse.Namespace) -> MixSpec | None:
-    chosen = [bool(args.dataset), bool(args.source), bool(args.config)]
-    if sum(chosen) != 1:
-        raise SystemExit("shardtok stream: error: give one of DATASET, --source or --config")
-    if args.source:
-        return spec_from_args(args.source)
-    if args.config:
-        stage = int(args.stage) if args.stage.isdigit() else args.stage
-        return load_mix_config(args.config, stage=stage)
-    return None
-
-
 def _torch_batches(args, job: StreamJob) -> Iterator[dict] | None:
     if args.num_workers < 1 or args.state_in or args.state_out:
         return None  # states are taken from the in-process worker streams (same batches)
@@ -179,105 +135,6 @@ def _torch_batches(args, job: StreamJob) -> Iterator[dict] | None:
     )
     loader = DataLoader(dataset, batch_size=None, num_workers=args.num_workers)
     return ({k: v.numpy() if hasattr(v, "numpy") else v for k, v in b.items()} for b in loader)
-
-
-class StreamJob:
-    """The worker streams of one rank, in process, and the DataLoader's round robin over them."""
-
-    def __init__(self, args: argparse.Namespace):
-        self.mix = mix_from(args)
-        self.options = options_from(args, self.mix.options if self.mix is not None else None)
-        if self.mix is not None:
-            self.sources = list(self.mix.sources)
-        else:
-            self.sources = [DatasetSource(args.dataset)]
-        self.args = args
-        self.workers = max(args.num_workers, 1)
-        weights = self.mix.weights if self.mix is not None else None
-        self.fingerprint = stream_fingerprint(self.sources, weights, self.options)
-        self.plan = None
-        if self.mix is None:
-            self.plan = plan_for(
-                self.sources[0],
-                self.options,
-                epoch=args.epoch,
-                world_size=args.world_size,
-                num_workers=self.workers,
-            )
-        elif args.max_batches is None:
-            raise SystemExit("shardtok stream: error: a mix never ends: give --max-batches")
-        self.streams: list[Node[dict]] = [self._stream(w) for w in range(self.workers)]
-        self.next_worker = 0
-        self.taken = 0
-
-    def _stream(self, worker: int) -> Node[dict]:
-        placement = dict(
-            rank=self.args.rank,
-            world_size=self.args.world_size,
-            worker=worker,
-            num_workers=self.workers,
-        )
-        if self.mix is not None:
-            return MixedStream(self.mix, self.options, first_epoch=self.args.epoch, **placement)
-        return SliceStream(self.sources[0], self.options, epoch=self.args.epoch, **placement)
-
-    def restore(self, path: str, strict: bool) -> None:
-        saved = load_state_file(path)
-        problems = check_fingerprint(saved.get("fingerprint"), self.fingerprint, strict=strict)
-        for problem in problems:
-            print(f"warning: resuming anyway: {problem}", file=sys.stderr)
-        if len(saved["workers"]) != self.workers:
-            raise ShardtokError(
-                f"{path}: saved with {len(saved['workers'])} worker streams, this run has "
-                f"{self.workers}: use the same --num-workers"
-            )
-        for stream, state in zip(self.streams, saved["workers"], strict=True):
-            stream.reset(state)
-        self.next_worker = int(saved["next_worker"])
-        self.taken = int(saved["batches"])
-
-    def save(self, path: str) -> None:
-        save_state_file(
-            path,
-            fingerprint=self.fingerprint,
-            workers=[s.state_dict() for s in self.streams],
-            next_worker=self.next_worker,
-            batches=self.taken,
-            epoch=self.args.epoch,
-            rank=self.args.rank,
-            world_size=self.args.world_size,
-        )
-
-    def batches(self) -> Iterator[dict]:
-        while True:
-            stream = self.streams[self.next_worker]
-            try:
-                batch = next(stream)
-            except StopIteration:
-                return
-            self.next_worker = (self.next_worker + 1) % self.workers
-            self.taken += 1
-            yield batch
-
-    def shares(self) -> list[dict]:
-        """Per source, over this rank's worker streams: sequences, share, epochs reached."""
-        if self.mix is None:
-            return []
-        rows = []
-        per_stream = [s.stats()["sources"] for s in self.streams]  # type: ignore[attr-defined]
-        total = sum(r["sequences"] for shares in per_stream for r in shares) or 1
-        for i, source in enumerate(self.mix.sources):
-            sequences = sum(shares[i]["sequences"] for shares in per_stream)
-            rows.append(
-                {
-                    "source": source.location,
-                    "weight": self.mix.shares[i],
-                    "sequences": sequences,
-                    "share": sequences / total,
-                    "epochs": [shares[i]["epoch"] for shares in per_stream],
-                }
-            )
-        return rows
 
 
 def real_tokens(batch: dict) -> int:

@@ -53,9 +53,9 @@ def merge_states(states: list[dict]) -> dict:
     fingerprints = {repr(s.get("fingerprint")) for s in states}
     if len(fingerprints) != 1:
         raise ResumeStateError("merge_states: states of different sources or options")
-    placements = [s.get("placement") for s in states]
-    if any(p is None for p in placements):
+    if any(s.get("placement") is None for s in states):
         raise ResumeStateError("merge_states: a state without its placement (rank, worker)")
+    placements: list[dict] = [s["placement"] for s in states]
     world = {p["world_size"] for p in placements}
     workers = {p["num_workers"] for p in placements}
     if len(world) != 1 or len(workers) != 1:

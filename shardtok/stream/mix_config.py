@@ -108,7 +108,7 @@ def load_mix_config(
     """A MixSpec from a YAML file (or the dict it holds); `stage` picks a ``data_stages`` entry."""
     base: Path | None = None
     if isinstance(config, (str, Path)):
-        import yaml
+        import yaml  # type: ignore[import-untyped]
 
         path = Path(config)
         try:

@@ -146,7 +146,7 @@ class ShardStreamDataset(IterableDataset):
         return -(-self.num_batches // num_workers)
 
     # -- iteration ------------------------------------------------------------------------
-    def _placement(self) -> dict:
+    def _placement(self) -> dict[str, int]:
         rank, world_size = data_parallel_rank(self.rank, self.world_size)
         info = get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
@@ -158,8 +158,8 @@ class ShardStreamDataset(IterableDataset):
             if self._ring is None:  # one per process, kept across epochs
                 self._ring = SlotRing(self.options.batch_size, self.options.seq_len)
             ring = self._ring
-        allocate = {"allocate": ring.allocate} if ring is not None else {}
-        placement = self._placement()
+        allocate: dict[str, Any] = {"allocate": ring.allocate} if ring is not None else {}
+        placement: dict[str, Any] = dict(self._placement())
         num_workers = placement["num_workers"]
         stream: Node[dict]
         if state is not None and "elastic" in state:  # the rest of an epoch of another layout
