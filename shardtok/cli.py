@@ -213,7 +213,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"shardtok {args.command}: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print(f"shardtok {args.command}: interrupted", file=sys.stderr)
+        hint = (
+            " (run the same command again to resume: finished work units are kept)"
+            if args.command == "convert"
+            else ""
+        )
+        print(f"shardtok {args.command}: interrupted{hint}", file=sys.stderr)
         return 130
 
 
