@@ -148,7 +148,106 @@ def test_merge_refuses_what_it_cannot_resume(dataset, tmp_path):
         next(iter(single))
     other = tmp_path / "other"
     write_synthetic_dataset(other, num_tokens=20_000, vocab_size=1000, mean_length=50)
-    mix = ShardStreamDataset({path: 1, str(other): 1}, **OPTIONS, num_batches=4)
-    next(iter(mix))
-    with pytest.raises(ResumeStateError, match="only single-dataset epochs"):
-        merge_states([{**mix.state_dict(), "fingerprint": None}])
+    mix_state = ShardStreamDataset({path: 1, str(other): 1}, **OPTIONS, num_batches=4)
+    next(iter(mix_state))
+    merged_mix = merge_states([mix_state.state_dict()])
+    with pytest.raises(ResumeStateError, match="2 sources saved, 1 now"):
+        ShardStreamDataset(path, **OPTIONS).load_state_dict(merged_mix)
+    with pytest.raises(ResumeStateError, match="cannot resume a single dataset"):
+        ShardStreamDataset(path, **OPTIONS).load_state_dict(merged_mix, strict=False)
+
+
+@pytest.fixture(scope="module")
+def two_sources(tmp_path_factory, dataset):
+    """The dataset above (ids from 1) and a smaller one with ids from 10,000,000."""
+    path = tmp_path_factory.mktemp("elastic_mix_b")
+    lengths = [int(n) for n in np.random.default_rng(3).integers(1, 90, size=120)]
+    write_synthetic_dataset(
+        path, lengths=lengths, vocab_size=1 << 24, unique_tokens=True, first_token=10_000_000,
+        shard_size=1500, frame_size=700,
+    )  # fmt: skip
+    return [dataset[0], str(path)], [dataset[1], sum(lengths)]
+
+
+@pytest.mark.parametrize("packing", ["concat", "greedy"])
+def test_a_mix_finishes_its_source_epochs_in_another_layout(two_sources, packing):
+    """Old: 1 rank x 2 workers; new: 3 ranks x 1 worker. Per source, the tokens read before the
+    save plus the new workers' remainder sequences hold no token twice and (concat) all but at
+    most a window per new slice of the old workers' current epochs."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    paths, totals = two_sources
+    mix = dict(zip(paths, [0.6, 0.4]))
+    ds = ShardStreamDataset(mix, **OPTIONS, packing=packing, num_batches=40)
+    loader = StatefulDataLoader(ds, batch_size=None, num_workers=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        it = iter(loader)
+        before = [
+            {k: v.numpy().copy() for k, v in next(it).items() if k != "max_seqlen"}
+            for _ in range(7)
+        ]
+        merged = merge_states(json.loads(json.dumps(dataset_states(loader.state_dict()))))
+        del it, loader
+    epochs = {e["epoch"] for per_slice in merged["elastic_mix"]["sources"] for e in per_slice}
+    assert epochs == {0}  # every old worker is in its first epoch of both sources
+    seen = tokens_of(before)
+    options = StreamOptions(**OPTIONS, packing=packing)
+    from shardtok.stream.mix_config import mix_spec
+    from shardtok.stream.mix_stream import MixedStream
+
+    spec = mix_spec(mix)
+    remainder: list[list[np.ndarray]] = [[], []]
+    for rank in range(3):
+        stream = MixedStream(spec, options, rank=rank, world_size=3, elastic=merged["elastic_mix"])
+        for i, source in enumerate(stream.mixer.sources):
+            while True:
+                row = np.empty(source.window, dtype=np.int64)
+                starts, length = source.next_into(row)
+                if not source.in_remainder:  # this one already belongs to the next epoch
+                    assert source.epoch == 1
+                    break
+                remainder[i].append(row[:length])
+    for i, (low, high) in enumerate(((1, 10_000_000), (10_000_000, 1 << 24))):
+        mine = seen[(seen >= low) & (seen < high)]
+        got = np.concatenate([mine, *remainder[i]])
+        assert len(np.unique(got)) == len(got), f"source {i}: a token read twice"
+        missing = totals[i] - len(got)
+        if packing == "concat":
+            assert 0 <= missing < 3 * 32, f"source {i}: {missing} tokens skipped"
+        else:
+            assert missing == 0, f"source {i}: {missing} tokens skipped"  # greedy flushes all
+    # the same through the torch dataset: 3 new ranks yield their batches, one source per row
+    new = ShardStreamDataset(mix, **OPTIONS, packing=packing, num_batches=5, rank=2, world_size=3)
+    new.load_state_dict(merged)
+    assert len(list(new)) == 5
+
+
+def test_an_elastic_mix_saves_and_restores(two_sources):
+    paths, _ = two_sources
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from shardtok.stream.mix_config import mix_spec
+    from shardtok.stream.mix_stream import MixedStream
+
+    mix = dict(zip(paths, [0.5, 0.5]))
+    ds = ShardStreamDataset(mix, **OPTIONS, num_batches=40)
+    loader = StatefulDataLoader(ds, batch_size=None, num_workers=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        it = iter(loader)
+        for _ in range(5):
+            next(it)
+        merged = merge_states(dataset_states(loader.state_dict()))
+        del it, loader
+    check_save_restore(
+        lambda: MixedStream(
+            mix_spec(mix),
+            StreamOptions(**OPTIONS),
+            rank=1,
+            world_size=2,
+            num_batches=30,
+            elastic=merged["elastic_mix"],
+        ),  # fmt: skip
+        midpoints=(0, 3, 17, -1),
+    )

@@ -15,8 +15,8 @@ No document is repeated or skipped: a token is either in a sequence yielded befo
 in exactly one residual stream. Computing this needs the states of ALL old slices (gather them
 on rank 0 or read every rank's checkpoint file) merged with :func:`merge_states`. It is refused
 (ResumeStateError) when a slice is missing or given twice, when states come from different
-epochs or fingerprints, for mixed streams, and when the remainder is too small to give every
-new slice one batch.
+epochs or fingerprints, for a remainder merged again, and when the remainder is too small to
+give every new slice one batch. Weighted mixes apply the rule per source (``elastic_mix.py``).
 
 A new slice re-reads its residual documents from the start of its first old slice's saved
 position, so its own state is just a document count (re-read on resume: the cost is at most one
@@ -62,26 +62,39 @@ def merge_states(states: list[dict]) -> dict:
         raise ResumeStateError("merge_states: states from different world sizes or worker counts")
     world_size, num_workers = world.pop(), workers.pop()
     slices: list[dict | None] = [None] * (world_size * num_workers)
-    seen = set()
+    indices = []
+    mixed = False
     for state, p in zip(states, placements, strict=True):
         index = p["rank"] * num_workers + p["worker"]
-        if index in seen:
+        if index in indices:
             raise ResumeStateError(f"merge_states: rank {p['rank']} worker {p['worker']} twice")
-        seen.add(index)
+        indices.append(index)
         stream = state.get("stream")
-        if stream is not None and ("batcher" not in stream or "epoch" not in stream):
+        if stream is not None and "first_epoch" in stream:
+            mixed = True
+        elif stream is not None and ("batcher" not in stream or "epoch" not in stream):
             raise ResumeStateError(
-                "merge_states: only single-dataset epochs resume elastically (this state is of "
-                "a mixed stream or an elastic remainder); resume with the same world size and "
-                "number of workers"
+                "merge_states: this state is of an elastically resumed epoch; finish that epoch "
+                "with the same world size and number of workers"
             )
-        slices[index] = None if stream is None else stream["batcher"]
-    missing = [i for i in range(len(slices)) if i not in seen]
+        else:
+            slices[index] = None if stream is None else stream["batcher"]
+    missing = [i for i in range(len(slices)) if i not in indices]
     if missing:
         raise ResumeStateError(
             f"merge_states: the states of slices {missing[:8]} (rank * {num_workers} + worker) "
             f"are missing; all {len(slices)} are needed"
         )
+    if mixed:
+        from shardtok.stream.elastic_mix import merge_mixed_states
+
+        return {
+            "epoch": epochs.pop(),
+            "fingerprint": states[0].get("fingerprint"),
+            "elastic_mix": merge_mixed_states(
+                states, indices, world_size, num_workers, int(states[0]["epoch"])
+            ),
+        }
     return {
         "epoch": epochs.pop(),
         "fingerprint": states[0].get("fingerprint"),
@@ -141,13 +154,11 @@ class ElasticPlan:
     tokens_unread: int
 
 
-def elastic_plan(
-    old: EpochPlan, slices: list[dict | None], new_slices: int, options: StreamOptions
-) -> ElasticPlan:
-    residuals = [residual_tokens(old, i, s) for i, s in enumerate(slices)]
+def cut_residuals(residuals: list[int], new_slices: int) -> list[tuple[tuple[int, int, int], ...]]:
+    """Per new slice, its (old slice, start, stop) ranges of the joined residual streams."""
     begins = np.concatenate([[0], np.cumsum(residuals)]).astype(np.int64)
     total = int(begins[-1])
-    segments, sequences = [], []
+    segments = []
     for j in range(new_slices):
         a, b = j * total // new_slices, (j + 1) * total // new_slices
         mine = []
@@ -156,6 +167,18 @@ def elastic_plan(
             if hi > lo:
                 mine.append((i, lo - int(begins[i]), hi - int(begins[i])))
         segments.append(tuple(mine))
+    return segments
+
+
+def elastic_plan(
+    old: EpochPlan, slices: list[dict | None], new_slices: int, options: StreamOptions
+) -> ElasticPlan:
+    residuals = [residual_tokens(old, i, s) for i, s in enumerate(slices)]
+    total = sum(residuals)
+    segments = cut_residuals(residuals, new_slices)
+    sequences = []
+    for j in range(new_slices):
+        a, b = j * total // new_slices, (j + 1) * total // new_slices
         sequences.append(sequence_count(b - a, old.packing, old.seq_len, old.stride))
     batches = min(sequences) // options.batch_size
     window = old.seq_len + 1

@@ -16,7 +16,7 @@ State: the schedule step plus, per source, its epoch and packer state: a few int
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from fractions import Fraction
 
@@ -79,8 +79,14 @@ class SourceSequences(Packer):
         worker: int,
         num_workers: int,
         first_epoch: int = 0,
+        remainder: Callable[[], Packer] | None = None,
     ):
         super().__init__()
+        # With `remainder` (elastic resume) the stream first packs the rest of the old layout's
+        # source epochs, then continues with epoch `first_epoch` in this layout.
+        self.remainder = remainder
+        self.in_remainder = remainder is not None
+        self.epoch_real_tokens = 0  # real tokens served in the current epoch (or remainder)
         self.source = source
         self.options = options
         self.rank, self.world_size = rank, world_size
@@ -110,14 +116,25 @@ class SourceSequences(Packer):
             document_stream(self.source, slice_plan, self.options, epoch), self.options
         )
 
+    def _packer_for_phase(self) -> Packer:
+        if self.in_remainder:
+            assert self.remainder is not None
+            return self.remainder()
+        return self._open(self.epoch)
+
     def _reset(self, state: dict | None) -> None:
         if state is None:
-            self.epoch, self.sequences = self.first_epoch, 0
-            self._packer = self._open(self.epoch)
+            self.epoch, self.sequences, self.epoch_real_tokens = self.first_epoch, 0, 0
+            self.in_remainder = self.remainder is not None
+            self._packer = self._packer_for_phase()
             self._packer.reset(None)
         else:
             self.epoch, self.sequences = int(state["epoch"]), int(state["sequences"])
-            self._packer = self._open(self.epoch)
+            self.epoch_real_tokens = int(state.get("epoch_real_tokens", 0))
+            self.in_remainder = bool(state.get("remainder", False))
+            if self.in_remainder and self.remainder is None:
+                raise ShardtokError("state of an elastic remainder, but this stream has none")
+            self._packer = self._packer_for_phase()
             self._packer.reset(state["packer"])
 
     def state_dict(self) -> dict:
@@ -127,6 +144,8 @@ class SourceSequences(Packer):
         return {
             "epoch": self.epoch,
             "sequences": self.sequences,
+            "epoch_real_tokens": self.epoch_real_tokens,
+            "remainder": self.in_remainder,
             "packer": self._packer.state_dict(),
         }
 
@@ -138,11 +157,17 @@ class SourceSequences(Packer):
             try:
                 placed = self._packer.next_into(out)
             except StopIteration:
-                self.epoch += 1  # this source ran out: its next epoch, a fresh shard order
+                # this source ran out: its next epoch, a fresh shard order
+                if self.in_remainder:
+                    self.in_remainder = False
+                else:
+                    self.epoch += 1
+                self.epoch_real_tokens = 0
                 self._packer = self._open(self.epoch)
                 self._packer.reset(None)
                 continue
             self.sequences += 1
+            self.epoch_real_tokens += placed[1]
             return placed
         raise ShardtokError(f"{self.source.location}: epoch {self.epoch} gave no sequence")
 

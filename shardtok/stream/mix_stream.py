@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from shardtok.errors import ResumeStateError
 from shardtok.stream.batch import Allocator, allocate_arrays
 from shardtok.stream.batcher import Batcher
+from shardtok.stream.elastic_mix import remainder_packers
 from shardtok.stream.mix import MixedSequences, SourceSequences, with_source_seed
 from shardtok.stream.mix_config import MixSpec
 from shardtok.stream.node import Node
@@ -35,26 +36,44 @@ class MixedStream(Node[dict]):
         num_workers: int = 1,
         num_batches: int | None = None,
         first_epoch: int = 0,
+        elastic: dict | None = None,
         allocate: Allocator = allocate_arrays,
     ):
+        """`elastic`: a merged state's ``elastic_mix`` (another layout's saved positions); every
+        source then first finishes its old epochs' remainder (see ``elastic_mix``)."""
         super().__init__()
+        self.elastic = elastic
         self.spec, self.options = spec, options
         self.rank, self.world_size = rank, world_size
         self.worker, self.num_workers = worker, num_workers
         self.num_batches = num_batches
         self.first_epoch = first_epoch
-        sources = [
-            SourceSequences(
-                source,
-                with_source_seed(options, i),
-                rank=rank,
-                world_size=world_size,
-                worker=worker,
-                num_workers=num_workers,
-                first_epoch=first_epoch,
+        sources = []
+        for i, source in enumerate(spec.sources):
+            source_options = with_source_seed(options, i)
+            remainder, start = None, first_epoch
+            if elastic is not None:
+                remainder, start = remainder_packers(
+                    source,
+                    source_options,
+                    elastic["sources"][i],
+                    world_size=int(elastic["world_size"]),
+                    num_workers=int(elastic["num_workers"]),
+                    new_index=rank * num_workers + worker,
+                    new_slices=world_size * num_workers,
+                )
+            sources.append(
+                SourceSequences(
+                    source,
+                    source_options,
+                    rank=rank,
+                    world_size=world_size,
+                    worker=worker,
+                    num_workers=num_workers,
+                    first_epoch=start,
+                    remainder=remainder,
+                )
             )
-            for i, source in enumerate(spec.sources)
-        ]
         self.mixer = MixedSequences(sources, spec.weights)
         self.batcher = Batcher(
             self.mixer,
@@ -108,7 +127,10 @@ class MixedStream(Node[dict]):
         self.batcher.reset(state["batcher"])
 
     def state_dict(self) -> dict:
-        return {**self.identity, "batcher": self.batcher.state_dict()}
+        state = {**self.identity, "batcher": self.batcher.state_dict()}
+        if self.elastic is not None:
+            state["elastic"] = self.elastic
+        return state
 
     def _next(self) -> dict:
         return next(self.batcher)

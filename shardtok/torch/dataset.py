@@ -162,22 +162,22 @@ class ShardStreamDataset(IterableDataset):
         placement: dict[str, Any] = dict(self._placement())
         num_workers = placement["num_workers"]
         stream: Node[dict]
-        if state is not None and "elastic" in state:  # the rest of an epoch of another layout
-            if self.mix is not None:
-                raise ResumeStateError("a mixed stream does not resume elastically")
-            stream = ElasticStream(
-                self.source, self.options, state["elastic"], epoch=self.epoch, **placement,
-                **allocate,
-            )  # fmt: skip
-        elif self.mix is not None:
+        if self.mix is not None:
+            elastic_mix = None if state is None else state.get("elastic_mix", state.get("elastic"))
             stream = MixedStream(
                 self.mix,
                 self.options,
                 num_batches=self._mix_batches_per_worker(num_workers),
                 first_epoch=self.epoch,
+                elastic=elastic_mix,
                 **placement,
                 **allocate,
             )
+        elif state is not None and "elastic" in state:  # the rest of an epoch of another layout
+            stream = ElasticStream(
+                self.source, self.options, state["elastic"], epoch=self.epoch, **placement,
+                **allocate,
+            )  # fmt: skip
         else:
             stream = SliceStream(
                 self.source, self.options, epoch=self.epoch, **placement, **allocate
@@ -187,7 +187,10 @@ class ShardStreamDataset(IterableDataset):
     def __iter__(self):
         state, self._pending_state = self._pending_state, None
         stream, ring = self._make_stream(state)
-        if state is not None and "elastic" in state and "remainder" not in state:
+        if state is not None and (
+            "elastic_mix" in state
+            or ("elastic" in state and "remainder" not in state and "batcher" not in state)
+        ):
             state = None  # a merged state: this new slice starts at its beginning
         stream.reset(state)
         self._stream = stream
@@ -224,6 +227,10 @@ class ShardStreamDataset(IterableDataset):
         self.set_epoch(int(state["epoch"]))
         if "elastic" in state:  # from merge_states: every new (rank, worker) takes its share
             self._pending_state = {"elastic": state["elastic"]}
+        elif "elastic_mix" in state:  # the same, for a weighted mix
+            if self.mix is None:
+                raise ResumeStateError("a merged state of a mix cannot resume a single dataset")
+            self._pending_state = {"elastic_mix": state["elastic_mix"]}
         else:
             self._pending_state = state.get("stream")
 
