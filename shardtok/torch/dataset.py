@@ -204,7 +204,8 @@ class ShardStreamDataset(IterableDataset):
     def state_dict(self) -> dict:
         """This worker's position: the epoch, its stream state (None before iterating) and the
         fingerprint of the sources and options it belongs to."""
-        stream = None if self._stream is None else self._stream.state_dict()
+        # Before the first batch, a state loaded but not yet used is still the position.
+        stream = self._pending_state if self._stream is None else self._stream.state_dict()
         return {
             "epoch": self.epoch,
             "placement": self._placement(),
