@@ -45,7 +45,7 @@ class ShardStreamDataset(IterableDataset):
 
     def __init__(
         self,
-        dataset: str | Path | dict | list | MixSpec,
+        dataset: str | Path | DatasetSource | dict | list | MixSpec,
         *,
         seq_len: int,
         batch_size: int,
@@ -76,7 +76,8 @@ class ShardStreamDataset(IterableDataset):
                 raise ShardtokError("a mixed dataset needs num_batches (batches per rank) >= 1")
             self.sources = list(self.mix.sources)
         else:
-            self.sources = [DatasetSource(dataset, storage_options)]  # type: ignore[arg-type]
+            source = dataset if isinstance(dataset, DatasetSource) else None
+            self.sources = [source or DatasetSource(dataset, storage_options)]  # type: ignore[arg-type]
         self.source = self.sources[0]
         self.num_batches = num_batches
         self.strict = strict
