@@ -256,3 +256,33 @@ def test_an_elastic_mix_saves_and_restores(two_sources):
         ),  # fmt: skip
         midpoints=(0, 3, 17, -1),
     )
+
+
+def test_cli_finishes_an_epoch_with_another_layout(dataset, tmp_path, capsys):
+    """Two ranks x 2 workers save after 5 batches each; one process (1 worker) continues from
+    both files: every token at most once, and all but what does not fill a last batch."""
+    from shardtok.stream.cli import main
+
+    path, total = dataset
+    common = ["stream", path, "--seq-len", "31", "--batch-size", "3", "--shuffle-buffer", "20",
+              "--seed", "9"]  # fmt: skip
+    dumps = []
+    for rank in range(2):
+        dump, state = tmp_path / f"r{rank}.npz", tmp_path / f"r{rank}.json"
+        assert main([*common, "--rank", str(rank), "--world-size", "2", "--num-workers", "2",
+                     "--max-batches", "5", "--dump", str(dump), "--state-out", str(state)]) == 0  # fmt: skip
+        dumps.append(dump)
+    rest = tmp_path / "rest.npz"
+    assert main([*common, "--state-in", str(tmp_path / "r0.json"),
+                 "--state-in", str(tmp_path / "r1.json"), "--dump", str(rest)]) == 0  # fmt: skip
+    capsys.readouterr()
+
+    def tokens(npz) -> np.ndarray:
+        data = np.load(npz)
+        return np.concatenate([data["input_ids"], data["labels"][..., -1:]], axis=-1).ravel()
+
+    seen = np.concatenate([tokens(d) for d in [*dumps, rest]])
+    assert len(np.unique(seen)) == len(seen)
+    assert 0 <= total - len(seen) < (3 + 1) * 32  # (batch_size + 1) windows, as any epoch
+    with pytest.raises(ResumeStateError, match="missing"):  # one rank's file is not enough
+        main([*common, "--state-in", str(tmp_path / "r0.json"), "--max-batches", "1"])

@@ -84,7 +84,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument(
         "--state-out", metavar="FILE", help="save the stream position after the last batch"
     )
-    p.add_argument("--state-in", metavar="FILE", help="continue from a saved stream position")
+    p.add_argument(
+        "--state-in",
+        metavar="FILE",
+        action="append",
+        help="continue from a saved stream position; repeat it with the files of ALL ranks to "
+        "finish their epoch with another --world-size/--num-workers",
+    )
     p.add_argument(
         "--ignore-fingerprint",
         action="store_true",

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Iterator
 
 from shardtok.errors import ShardtokError
+from shardtok.stream.elastic import ElasticStream, merge_states
 from shardtok.stream.fingerprint import check_fingerprint, stream_fingerprint
 from shardtok.stream.mix_config import MixSpec, load_mix_config, spec_from_args
 from shardtok.stream.mix_stream import MixedStream
@@ -82,7 +83,8 @@ class StreamJob:
         self.next_worker = 0
         self.taken = 0
 
-    def _stream(self, worker: int) -> Node[dict]:
+    def _stream(self, worker: int, elastic: dict | None = None) -> Node[dict]:
+        """Worker `worker`'s stream; `elastic` continues another layout's saved epoch."""
         placement = dict(
             rank=self.args.rank,
             world_size=self.args.world_size,
@@ -90,23 +92,60 @@ class StreamJob:
             num_workers=self.workers,
         )
         if self.mix is not None:
-            return MixedStream(self.mix, self.options, first_epoch=self.args.epoch, **placement)
+            return MixedStream(
+                self.mix, self.options, first_epoch=self.args.epoch, elastic=elastic, **placement
+            )
+        if elastic is not None:
+            return ElasticStream(
+                self.sources[0], self.options, elastic, epoch=self.args.epoch, **placement
+            )
         return SliceStream(self.sources[0], self.options, epoch=self.args.epoch, **placement)
 
-    def restore(self, path: str, strict: bool) -> None:
-        saved = load_state_file(path)
-        problems = check_fingerprint(saved.get("fingerprint"), self.fingerprint, strict=strict)
-        for problem in problems:
-            print(f"warning: resuming anyway: {problem}", file=sys.stderr)
-        if len(saved["workers"]) != self.workers:
+    def restore(self, paths: list[str], strict: bool) -> None:
+        """Continue from one rank's state file in the same layout (exact), or from the files of
+        ALL ranks of another layout (elastic: merge_states, see docs/STREAMING.md)."""
+        saved = [load_state_file(path) for path in paths]
+        for path, doc in zip(paths, saved, strict=True):
+            problems = check_fingerprint(doc.get("fingerprint"), self.fingerprint, strict=strict)
+            for problem in problems:
+                print(f"warning: {path}: resuming anyway: {problem}", file=sys.stderr)
+        doc = saved[0]
+        if int(doc["epoch"]) != self.args.epoch:
             raise ShardtokError(
-                f"{path}: saved with {len(saved['workers'])} worker streams, this run has "
-                f"{self.workers}: use the same --num-workers"
+                f"{paths[0]}: saved in epoch {doc['epoch']}: pass --epoch {doc['epoch']}"
             )
-        for stream, state in zip(self.streams, saved["workers"], strict=True):
-            stream.reset(state)
-        self.next_worker = int(saved["next_worker"])
-        self.taken = int(saved["batches"])
+        same_layout = (
+            len(saved) == 1
+            and (doc["rank"], doc["world_size"]) == (self.args.rank, self.args.world_size)
+            and len(doc["workers"]) == self.workers
+        )
+        if same_layout:
+            for w, state in enumerate(doc["workers"]):
+                if state is not None and "elastic" in state:  # inside an elastic remainder
+                    self.streams[w] = self._stream(w, state["elastic"])
+                self.streams[w].reset(state)
+            self.next_worker = int(doc["next_worker"])
+            self.taken = int(doc["batches"])
+            return
+        states = [
+            {
+                "epoch": d["epoch"],
+                "placement": {
+                    "rank": d["rank"],
+                    "world_size": d["world_size"],
+                    "worker": w,
+                    "num_workers": len(d["workers"]),
+                },
+                "stream": state,
+                "fingerprint": d["fingerprint"],
+            }
+            for d in saved
+            for w, state in enumerate(d["workers"])
+        ]
+        merged = merge_states(states)
+        elastic = merged.get("elastic_mix", merged.get("elastic"))
+        self.streams = [self._stream(w, elastic) for w in range(self.workers)]
+        self.next_worker = self.taken = 0
 
     def save(self, path: str) -> None:
         save_state_file(
