@@ -77,7 +77,8 @@ def test_memmap_tokens_and_cache_give_the_same_samples(corpus, tmp_path):
     in_memory = GPTSamples(tokens, sizes, SEQ_LENGTH, num_samples=150, seed=9)
     mapped = GPTSamples(on_disk, sizes, SEQ_LENGTH, num_samples=150, seed=9, cache_dir=tmp_path)
     reloaded = GPTSamples(on_disk, sizes, SEQ_LENGTH, num_samples=150, seed=9, cache_dir=tmp_path)
-    assert isinstance(reloaded.indices.sample_index, np.memmap)
+    # Loaded from the cache: plain ndarray views over the cache's memory-mapped pages.
+    assert isinstance(reloaded.indices.sample_index.base.base, np.memmap)
     assert len(in_memory) == len(mapped) == len(reloaded)
     for i in range(len(in_memory)):
         np.testing.assert_array_equal(mapped[i], in_memory[i])

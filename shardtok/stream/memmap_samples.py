@@ -77,12 +77,16 @@ class GPTSamples:
         self.tokens = tokens
         self.sizes = sizes
         self.seq_length = int(seq_length)
-        self._document_starts = ends - sizes
+        self.document_starts = ends - sizes
         if cache_dir is None:
             indices = build_gpt_indices(sizes, seq_length, num_samples, seed, documents)
         else:
             indices = cached_gpt_indices(cache_dir, sizes, seq_length, num_samples, seed, documents)
-        self.indices: GptIndices = indices
+        # Cached indices come back as np.memmap, whose __getitem__ costs microseconds per element
+        # access; plain ndarray views of the same pages do not.
+        self.indices: GptIndices = indices._replace(
+            **{k: np.asarray(v).view(np.ndarray) for k, v in indices._asdict().items()}
+        )
 
     def __len__(self) -> int:
         return int(self.indices.sample_index.shape[0]) - 1
@@ -103,7 +107,7 @@ class GPTSamples:
     def __getitem__(self, i: int) -> np.ndarray:
         """Sample ``i``: ``seq_length + 1`` tokens (int64), Megatron's ``tokens`` + last label."""
         pieces = self.document_boundaries(i)
-        flat_starts = self._document_starts[pieces.document_ids] + pieces.starts
+        flat_starts = self.document_starts[pieces.document_ids] + pieces.starts
         if flat_starts.shape[0] == 1:
             begin = int(flat_starts[0])
             return np.asarray(self.tokens[begin : begin + int(pieces.lengths[0])], dtype=np.int64)

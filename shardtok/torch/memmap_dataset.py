@@ -61,11 +61,6 @@ class MemmapTokenDataset(Dataset):
                 self.seed,
                 cache_dir=self.cache_dir,
             )
-            # Cached indices come back as np.memmap, whose __getitem__ costs microseconds per
-            # element access; plain ndarray views of the same pages do not.
-            samples.indices = samples.indices._replace(
-                **{k: np.asarray(v).view(np.ndarray) for k, v in samples.indices._asdict().items()}
-            )
             self._samples = samples
         return self._samples
 
@@ -84,7 +79,7 @@ class MemmapTokenDataset(Dataset):
         samples = self.samples
         pieces = samples.document_boundaries(i)
         lengths = pieces.lengths
-        begins = samples._document_starts[pieces.document_ids] + pieces.starts
+        begins = samples.document_starts[pieces.document_ids] + pieces.starts
         tokens = samples.tokens
         parts = [tokens[b : b + n] for b, n in zip(begins.tolist(), lengths.tolist()) if n]
         window = parts[0] if len(parts) == 1 else np.concatenate(parts)
