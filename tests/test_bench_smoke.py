@@ -73,6 +73,7 @@ def test_smoke_runs_every_system_and_the_batches_match_the_data(tmp_path):
         assert result["batch_shape"] == [8, 2048]
         assert result["tokens"] == job["budget_batches"] * 8 * 2048
         assert result["tokens_per_s"] > 0 and result["ttfb_s"] > 0
+        assert result["cpu_s"] >= result["cpu_main_s"] >= 0
         checks = result["checks"]
         assert checks["rows"] == job["check_batches"] * 8
         assert checks["in_vocabulary"] and checks["multiset_within_data"], (job, checks)
@@ -87,6 +88,6 @@ def test_smoke_runs_every_system_and_the_batches_match_the_data(tmp_path):
 
     report = (out / "compare.md").read_text()
     assert "Smoke run" in report and "## Headline" in report
-    for name in ("compare-throughput.png", "compare-memory.png"):
+    for name in ("compare-throughput.png", "compare-memory.png", "compare-cpu.png"):
         png = (out / name).read_bytes()
         assert png.startswith(b"\x89PNG") and len(png) < 300_000

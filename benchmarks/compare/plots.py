@@ -84,10 +84,35 @@ def memory(results: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def cpu(results: dict, path: Path) -> None:
+    """CPU cost per token: the view of throughput that the machine's load barely moves."""
+    cells, labels = read_cells(results), system_labels(results)
+    workers = results["plan"]["workers"]
+    datasets = list(results["datasets"])
+    systems = results["systems"]
+    fig, axes = plt.subplots(1, len(datasets), figsize=(5.2 * len(datasets), 4), squeeze=False)
+    width = 0.8 / max(1, len(systems))
+    for ax, dataset in zip(axes[0], datasets):
+        for i, system in enumerate(systems):
+            xs = [w - 0.4 + width * (i + 0.5) for w in workers]
+            ms = [(median_of(cells, dataset, system, w, "cpu_s_per_m_tokens") or 0) * 1000 for w in workers]  # fmt: skip
+            ax.bar(xs, ms, width, label=labels.get(system, {}).get("label", system))
+        ax.set_title(f"{dataset}: CPU ms per million tokens (all processes)")
+        ax.set_xlabel("DataLoader workers")
+        ax.set_ylabel("ms of CPU per M tokens (lower is better)")
+        ax.set_xticks(workers)
+        ax.grid(alpha=0.3, axis="y")
+    axes[0][0].legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
 def make_plots(results_path: Path, out: Path) -> list[str]:
     results = json.loads(Path(results_path).read_text())
     out.mkdir(parents=True, exist_ok=True)
-    files = [out / "compare-throughput.png", out / "compare-memory.png"]
+    files = [out / "compare-throughput.png", out / "compare-memory.png", out / "compare-cpu.png"]
     throughput(results, files[0])
     memory(results, files[1])
+    cpu(results, files[2])
     return [str(f) for f in files]

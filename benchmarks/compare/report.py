@@ -61,6 +61,8 @@ def headline(results: dict, dataset: str = "synthetic", workers: int = 2) -> lis
     rows = []
     for system in results["systems"]:
         tps = median_of(cells, dataset, system, workers, "tokens_per_s")
+        cpu = median_of(cells, dataset, system, workers, "cpu_s_per_m_tokens")
+        base_cpu = median_of(cells, dataset, BASELINE, workers, "cpu_s_per_m_tokens")
         ttfb = median_of(cells, dataset, system, workers, "ttfb_s")
         rss = median_of(cells, dataset, system, workers, "peak_rss")
         done = writes.get((dataset, system))
@@ -68,6 +70,7 @@ def headline(results: dict, dataset: str = "synthetic", workers: int = 2) -> lis
             [
                 labels.get(system, {}).get("label", system),
                 f"{tps / MB:.1f} M{_ratio(tps, base)}" if tps else "failed",
+                f"{cpu * 1000:.0f} ms{_ratio(cpu, base_cpu)}" if cpu else "",
                 f"{ttfb:.2f} s" if ttfb is not None else "",
                 f"{rss / MB:,.0f} MB" if rss else "",
                 f"{statistics.median(w['bytes_per_token'] for w in done):.2f}" if done else "",
@@ -79,6 +82,7 @@ def headline(results: dict, dataset: str = "synthetic", workers: int = 2) -> lis
     header = [
         "system",
         f"tokens/s, {workers} workers (vs shardtok)",
+        "CPU per M tokens (vs shardtok)",
         "first batch",
         "peak RSS (tree)",
         "bytes/token on disk",

@@ -310,6 +310,20 @@ def _check(entries: list[dict], sources: dict[str, Source]) -> None:
         result["checks"] = checkers[dataset].check(np.load(job["dump"]))
 
 
+def report_only(out: Path, work: Path) -> int:
+    results = json.loads((out / "compare.json").read_text())
+    results["entries"] = [e for e in results["entries"] if e["job"]["kind"] != "plots"]
+    write_report(results, out / "compare.md")
+    venv.ensure(log=lambda m: print(f"[compare] {m}", flush=True))
+    job = {"kind": "plots", "results": str(out / "compare.json"), "out": str(out)}
+    done = Runner(work, 600).run([job], "plots")
+    if not done[0]["result"]["ok"]:
+        print(done[0]["result"]["error"], file=sys.stderr)
+        return 1
+    print(f"[compare] rewrote {out}/compare.md and {', '.join(done[0]['result']['files'])}")
+    return 0
+
+
 def failures(results: dict) -> list[str]:
     problems = []
     for entry in results["entries"]:
@@ -329,6 +343,11 @@ def main(argv: list[str] | None = None) -> int:
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--full", action="store_true", help="the measured run (about 40 min)")
     mode.add_argument("--smoke", action="store_true", help="tiny data, one repetition (tests)")
+    mode.add_argument(
+        "--report-only",
+        action="store_true",
+        help="rewrite compare.md and the plots from OUT/compare.json (after editing the report code)",
+    )
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--work", type=Path, default=venv.REPO / ".bench" / "compare")
     parser.add_argument("--systems", default=",".join(NAMES), help="comma-separated subset")
@@ -341,6 +360,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--real-tokenizer", choices=("llama3", "bundled"))
     args = parser.parse_args(argv)
 
+    if args.report_only:
+        return report_only(args.out, args.work.resolve())
     plan = FULL if args.full else SMOKE
     overrides = {
         "reps": args.reps,
