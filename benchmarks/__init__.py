@@ -1,0 +1,1 @@
+"""Benchmarks: bench_convert.py and bench_stream.py (scripts) and compare/ (the comparison harness)."""

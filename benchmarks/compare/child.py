@@ -96,7 +96,7 @@ def run_read(job: dict) -> dict:
         ) from None
     seconds = time.perf_counter() - start
     cpu_after = cpu_seconds(me)
-    # CPU time is what the load of other work does not change: the cost of the loader itself
+    # CPU time moves much less than wall time with other work's load: the loader's own cost
     cpu_tree = sum(t - cpu_before.get(pid, 0.0) for pid, t in cpu_after.items())
     cpu_main = cpu_after[me] - cpu_before[me]
     del batches, loader
@@ -121,7 +121,7 @@ def _label(job: dict) -> dict:
         return {}
     try:
         system = load(job["system"])
-    except Exception:
+    except Exception:  # an import that fails is already the job's recorded error
         return {}
     return {"label": system.LABEL, "layout": system.LAYOUT}
 
