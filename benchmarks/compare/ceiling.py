@@ -36,7 +36,7 @@ def _frames(shards: Path) -> tuple[list[tuple[bytes, int]], np.dtype, int]:
     return frames, np.dtype(dtype), tokens
 
 
-def measure_ceiling(shards: Path, passes: int = 3) -> dict:
+def measure_ceiling(shards: Path, passes: int = 5) -> dict:
     frames, dtype, tokens = _frames(shards)
     dctx = zstandard.ZstdDecompressor()
     largest = max(size for _, size in frames)

@@ -135,7 +135,7 @@ def run_job(job: dict) -> dict:
     if kind == "ceiling":
         from benchmarks.compare.ceiling import measure_ceiling
 
-        return measure_ceiling(Path(job["shards"]), job.get("passes", 3))
+        return measure_ceiling(Path(job["shards"]), job.get("passes", 5))
     if kind == "plots":
         from benchmarks.compare.plots import make_plots
 
