@@ -33,7 +33,7 @@ import numpy as np
 from shardtok.errors import ResumeStateError, ShardtokError
 from shardtok.stream.batch import Allocator, allocate_arrays
 from shardtok.stream.batcher import Batcher
-from shardtok.stream.node import DocumentNode, Node
+from shardtok.stream.node import DocumentNode, PlacedStream
 from shardtok.stream.pipeline import StreamOptions, document_stream, packer_for, plan_for
 from shardtok.stream.plan import EpochPlan, sequence_count
 from shardtok.stream.sources import DatasetSource
@@ -237,7 +237,7 @@ class RemainderDocuments(DocumentNode):
         return {"position": position}
 
 
-class ElasticStream(Node[dict]):
+class ElasticStream(PlacedStream):
     """One new (rank, worker)'s batches for the remainder of an epoch saved with another layout."""
 
     def __init__(
@@ -289,16 +289,6 @@ class ElasticStream(Node[dict]):
         state = self.elastic["slices"][index]
         return residual_documents(self.source, self.options, self.old_plan, index, state)
 
-    @property
-    def identity(self) -> dict:
-        return {
-            "epoch": self.epoch,
-            "rank": self.rank,
-            "world_size": self.world_size,
-            "worker": self.worker,
-            "num_workers": self.num_workers,
-        }
-
     def __len__(self) -> int:
         return self.plan.batches_per_slice
 
@@ -306,13 +296,11 @@ class ElasticStream(Node[dict]):
         if state is None:
             self.batcher.reset(None)
             return
-        mine = self.identity
-        theirs = {k: state.get(k) for k in mine}
-        if theirs != mine:
-            raise ResumeStateError(
-                f"remainder state belongs to {theirs}, this stream is {mine}: an elastically "
-                "resumed epoch resumes again with the same world size and workers"
-            )
+        self._check_identity(
+            state,
+            "remainder",
+            "an elastically resumed epoch resumes again with the same world size and workers",
+        )
         self.batcher.reset(state["remainder"])
 
     def state_dict(self) -> dict:

@@ -8,17 +8,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from shardtok.errors import ResumeStateError
 from shardtok.stream.batch import Allocator, allocate_arrays
 from shardtok.stream.batcher import Batcher
 from shardtok.stream.elastic_mix import remainder_packers
 from shardtok.stream.mix import MixedSequences, SourceSequences, with_source_seed
 from shardtok.stream.mix_config import MixSpec
-from shardtok.stream.node import Node
+from shardtok.stream.node import Node, PlacedStream
 from shardtok.stream.pipeline import StreamOptions
 
 
-class MixedStream(Node[dict]):
+class MixedStream(PlacedStream):
     """The exact batches of one (rank, worker) from the weighted sources of `spec`.
 
     State: ``{"rank", "world_size", "worker", "num_workers", "batcher": {..., "upstream":
@@ -117,13 +116,11 @@ class MixedStream(Node[dict]):
         if state is None:
             self.batcher.reset(None)
             return
-        mine = self.identity
-        theirs = {k: state.get(k) for k in mine}
-        if theirs != mine:
-            raise ResumeStateError(
-                f"mixed stream state belongs to {theirs}, this stream is {mine}: restore with "
-                "the same epoch, rank, world size, worker and number of workers"
-            )
+        self._check_identity(
+            state,
+            "mixed stream",
+            "restore with the same epoch, rank, world size, worker and number of workers",
+        )
         self.batcher.reset(state["batcher"])
 
     def state_dict(self) -> dict:

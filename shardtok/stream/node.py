@@ -22,6 +22,8 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
+from shardtok.errors import ResumeStateError
+
 T = TypeVar("T")
 
 # Document nodes answer ``state_at(p)`` for every p >= position - HISTORY; packers never hold a
@@ -70,6 +72,37 @@ class DocumentNode(Node[np.ndarray]):
         if not self._started:
             self.reset(None)
         return self.state_at(self.position)
+
+
+class PlacedStream(Node[dict]):
+    """A batch stream that belongs to one (epoch, rank, world size, worker, workers) placement.
+
+    Subclasses set those five attributes; saved states carry them and are refused elsewhere.
+    """
+
+    epoch: int
+    rank: int
+    world_size: int
+    worker: int
+    num_workers: int
+
+    @property
+    def identity(self) -> dict:
+        return {
+            "epoch": self.epoch,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "worker": self.worker,
+            "num_workers": self.num_workers,
+        }
+
+    def _check_identity(self, state: dict, what: str, hint: str) -> None:
+        mine = self.identity
+        theirs = {k: state.get(k) for k in mine}
+        if theirs != mine:
+            raise ResumeStateError(
+                f"{what} state belongs to {theirs}, this stream is {mine}: {hint}"
+            )
 
 
 def take(node: Iterator[Any], count: int | None = None) -> list[Any]:

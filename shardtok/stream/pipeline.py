@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from shardtok.errors import ResumeStateError, ShardtokError
+from shardtok.errors import ShardtokError
 from shardtok.stream.batch import Allocator, allocate_arrays
 from shardtok.stream.batcher import Batcher
 from shardtok.stream.concat import ConcatPacker
 from shardtok.stream.greedy import GreedyPacker
-from shardtok.stream.node import DocumentNode, Node
+from shardtok.stream.node import DocumentNode, PlacedStream
 from shardtok.stream.plan import EpochPlan, SlicePlan, epoch_plan
 from shardtok.stream.reader import SliceReader
 from shardtok.stream.sequence import Packer
@@ -84,7 +84,7 @@ def packer_for(documents: DocumentNode, options: StreamOptions) -> Packer:
     )
 
 
-class SliceStream(Node[dict]):
+class SliceStream(PlacedStream):
     """The exact batches of one (rank, worker) in one epoch."""
 
     def __init__(
@@ -126,16 +126,6 @@ class SliceStream(Node[dict]):
             where=f"{self.source.location} epoch {epoch} rank {rank} worker {worker}",
         )
 
-    @property
-    def identity(self) -> dict:
-        return {
-            "epoch": self.epoch,
-            "rank": self.rank,
-            "world_size": self.world_size,
-            "worker": self.worker,
-            "num_workers": self.num_workers,
-        }
-
     def __len__(self) -> int:
         return self.plan.batches_per_slice
 
@@ -143,15 +133,13 @@ class SliceStream(Node[dict]):
         if state is None:
             self.batcher.reset(None)
             return
-        mine = self.identity
-        theirs = {k: state.get(k) for k in mine}
-        if theirs != mine:
-            raise ResumeStateError(
-                f"stream state belongs to {theirs}, this stream is {mine}: "
-                "restore with the same epoch, rank, world size, worker and number of workers, or "
-                "merge every (rank, worker)'s state with shardtok.stream.elastic.merge_states "
-                "to finish the epoch with another layout"
-            )
+        self._check_identity(
+            state,
+            "stream",
+            "restore with the same epoch, rank, world size, worker and number of workers, or "
+            "merge every (rank, worker)'s state with shardtok.stream.elastic.merge_states to "
+            "finish the epoch with another layout",
+        )
         self.batcher.reset(state["batcher"])
 
     def state_dict(self) -> dict:
