@@ -113,7 +113,7 @@ def make_synthetic(folder: Path, num_tokens: int, seed: int = 20240607, mean: in
     folder.mkdir(parents=True, exist_ok=True)
     sizes = _document_lengths(np.random.default_rng([seed, 0]), num_tokens, mean)
     prefix = folder / "tokens"
-    docs, tokens = write_megatron_pair(prefix, _synthetic_documents(sizes, seed), np.int32)
+    docs, tokens = write_megatron_pair(prefix, _synthetic_documents(sizes, seed), "int32")
     source = Source(
         name="synthetic",
         prefix=str(prefix),

@@ -34,8 +34,8 @@ def throughput(results: dict, path: Path) -> None:
     fig, axes = plt.subplots(1, len(datasets), figsize=(5.2 * len(datasets), 4), squeeze=False)
     for ax, dataset in zip(axes[0], datasets):
         for system in results["systems"]:
-            ys = [median_of(cells, dataset, system, w, "tokens_per_s") for w in workers]
-            if any(y is None for y in ys):
+            ys = [y for w in workers if (y := median_of(cells, dataset, system, w, "tokens_per_s"))]
+            if len(ys) != len(workers):
                 continue
             label = labels.get(system, {}).get("label", system)
             ax.plot(workers, [y / MB for y in ys], marker="o", label=label, **_style(system))

@@ -222,8 +222,9 @@ def _memory(results, cells, dataset) -> list[str]:
     for system in results["systems"]:
         row = [labels.get(system, {}).get("label", system)]
         for w in workers:
-            values = [median_of(cells, dataset, system, w, k) for k in ("peak_rss", "peak_uss", "peak_anon")]  # fmt: skip
-            row.append(" / ".join(f"{v / MB:,.0f}" for v in values) if None not in values else "failed")  # fmt: skip
+            keys = ("peak_rss", "peak_uss", "peak_anon")
+            values = [v for k in keys if (v := median_of(cells, dataset, system, w, k)) is not None]
+            row.append(" / ".join(f"{v / MB:,.0f}" for v in values) if len(values) == 3 else "failed")  # fmt: skip
         rows.append(row)
     return _table(["system", *[f"{w} workers" for w in workers]], rows)
 

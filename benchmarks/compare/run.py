@@ -241,7 +241,7 @@ def run(plan: Plan, systems: list[str], datasets: list[str], work: Path, out: Pa
         print("[compare] ceiling", flush=True)
         entries += runner.run(ceiling_jobs, "ceiling")
 
-    results = {
+    results: dict = {
         "mode": plan.mode,
         "command": "python -m benchmarks.compare.run " + shlex.join(sys.argv[1:]),
         "started": started.isoformat(timespec="seconds"),
