@@ -174,6 +174,9 @@ def write_report(results: dict, path: Path) -> None:
     lines += _checks(results)
     lines += ["## Headline (synthetic, 2 workers)", ""]
     lines += headline(results)
+    lines += ["## Plots", ""]
+    for name, what in (("throughput", "tokens/s against workers"), ("cpu", "CPU per token"), ("memory", "peak memory")):  # fmt: skip
+        lines += [f"![{what}](compare-{name}.png)", ""]
     path.write_text("\n".join(lines))
 
 
