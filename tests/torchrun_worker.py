@@ -26,7 +26,20 @@ from shardtok.torch import ShardStreamDataset
 warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
 
 
+def die_with_torchrun() -> None:
+    """torchrun starts each rank in a session of its own, so killing torchrun's process group
+    (as the test does) would leave the ranks waiting on gloo for ever: end with the parent."""
+    import ctypes
+    import signal
+
+    parent = os.getppid()
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the parent died before the line above took effect
+        os._exit(1)
+
+
 def main() -> None:
+    die_with_torchrun()
     p = argparse.ArgumentParser()
     p.add_argument("dataset")
     p.add_argument("out")
