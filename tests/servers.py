@@ -19,6 +19,7 @@ import contextlib
 import getpass
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -35,12 +36,21 @@ S3_REGION = "us-east-1"
 
 
 def free_ports(count: int) -> list[int]:
-    """Ports free on 127.0.0.1 right now (all bound at once, so they are distinct)."""
-    socks = []
+    """Ports free on 127.0.0.1 right now (all bound at once, so they are distinct).
+
+    Drawn below 55000: SeaweedFS derives some gRPC ports as port + 10000, which must stay a
+    valid port, and the kernel's own ephemeral range reaches 60999.
+    """
+    rng = random.Random()
+    socks: list[socket.socket] = []
     try:
-        for _ in range(count):
+        while len(socks) < count:
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
+            try:
+                s.bind(("127.0.0.1", rng.randrange(20000, 55000)))
+            except OSError:
+                s.close()
+                continue
             socks.append(s)
         return [s.getsockname()[1] for s in socks]
     finally:
