@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from shardtok._process import process_alive
 from shardtok.errors import StorageError
 from shardtok.storage.local import LocalSource
 from shardtok.storage.readahead import BlockStream
@@ -151,7 +152,7 @@ class LocalCache:
                     idle = now - entry.stat().st_mtime
                 except FileNotFoundError:
                     continue
-                dead = pid is not None and not _alive(pid)
+                dead = pid is not None and not process_alive(pid)
                 if idle > _ABANDONED_SECONDS or (dead and idle > _ABANDONED_DEAD_PID_SECONDS):
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(entry.path)
@@ -167,16 +168,6 @@ def _touch(path: Path) -> None:
 def _pid_of(tmp_name: str) -> int | None:
     parts = tmp_name.rsplit(".", 3)  # <name>.<pid>.<ns>.part
     return int(parts[1]) if len(parts) == 4 and parts[1].isdigit() else None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 @contextlib.contextmanager

@@ -24,6 +24,7 @@ from multiprocessing.reduction import DupFd
 import numpy as np
 import torch
 
+from shardtok._process import process_alive
 from shardtok.stream.batch import BATCH_KEYS, allocate_arrays
 
 ALIGN = 64
@@ -135,16 +136,6 @@ class _MappedRing:
 _RINGS: dict[str, _MappedRing] = {}
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _map_ring(name: str, pid: int, fd, layout) -> _MappedRing:
     batch_size, seq_len, _, size = layout
     ring = _RINGS.get(name)
@@ -152,7 +143,7 @@ def _map_ring(name: str, pid: int, fd, layout) -> _MappedRing:
         received = fd.detach()
         try:
             if ring is None:
-                for old in [n for n, r in _RINGS.items() if not _alive(r.pid)]:
+                for old in [n for n, r in _RINGS.items() if not process_alive(r.pid)]:
                     del _RINGS[old]  # tensors still viewing it keep the mapping alive
                 ring = _RINGS[name] = _MappedRing(
                     mmap.mmap(received, size), pid, batch_size, seq_len
