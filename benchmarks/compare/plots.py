@@ -56,7 +56,11 @@ def throughput(results: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def memory(results: dict, path: Path) -> None:
+def _grouped_bars(results: dict, path: Path, title: str, ylabel: str, draw) -> None:
+    """One panel per dataset, one bar group per worker count, one bar per system.
+
+    `draw(ax, xs, width, cells, dataset, system, label)` draws one system's bars at `xs`.
+    """
     cells, labels = read_cells(results), system_labels(results)
     workers = results["plan"]["workers"]
     datasets = list(results["datasets"])
@@ -66,46 +70,45 @@ def memory(results: dict, path: Path) -> None:
     for ax, dataset in zip(axes[0], datasets):
         for i, system in enumerate(systems):
             xs = [w - 0.4 + width * (i + 0.5) for w in workers]
-            rss = [median_of(cells, dataset, system, w, "peak_rss") or 0 for w in workers]
-            uss = [median_of(cells, dataset, system, w, "peak_uss") or 0 for w in workers]
             label = labels.get(system, {}).get("label", system)
-            bars = ax.bar(xs, [v / MB for v in rss], width, label=label, alpha=0.45)
-            ax.bar(
-                xs, [v / MB for v in uss], width, color=bars.patches[0].get_facecolor(), alpha=1.0
-            )
-        ax.set_title(f"{dataset}: peak RSS (light) and USS (dark), process tree")
+            draw(ax, xs, width, cells, dataset, system, label)
+        ax.set_title(title.format(dataset=dataset))
         ax.set_xlabel("DataLoader workers")
-        ax.set_ylabel("MB")
+        ax.set_ylabel(ylabel)
         ax.set_xticks(workers)
         ax.grid(alpha=0.3, axis="y")
     axes[0][0].legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
+
+
+def memory(results: dict, path: Path) -> None:
+    workers = results["plan"]["workers"]
+
+    def draw(ax, xs, width, cells, dataset, system, label) -> None:
+        rss = [median_of(cells, dataset, system, w, "peak_rss") or 0 for w in workers]
+        uss = [median_of(cells, dataset, system, w, "peak_uss") or 0 for w in workers]
+        bars = ax.bar(xs, [v / MB for v in rss], width, label=label, alpha=0.45)
+        ax.bar(xs, [v / MB for v in uss], width, color=bars.patches[0].get_facecolor(), alpha=1.0)
+
+    _grouped_bars(
+        results, path, "{dataset}: peak RSS (light) and USS (dark), process tree", "MB", draw
+    )
 
 
 def cpu(results: dict, path: Path) -> None:
     """CPU cost per token: the view of throughput that the machine's load barely moves."""
-    cells, labels = read_cells(results), system_labels(results)
     workers = results["plan"]["workers"]
-    datasets = list(results["datasets"])
-    systems = results["systems"]
-    fig, axes = plt.subplots(1, len(datasets), figsize=(5.2 * len(datasets), 4), squeeze=False)
-    width = 0.8 / max(1, len(systems))
-    for ax, dataset in zip(axes[0], datasets):
-        for i, system in enumerate(systems):
-            xs = [w - 0.4 + width * (i + 0.5) for w in workers]
-            ms = [(median_of(cells, dataset, system, w, "cpu_s_per_m_tokens") or 0) * 1000 for w in workers]  # fmt: skip
-            ax.bar(xs, ms, width, label=labels.get(system, {}).get("label", system))
-        ax.set_title(f"{dataset}: CPU ms per million tokens (all processes)")
-        ax.set_xlabel("DataLoader workers")
-        ax.set_ylabel("ms of CPU per M tokens (lower is better)")
-        ax.set_xticks(workers)
-        ax.grid(alpha=0.3, axis="y")
-    axes[0][0].legend(fontsize=7, loc="upper left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+
+    def draw(ax, xs, width, cells, dataset, system, label) -> None:
+        ms = [(median_of(cells, dataset, system, w, "cpu_s_per_m_tokens") or 0) * 1000 for w in workers]  # fmt: skip
+        ax.bar(xs, ms, width, label=label)
+
+    _grouped_bars(
+        results, path, "{dataset}: CPU ms per million tokens (all processes)",
+        "ms of CPU per M tokens (lower is better)", draw,
+    )  # fmt: skip
 
 
 def make_plots(results_path: Path, out: Path) -> list[str]:
