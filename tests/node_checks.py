@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from shardtok.stream.node import take
 from shardtok.stream.sequence import PackedSequence
 
 DEFAULT_MIDPOINTS = (0, 1, 2, 7, 16, 33, -2, -1)
@@ -41,17 +42,6 @@ def assert_items_equal(a: Any, b: Any, where: str = "item") -> None:
         assert a == b, f"{where}: {a!r} != {b!r}"
 
 
-def _take(node, count: int | None) -> list:
-    out: list = []
-    if count == 0:
-        return out
-    for item in node:
-        out.append(item)
-        if count is not None and len(out) >= count:
-            break
-    return out
-
-
 def check_save_restore(
     make_node: Callable[[], Any],
     midpoints: Iterable[int] = DEFAULT_MIDPOINTS,
@@ -64,7 +54,7 @@ def check_save_restore(
     """
     reference_node = make_node()
     reference_node.reset(None)
-    reference = _take(reference_node, total)
+    reference = take(reference_node, total)
     n = len(reference)
     checked = 0
     for k in midpoints:
@@ -73,15 +63,15 @@ def check_save_restore(
             continue
         node = make_node()
         node.reset(None)
-        first = _take(node, k)
+        first = take(node, k)
         state_json = json.dumps(node.state_dict())
         assert len(state_json) <= max_state_bytes, f"state after {k} items: {len(state_json)} bytes"
         fresh = make_node()
         fresh.reset(json.loads(state_json))
-        rest = _take(fresh, n - k)
+        rest = take(fresh, n - k)
         assert len(first) + len(rest) == n, f"midpoint {k}: {len(first)} + {len(rest)} != {n}"
         if total is None:  # a finite stream must also end at the same place
-            assert _take(fresh, 1) == [], f"midpoint {k}: restored stream runs past the end"
+            assert take(fresh, 1) == [], f"midpoint {k}: restored stream runs past the end"
         assert_items_equal(first + rest, reference, f"midpoint {k}")
         checked += 1
     assert checked, "no midpoint was inside the stream"
