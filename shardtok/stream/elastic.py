@@ -240,6 +240,10 @@ class RemainderDocuments(DocumentNode):
 class ElasticStream(PlacedStream):
     """One new (rank, worker)'s batches for the remainder of an epoch saved with another layout."""
 
+    state_name = "remainder"
+    resume_hint = "an elastically resumed epoch resumes again with the same world size and workers"
+    batcher_key = "remainder"
+
     def __init__(
         self,
         source: DatasetSource,
@@ -292,19 +296,5 @@ class ElasticStream(PlacedStream):
     def __len__(self) -> int:
         return self.plan.batches_per_slice
 
-    def _reset(self, state: dict | None) -> None:
-        if state is None:
-            self.batcher.reset(None)
-            return
-        self._check_identity(
-            state,
-            "remainder",
-            "an elastically resumed epoch resumes again with the same world size and workers",
-        )
-        self.batcher.reset(state["remainder"])
-
     def state_dict(self) -> dict:
         return {**self.identity, "elastic": self.elastic, "remainder": self.batcher.state_dict()}
-
-    def _next(self) -> dict:
-        return next(self.batcher)

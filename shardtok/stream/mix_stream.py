@@ -24,6 +24,8 @@ class MixedStream(PlacedStream):
     {"step", "sources": [{"epoch", "sequences", "packer"}, ...]}}}``.
     """
 
+    state_name = "mixed stream"
+
     def __init__(
         self,
         spec: MixSpec,
@@ -112,25 +114,11 @@ class MixedStream(PlacedStream):
             raise TypeError("an open-ended mixed stream has no length (give num_batches)")
         return self.num_batches
 
-    def _reset(self, state: dict | None) -> None:
-        if state is None:
-            self.batcher.reset(None)
-            return
-        self._check_identity(
-            state,
-            "mixed stream",
-            "restore with the same epoch, rank, world size, worker and number of workers",
-        )
-        self.batcher.reset(state["batcher"])
-
     def state_dict(self) -> dict:
         state = {**self.identity, "batcher": self.batcher.state_dict()}
         if self.elastic is not None:
             state["elastic"] = self.elastic
         return state
-
-    def _next(self) -> dict:
-        return next(self.batcher)
 
     def stats(self) -> dict:
         return {**self.batcher.stats(), "sources": self.mixer.shares()}

@@ -96,13 +96,28 @@ class PlacedStream(Node[dict]):
             "num_workers": self.num_workers,
         }
 
-    def _check_identity(self, state: dict, what: str, hint: str) -> None:
+    # What a subclass's saved state is called, how to resume it correctly, and the key under
+    # which it keeps its batcher's state.
+    state_name = "stream"
+    resume_hint = "restore with the same epoch, rank, world size, worker and number of workers"
+    batcher_key = "batcher"
+    batcher: Node[dict]
+
+    def _reset(self, state: dict | None) -> None:
+        if state is None:
+            self.batcher.reset(None)
+            return
         mine = self.identity
         theirs = {k: state.get(k) for k in mine}
         if theirs != mine:
             raise ResumeStateError(
-                f"{what} state belongs to {theirs}, this stream is {mine}: {hint}"
+                f"{self.state_name} state belongs to {theirs}, this stream is {mine}: "
+                + self.resume_hint
             )
+        self.batcher.reset(state[self.batcher_key])
+
+    def _next(self) -> dict:
+        return next(self.batcher)
 
 
 def take(node: Iterator[Any], count: int | None = None) -> list[Any]:

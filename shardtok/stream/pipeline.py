@@ -87,6 +87,13 @@ def packer_for(documents: DocumentNode, options: StreamOptions) -> Packer:
 class SliceStream(PlacedStream):
     """The exact batches of one (rank, worker) in one epoch."""
 
+    state_name = "stream"
+    resume_hint = (
+        "restore with the same epoch, rank, world size, worker and number of workers, or "
+        "merge every (rank, worker)'s state with shardtok.stream.elastic.merge_states to "
+        "finish the epoch with another layout"
+    )
+
     def __init__(
         self,
         source: DatasetSource | str,
@@ -129,24 +136,8 @@ class SliceStream(PlacedStream):
     def __len__(self) -> int:
         return self.plan.batches_per_slice
 
-    def _reset(self, state: dict | None) -> None:
-        if state is None:
-            self.batcher.reset(None)
-            return
-        self._check_identity(
-            state,
-            "stream",
-            "restore with the same epoch, rank, world size, worker and number of workers, or "
-            "merge every (rank, worker)'s state with shardtok.stream.elastic.merge_states to "
-            "finish the epoch with another layout",
-        )
-        self.batcher.reset(state["batcher"])
-
     def state_dict(self) -> dict:
         return {**self.identity, "batcher": self.batcher.state_dict()}
-
-    def _next(self) -> dict:
-        return next(self.batcher)
 
     def stats(self) -> dict:
         return self.batcher.stats()
