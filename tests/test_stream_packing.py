@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from node_checks import check_save_restore
 
 from shardtok.stream.array_documents import ArrayDocuments
+from shardtok.stream.batcher import Batcher
 from shardtok.stream.concat import ConcatPacker, concat_window_count
 from shardtok.stream.greedy import GreedyPacker
 from shardtok.stream.node import take
@@ -195,3 +196,40 @@ def test_next_into_writes_the_sequences_iteration_yields(kind):
         assert np.array_equal(row, seq.tokens)
     with pytest.raises(StopIteration):
         packer.next_into(row)
+
+
+class _RowByRow(ConcatPacker):
+    """The same packer with its whole-batch path turned off: the reference for that path."""
+
+    contiguous = False
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 30), min_size=0, max_size=60),
+    seq_len=st.integers(1, 12),
+    batch_size=st.integers(1, 5),
+    mask=st.booleans(),
+    cut=st.integers(0, 6),
+)
+def test_whole_batch_concat_path_equals_the_row_path(lengths, seq_len, batch_size, mask, cut):
+    docs = unique_documents(lengths)
+
+    def batcher(cls, **kw):
+        return Batcher(cls(ArrayDocuments(docs), seq_len), batch_size, mask_boundary_labels=mask)
+
+    fast, slow = batcher(ConcatPacker), batcher(_RowByRow)
+    assert fast.upstream.contiguous and not slow.upstream.contiguous
+    for i, (a, b) in enumerate(zip(fast, slow, strict=True)):
+        assert a.keys() == b.keys()
+        for key in a:
+            assert np.array_equal(a[key], b[key]), (i, key)
+        if i == cut:  # the state after a batch is the same, and resumes the same way
+            assert fast.state_dict() == slow.state_dict()
+            resumed = batcher(ConcatPacker)
+            resumed.reset(fast.state_dict())
+            rest_fast, rest_slow = take(resumed, None), take(batcher(_RowByRow), None)[i + 1 :]
+            assert len(rest_fast) == len(rest_slow)
+            for a2, b2 in zip(rest_fast, rest_slow):
+                assert all(np.array_equal(a2[k], b2[k]) for k in a2)
+    assert fast.stats() == slow.stats()

@@ -134,3 +134,70 @@ def assemble_batch(
         "cu_seqlens": cu,
         "max_seqlen": int(segment_lengths.max()),
     }
+
+
+def assemble_contiguous_batch(
+    tokens: np.ndarray,
+    boundaries: Sequence[int],
+    rows: int,
+    *,
+    mask_boundary_labels: bool = False,
+    allocate: Allocator = allocate_arrays,
+) -> dict:
+    """The batch whose rows are consecutive runs of one token stream: row ``b`` is
+    ``tokens[b * W : (b + 1) * W]`` (``W = seq_len + 1``, no padding) and documents begin at
+    the flat positions `boundaries` (ints, ascending, in ``(0, len(tokens))``) besides every
+    row start.
+
+    Equal to `assemble_batch` on the same rows and starts; the per-token work is the same
+    handful of numpy calls, the per-segment bookkeeping is cheaper.
+    """
+    window = len(tokens) // rows
+    seq_len = window - 1
+    total = rows * seq_len
+    out = allocate(rows, seq_len)
+    grid = tokens.reshape(rows, window)
+    input_ids, labels = out["input_ids"], out["labels"]
+    np.copyto(input_ids, grid[:, :-1], casting="unsafe")
+    np.copyto(labels, grid[:, 1:], casting="unsafe")
+
+    # A batch has a few dozen segments: plain Python beats a dozen tiny numpy calls here.
+    starts = list(range(0, total, seq_len))  # every row start
+    masked = []
+    for position in boundaries:
+        row, column = divmod(position, window)
+        if column:  # a document starting a row is that row's own first segment
+            if column < seq_len:  # one starting at the last slot is only a target there
+                starts.append(row * seq_len + column)
+            # The target before a document's first token is that token: unpredictable.
+            masked.append(row * seq_len + column - 1)
+    if mask_boundary_labels and masked:
+        labels.reshape(-1)[masked] = IGNORE_INDEX
+    starts.sort()
+    local_ids = []
+    row_start = -1
+    for start in starts:
+        if start % seq_len == 0:
+            row_start = len(local_ids)
+        local_ids.append(len(local_ids) - row_start)
+    bounds = np.array(starts + [total], dtype=np.int64)
+    segment_lengths = np.diff(bounds)
+    starts = bounds[:-1]
+    np.subtract(
+        _arange(total),
+        np.repeat(starts, segment_lengths),
+        out=out["position_ids"].reshape(-1),
+    )
+    out["document_ids"].reshape(-1)[:] = np.repeat(
+        np.array(local_ids, dtype=np.int32), segment_lengths
+    )
+    cu = out["cu_seqlens"][: len(bounds)]
+    cu[:] = bounds
+    return {
+        "input_ids": input_ids,
+        "labels": labels,
+        "position_ids": out["position_ids"],
+        "document_ids": out["document_ids"],
+        "cu_seqlens": cu,
+        "max_seqlen": int(segment_lengths.max()),
+    }

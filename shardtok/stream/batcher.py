@@ -5,7 +5,12 @@ from __future__ import annotations
 import numpy as np
 
 from shardtok.errors import ShardtokError
-from shardtok.stream.batch import Allocator, allocate_arrays, assemble_batch
+from shardtok.stream.batch import (
+    Allocator,
+    allocate_arrays,
+    assemble_batch,
+    assemble_contiguous_batch,
+)
 from shardtok.stream.node import Node
 from shardtok.stream.sequence import Packer
 
@@ -70,6 +75,21 @@ class Batcher(Node[dict]):
         if self.num_batches is not None and self.batches >= self.num_batches:
             raise StopIteration
         upstream = self.upstream
+        if getattr(upstream, "contiguous", False):
+            cut = upstream.next_batch(self.batch_size)
+            if cut is not None:
+                tokens, boundaries = cut
+                return self._count(
+                    assemble_contiguous_batch(
+                        tokens,
+                        boundaries,
+                        self.batch_size,
+                        mask_boundary_labels=self.mask_boundary_labels,
+                        allocate=self.allocate,
+                    ),
+                    self.batch_size * upstream.window,
+                )
+            # Not enough data for a whole batch: the row path below reports exactly where.
         # One reused staging array: the packer writes each sequence straight into its row.
         if self._rows is None:
             self._rows = np.empty((self.batch_size, upstream.window), dtype=np.int64)
@@ -95,9 +115,12 @@ class Batcher(Node[dict]):
             mask_boundary_labels=self.mask_boundary_labels,
             allocate=self.allocate,
         )
+        return self._count(batch, sum(lengths))
+
+    def _count(self, batch: dict, real_tokens: int) -> dict:
         self.batches += 1
         self.sequences += self.batch_size
-        self.real_tokens += sum(lengths)
+        self.real_tokens += real_tokens
         self.segments += len(batch["cu_seqlens"]) - 1
         return batch
 
