@@ -23,6 +23,8 @@ import numpy as np
 from shardtok.stream.node import DocumentNode
 from shardtok.stream.sequence import Packer
 
+_PULL_RUN = 8  # documents pulled per upstream call
+
 
 def concat_window_count(num_tokens: int, seq_len: int, stride: int | None = None) -> int:
     """How many windows concat packing cuts from `num_tokens` consecutive tokens."""
@@ -54,7 +56,6 @@ class ConcatPacker(Packer):
         self._emitted = 0
         self._exhausted = False
         self._next_position = 0  # upstream position when _pending is empty
-        self._pull_next = upstream.__next__  # replaced by the faster _next once started
 
     def _reset(self, state: dict | None) -> None:
         self._pending.clear()
@@ -69,7 +70,7 @@ class ConcatPacker(Packer):
             self._offset = int(state["skip"])
             self._emitted = int(state["emitted"])
         self._next_position = self.upstream.position
-        self._pull_next = self.upstream._next  # started by the reset above
+        self._pull_many = self.upstream._next_many  # started by the reset above
 
     def state_dict(self) -> dict:
         if not self._started:
@@ -85,23 +86,27 @@ class ConcatPacker(Packer):
         return self._fill(self._offset + self.window)
 
     def _fill(self, end: int) -> bool:
-        """Pull documents until `end` tokens (counted from the first pending one) are held."""
+        """Pull documents until `end` tokens (counted from the first pending one) are held.
+
+        Documents come in small runs (one call per run, not per document); the few pulled
+        beyond `end` simply stay pending, which changes neither the windows nor the state."""
+        pending = self._pending
         while self._available < end:
             if self._exhausted:
                 return False
             position = self.upstream.position
-            try:
-                doc = self._pull_next()
-            except StopIteration:
+            docs = self._pull_many(_PULL_RUN)
+            if len(docs) < _PULL_RUN:
                 self._exhausted = True
-                return False
-            if len(doc):
-                if self.dtype is None:
-                    self.dtype = doc.dtype
-                self._pending.append((position, doc))
-                self._available += len(doc)
-            elif not self._pending:  # an empty document is never a window start
-                self._next_position = self.upstream.position
+            for doc in docs:
+                position += 1
+                if len(doc):
+                    pending.append((position - 1, doc))
+                    self._available += len(doc)
+                elif not pending:  # an empty document is never a window start
+                    self._next_position = position
+            if self.dtype is None and pending:
+                self.dtype = pending[0][1].dtype
         return True
 
     @property

@@ -68,6 +68,18 @@ class DocumentNode(Node[np.ndarray]):
     def state_at(self, position: int) -> dict:
         raise NotImplementedError
 
+    def _next_many(self, count: int) -> list[np.ndarray]:
+        """The next `count` documents, fewer only at the end (the node must be started).
+
+        Readers override it to hand over runs of documents without a Python step each."""
+        out = []
+        try:
+            for _ in range(count):
+                out.append(self._next())
+        except StopIteration:
+            pass
+        return out
+
     def state_dict(self) -> dict:
         if not self._started:
             self.reset(None)

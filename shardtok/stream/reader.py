@@ -16,6 +16,7 @@ the slice. Only the shard heads (json and idx) of one group are read to restore.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from itertools import islice
 
 import numpy as np
 
@@ -80,15 +81,15 @@ class _OpenPiece:
         first, last = self.first, self.stop - 1
         doc_no = first + skip
         try:
-            for doc in self.reader.documents(doc_no, self.stop):
-                if doc_no == first and self.head_trim:
-                    doc = doc[self.head_trim :]
-                    if doc_no == last:
-                        doc = doc[: self.tail_keep - self.head_trim]
-                elif doc_no == last:
-                    doc = doc[: self.tail_keep]
+            docs = self.reader.documents(doc_no, self.stop)
+            if doc_no == first and self.head_trim:
+                doc = next(docs)[self.head_trim :]
+                yield doc[: self.tail_keep - self.head_trim] if first == last else doc
                 doc_no += 1
-                yield doc
+            if doc_no <= last:
+                # Untrimmed middle documents pass through without a Python step each.
+                yield from islice(docs, last - doc_no)
+                yield next(docs)[: self.tail_keep]
         finally:
             self.close()
 
@@ -185,6 +186,17 @@ class SliceReader(DocumentNode):
             self.position += 1
             self._ordinal += 1
             return doc
+
+    def _next_many(self, count: int) -> list[np.ndarray]:
+        out: list[np.ndarray] = []
+        while len(out) < count and self._docs is not None:
+            got = list(islice(self._docs, count - len(out)))
+            out += got
+            self.position += len(got)
+            self._ordinal += len(got)
+            if len(out) < count:  # this group ran out
+                self._open_group(self._group + 1, 0)
+        return out
 
     def state_at(self, position: int) -> dict:
         if not self._started:

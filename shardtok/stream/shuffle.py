@@ -91,7 +91,6 @@ class ShuffleBuffer(DocumentNode):
     def _read(self, until: int) -> None:
         """Read ordinals up to `until` (exclusive) into the buffer."""
         upstream = self.upstream
-        pull = upstream._next
         held = self._held
         first = upstream.position
         spacing = self.spacing
@@ -100,9 +99,11 @@ class ShuffleBuffer(DocumentNode):
             if ordinal % spacing == 0 and ordinal not in self._checkpoints:
                 self._checkpoints[ordinal] = upstream.state_at(ordinal)
                 self._prune(ordinal)
-            try:
-                held[ordinal] = pull()
-            except StopIteration:
+            # In runs that stop at the next checkpoint ordinal, so each is saved when reached.
+            count = min(until, (ordinal // spacing + 1) * spacing) - ordinal
+            docs = upstream._next_many(count)
+            held.update(zip(range(ordinal, ordinal + len(docs)), docs))
+            if len(docs) < count:
                 self._exhausted = True
                 break
         last = upstream.position
@@ -131,18 +132,32 @@ class ShuffleBuffer(DocumentNode):
         for old in [c for c in self._checkpoints if c < horizon]:
             del self._checkpoints[old]
 
-    def _next(self) -> np.ndarray:
-        ready = self._ready
-        while not ready:
+    def _refill(self) -> bool:
+        """Make documents ready to emit; False at the end of the stream."""
+        while not self._ready:
             if self._exhausted:
                 if not self._held:
-                    raise StopIteration
+                    return False
                 self._release(None)
                 continue
             self._read(self.upstream.position + self.round)
             self._release(None if self._exhausted else self.upstream.position)
+        return True
+
+    def _next(self) -> np.ndarray:
+        if not self._ready and not self._refill():
+            raise StopIteration
         self.position += 1
-        return ready.popleft()
+        return self._ready.popleft()
+
+    def _next_many(self, count: int) -> list[np.ndarray]:
+        out: list[np.ndarray] = []
+        ready = self._ready
+        while len(out) < count and (ready or self._refill()):
+            take = min(count - len(out), len(ready))
+            out += [ready.popleft() for _ in range(take)]
+        self.position += len(out)
+        return out
 
     # -- state --------------------------------------------------------------------------
     def _checkpoint_for(self, position: int) -> int:
