@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 from shardtok.format import write_megatron_pair
+from shardtok.stream.batch import build_batch
 from shardtok.stream.memmap_samples import GPTSamples
 from shardtok.stream.memmap_tokens import ConcatTokens, open_local_tokens
 from shardtok.stream.synthetic import write_synthetic_dataset
@@ -104,3 +105,28 @@ def test_megatron_pair_and_compressed_data(tmp_path, plain):
     write_synthetic_dataset(compressed, num_tokens=2000, mean_length=50)
     with pytest.raises(ValueError, match="uncompressed"):
         open_local_tokens(compressed)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 40), min_size=1, max_size=40),
+    seq_len=st.integers(2, 16),
+    picks=st.lists(st.integers(0, 10_000), min_size=1, max_size=6),
+    mask=st.booleans(),
+)
+def test_batched_gather_equals_sample_by_sample(tmp_path_factory, lengths, seq_len, picks, mask):
+    if sum(lengths) <= seq_len + 1:
+        return
+    docs = [np.arange(n, dtype=np.uint16) + 7 * k for k, n in enumerate(lengths)]
+    prefix = tmp_path_factory.mktemp("pair") / "pair"
+    write_megatron_pair(prefix, docs, np.uint16)
+    ds = MemmapTokenDataset(prefix, seq_len=seq_len, num_samples=50, seed=3,
+                            mask_boundary_labels=mask, shared_memory=False)  # fmt: skip
+    indices = [p % len(ds) for p in picks]
+    fast = ds.collate(ds.__getitems__(indices))
+    slow = build_batch([ds.sequence(i) for i in indices], mask_boundary_labels=mask)
+    assert fast.keys() == slow.keys()
+    for key in slow:
+        want = slow[key]
+        got = fast[key].numpy() if hasattr(fast[key], "numpy") else fast[key]
+        assert np.array_equal(got, want), key

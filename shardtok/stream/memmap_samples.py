@@ -117,9 +117,57 @@ class GPTSamples:
         positions += np.arange(positions.shape[0], dtype=np.int64)
         return np.asarray(self.tokens[positions], dtype=np.int64)
 
+    def gather(self, indices: Sequence[int]) -> tuple[np.ndarray, list[int]]:
+        """Samples `indices` end to end: ``len(indices) * (seq_length + 1)`` tokens in the stored
+        dtype (row ``r`` is sample ``indices[r]``, the same tokens as ``self[indices[r]]``),
+        and the flat positions where a document piece begins inside a row (row starts left
+        out), ascending: what :func:`shardtok.stream.batch.assemble_contiguous_batch` takes.
+
+        Vectorized over the batch: one copy per document piece, no per-sample numpy calls.
+        """
+        rows = len(indices)
+        length = len(self)
+        checked = np.asarray(indices, dtype=np.int64)
+        if checked.size and (checked.min() < -length or checked.max() >= length):
+            bad = next(i for i in indices if not -length <= i < length)
+            raise IndexError(f"sample {bad} out of range for {length} samples")
+        checked[checked < 0] += length
+        ix = self.indices
+        position = ix.shuffle_index[checked].astype(np.int64)
+        first, first_offset = ix.sample_index[position].astype(np.int64).T
+        last, last_offset = ix.sample_index[position + 1].astype(np.int64).T
+        counts = last - first + 1  # document pieces per sample
+        total = int(counts.sum())
+        row_begin = np.cumsum(counts) - counts  # index of each sample's first piece
+        piece = np.arange(total, dtype=np.int64)
+        document_ids = ix.document_index[np.repeat(first - row_begin, counts) + piece]
+        starts = np.zeros(total, dtype=np.int64)
+        starts[row_begin] = first_offset
+        ends = self.sizes[document_ids].astype(np.int64)
+        ends[row_begin + counts - 1] = last_offset + 1  # the extra token, as in __getitem__
+        lengths = ends - starts
+        begins = self.document_starts[document_ids] + starts
+        window = self.seq_length + 1
+        offsets = np.cumsum(lengths) - lengths
+        boundaries = offsets[(lengths > 0) & (offsets % window != 0)].tolist()
+        pieces = read_ranges(self.tokens, begins.tolist(), lengths.tolist())
+        tokens = np.concatenate(pieces) if len(pieces) != 1 else pieces[0]
+        if len(tokens) != rows * window:
+            raise AssertionError(f"gathered {len(tokens)} tokens for {rows} samples of {window}")
+        return tokens, boundaries
+
     def _check_index(self, i: int) -> int:
         i = operator.index(i)
         length = len(self)
         if not -length <= i < length:
             raise IndexError(f"sample {i} out of range for {length} samples")
         return i + length if i < 0 else i
+
+
+def read_ranges(tokens, begins: list[int], lengths: list[int]) -> list[np.ndarray]:
+    """``[tokens[b : b + n] for b, n in zip(begins, lengths) if n]``, fast for either token
+    source (an array, or a ConcatTokens of shard memmaps)."""
+    ranges = getattr(tokens, "ranges", None)
+    if ranges is not None:
+        return ranges(begins, lengths)
+    return [tokens[b : b + n] for b, n in zip(begins, lengths) if n]

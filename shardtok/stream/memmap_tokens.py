@@ -76,6 +76,21 @@ class ConcatTokens:
             out[mask] = self.arrays[k][positions[mask] - self.bounds[k]]
         return out
 
+    def ranges(self, begins: list[int], lengths: list[int]) -> list[np.ndarray]:
+        """``[self[b : b + n] for b, n in zip(begins, lengths) if n]`` with one searchsorted
+        for all of them (a document never spans two arrays, so a range rarely does)."""
+        which = (np.searchsorted(self.bounds, begins, side="right") - 1).tolist()
+        bounds = self.bounds.tolist()
+        out = []
+        for k, b, n in zip(which, begins, lengths):
+            if not n:
+                continue
+            if b + n <= bounds[k + 1]:
+                out.append(self.arrays[k][b - bounds[k] : b - bounds[k] + n])
+            else:
+                out.append(self._range(b, b + n))
+        return out
+
     def _range(self, start: int, stop: int) -> np.ndarray:
         if stop <= start:
             return np.empty(0, dtype=self.dtype)

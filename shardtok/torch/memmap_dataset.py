@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 from torch.utils.data import Dataset, get_worker_info
 
-from shardtok.stream.batch import build_batch
+from shardtok.stream.batch import assemble_contiguous_batch, build_batch
 from shardtok.stream.memmap_samples import GPTSamples
 from shardtok.stream.memmap_tokens import open_local_tokens
 from shardtok.stream.sequence import PackedSequence
@@ -93,12 +94,14 @@ class MemmapTokenDataset(Dataset):
         out = {k: (v[0] if k not in ("cu_seqlens", "max_seqlen") else v) for k, v in batch.items()}
         return to_tensors(out)
 
-    def __getitems__(self, indices: list[int]) -> list[PackedSequence]:
-        return [self.sequence(i) for i in indices]
+    def __getitems__(self, indices: list[int]) -> GatheredSamples:
+        """The DataLoader's batched fetch: the samples' tokens gathered in one pass."""
+        tokens, boundaries = self.samples.gather(indices)
+        return GatheredSamples(tokens, boundaries, len(indices))
 
-    def collate(self, sequences: list[PackedSequence]) -> dict:
+    def collate(self, gathered: GatheredSamples) -> dict:
         """The DataLoader collate_fn: a batch with the streaming dataset's keys."""
-        if not sequences or not isinstance(sequences[0], PackedSequence):
+        if not isinstance(gathered, GatheredSamples):
             raise TypeError(
                 "MemmapTokenDataset.collate takes what the DataLoader gets from __getitems__; "
                 "pass collate_fn=dataset.collate with batch_size set"
@@ -106,13 +109,23 @@ class MemmapTokenDataset(Dataset):
         ring = None
         if self.shared_memory and SlotRing.supported():
             if self._ring is None:
-                self._ring = SlotRing(len(sequences), self.seq_len)
+                self._ring = SlotRing(gathered.rows, self.seq_len)
             ring = self._ring
-        batch = build_batch(
-            sequences,
+        batch = assemble_contiguous_batch(
+            gathered.tokens,
+            gathered.boundaries,
+            gathered.rows,
             mask_boundary_labels=self.mask_boundary_labels,
             **({"allocate": ring.allocate} if ring is not None else {}),
         )
         if ring is None:
             return to_tensors(batch)
         return ring.package(batch, local=get_worker_info() is None)
+
+
+class GatheredSamples(NamedTuple):
+    """Samples end to end (``rows * (seq_len + 1)`` tokens) and where documents begin."""
+
+    tokens: np.ndarray
+    boundaries: list[int]
+    rows: int
