@@ -285,17 +285,31 @@ def stages(args) -> None:
 
         return fn
 
+    def memmap_batches():
+        from shardtok.torch.memmap_dataset import MemmapTokenDataset
+
+        ds = MemmapTokenDataset(BENCH / "plain", seq_len=SEQ_LEN, num_samples=batches * BATCH,
+                                seed=1234, cache_dir=BENCH / "index-cache",
+                                shared_memory=False)  # fmt: skip
+        order = np.random.default_rng(0).permutation(len(ds))[: batches * BATCH].tolist()
+
+        def fn():
+            for b in range(batches):
+                ds.collate(ds.__getitems__(order[b * BATCH : (b + 1) * BATCH]))
+
+        return fn
+
     rows = [
         ("read + zstd-decode (the format's streaming checks)", cpu(decode)),
         ("+ concat packing + batch build (no shuffle)", cpu(pipeline(shuffle_buffer=0))),
         ("+ shuffle buffer 4096 (the default pipeline)", cpu(pipeline())),
         ("greedy packing (lookahead 8), shuffle 4096", cpu(pipeline(packing="greedy"))),
+        ("memmap path: gather 8 shuffled GPT samples + batch build", cpu(memmap_batches())),
     ]
     print(f"\nCPU per 8 x 2048 batch, in process, best of 3 (load {load()}):\n")
     print("| stage | µs per batch |\n|---|---|")
     for name, us in rows:
         print(f"| {name} | {us:.0f} |")
-    del np
 
 
 def memory(args) -> None:
