@@ -47,6 +47,22 @@ class BadRecordError(ShardtokError):
         return (type(self), (self.path, self.line, self.reason))
 
 
+class TokenizerMismatchError(ShardtokError):
+    """The fast tokenizer backend gave other ids than tokenizers for an input document.
+
+    `record` counts as in BadRecordError: the line for JSONL and text, the row for Parquet.
+    """
+
+    def __init__(self, path: str, record: int, reason: str):
+        self.path = str(path)
+        self.record = record
+        self.reason = reason
+        super().__init__(f"{self.path}, record {record}: {reason}")
+
+    def __reduce__(self):
+        return (type(self), (self.path, self.record, self.reason))
+
+
 class StorageError(ShardtokError):
     """Reading bytes from a URL failed for good (after retries), or the URL cannot be read at all."""
 

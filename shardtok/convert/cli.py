@@ -34,6 +34,9 @@ examples:
   shardtok convert 'crawl/*.jsonl.zst' books/ --output data/ --tokenizer ./llama3/ \\
       --text-key meta.content --workers 16 --on-bad-record skip --shard-size 256MiB
 
+the summary names the backend that encoded (tiktoken or hf) and, for auto, why; the shards are
+the same bytes either way.
+
 bad records (invalid JSON, missing or non-string field, invalid UTF-8, empty text) stop the run
 with file and line (--on-bad-record error, the default) or are skipped, counted in index.json and
 listed in OUTPUT/rejects.jsonl (--on-bad-record skip).
@@ -88,6 +91,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         metavar="PATH",
         help="a Hugging Face tokenizer folder or tokenizer.json (local; nothing is downloaded); "
         f"default: the small bundled demo tokenizer ({BUNDLED_NAME})",
+    )
+    p.add_argument(
+        "--tokenizer-backend",
+        choices=("auto", "hf", "tiktoken"),
+        default="auto",
+        help="what encodes: tiktoken (4-5x faster, same ids) where the tokenizer passes the "
+        "equivalence checks, else Hugging Face tokenizers (auto, the default); hf: always "
+        "tokenizers; tiktoken: stop with the failed condition if it does not qualify",
     )
     p.add_argument(
         "--text-key",
@@ -196,6 +207,7 @@ def run(args: argparse.Namespace) -> int:
         prepend_bos=args.prepend_bos,
         eos_token=args.eos_token,
         bos_token=args.bos_token,
+        backend=args.tokenizer_backend,
     )
     result = convert(
         ConvertOptions(

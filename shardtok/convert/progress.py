@@ -62,6 +62,8 @@ class ConvertResult:
     already_complete: bool = False
     rejects_path: str | None = None
     stored_token_bytes: int = 0  # the shards' bin members (frames), for the compression ratio
+    tokenizer_backend: str = ""  # "hf" or "tiktoken"; empty when nothing was tokenized
+    tokenizer_backend_note: str = ""
 
     @property
     def records_rejected(self) -> int:
@@ -96,4 +98,8 @@ class ConvertResult:
                 f"  work units  {self.units_total:,}: {self.units_reused:,} reused from an "
                 f"interrupted run, {self.units_tokenized:,} tokenized"
             )
+            if self.tokenizer_backend:
+                lines.append(
+                    f"  backend     {self.tokenizer_backend} ({self.tokenizer_backend_note})"
+                )
         return "\n".join(lines)

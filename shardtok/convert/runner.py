@@ -28,8 +28,14 @@ from shardtok.convert.progress import ConvertProgress, ConvertResult
 from shardtok.convert.tokenizer import TokenizerSpec
 from shardtok.convert.units import Unit, auto_unit_size, plan_units
 from shardtok.convert.workdir import UnitResult, WorkDir
-from shardtok.convert.worker import UnitFailure, WorkerConfig, init_worker, tokenize_unit
-from shardtok.errors import BadRecordError
+from shardtok.convert.worker import (
+    EncoderMismatch,
+    UnitFailure,
+    WorkerConfig,
+    init_worker,
+    tokenize_unit,
+)
+from shardtok.errors import BadRecordError, TokenizerMismatchError
 from shardtok.format.dataset_writer import DEFAULT_SHARD_SIZE, DatasetWriter
 from shardtok.format.frames import DEFAULT_FRAME_SIZE
 from shardtok.format.manifest import Manifest
@@ -140,7 +146,7 @@ class _Assembler:
         self.documents = 0
         self.rejected: dict[str, int] = {}
 
-    def add(self, result: UnitResult | UnitFailure) -> None:
+    def add(self, result: UnitResult | UnitFailure | EncoderMismatch) -> None:
         unit = self.units[result.index]
         bases = []
         for piece_no, piece in enumerate(unit.pieces):
@@ -149,6 +155,14 @@ class _Assembler:
                 self.records_seen[piece.input_index] += result.piece_records[piece_no]
         if isinstance(result, UnitFailure):
             self._raise(unit, bases, result.piece, result.record, result.reason, result.detail)
+        if isinstance(result, EncoderMismatch):
+            path = self.files[unit.pieces[result.piece].input_index].path
+            raise TokenizerMismatchError(
+                path,
+                bases[result.piece] + result.record,
+                f"tiktoken and tokenizers encode this document differently: {result.detail}; "
+                "convert with --tokenizer-backend hf",
+            )
         for piece_no, record, reason, detail in result.rejects:
             if self.rejects is None:
                 self._raise(unit, bases, piece_no, record, reason, detail)
@@ -221,7 +235,7 @@ def convert(opts: ConvertOptions) -> ConvertResult:
 
     units = plan_units(files, unit_size, opts.txt_mode)
     dtype = opts.tokenizer.dtype
-    ready: dict[int, UnitResult | UnitFailure | Exception] = {}
+    ready: dict[int, UnitResult | UnitFailure | EncoderMismatch | Exception] = {}
     for unit in units:
         previous = workdir.load_result(unit.index, dtype)
         if previous is not None:
@@ -298,5 +312,7 @@ def convert(opts: ConvertOptions) -> ConvertResult:
         units_total=len(units), units_reused=reused, units_tokenized=len(todo),
         seconds=time.monotonic() - started,
         rejects_path=str(rejects_path) if rejects_path else None,
+        tokenizer_backend=opts.tokenizer.backend,
+        tokenizer_backend_note=opts.tokenizer.backend_note,
         stored_token_bytes=_stored_token_bytes(out, manifest),
     )  # fmt: skip

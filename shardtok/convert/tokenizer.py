@@ -34,6 +34,10 @@ _CONVENTIONAL_BOS = ("<|begin_of_text|>", "<s>", "<bos>", "<|bos|>", "[CLS]")
 # Rust tokenizers already built in this process, by fingerprint. Forked workers inherit them and
 # skip re-parsing the JSON (0.5 s of CPU per worker for a 128k-entry vocabulary).
 _LOADED_BACKENDS: dict[str, object] = {}
+# tiktoken encodings that passed the gate in this process, by fingerprint (inherited the same way).
+_LOADED_TIKTOKEN: dict[str, object] = {}
+
+BACKENDS = ("auto", "hf", "tiktoken")
 
 
 class TokenizerLoadError(ShardtokError):
@@ -52,6 +56,10 @@ class TokenizerSpec:
     bos_id: int | None
     append_eos: bool
     prepend_bos: bool
+    # "hf" (tokenizers' encode_batch_fast) or "tiktoken" (same ids, checked: see
+    # tiktoken_backend.py). Not part of as_metadata(): the shards do not depend on it.
+    backend: str = "hf"
+    backend_note: str = ""  # why this backend (say, which condition tiktoken failed)
 
     @property
     def dtype(self) -> np.dtype:
@@ -120,8 +128,15 @@ def load_tokenizer(
     prepend_bos: bool = False,
     eos_token: str | None = None,
     bos_token: str | None = None,
+    backend: str = "auto",
 ) -> TokenizerSpec:
-    """Load `source` ("bundled", a tokenizer folder or a tokenizer.json) into a worker spec."""
+    """Load `source` ("bundled", a tokenizer folder or a tokenizer.json) into a worker spec.
+
+    `backend`: "hf" encodes with tokenizers; "tiktoken" with tiktoken, or TokenizerLoadError
+    naming the condition the tokenizer fails; "auto" takes tiktoken when it qualifies.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     path = BUNDLED_PATH if source == BUNDLED else Path(source)
     if not path.exists():
         raise TokenizerLoadError(
@@ -148,6 +163,7 @@ def load_tokenizer(
         name = BUNDLED_NAME
     else:
         name = path.name if path.is_dir() else (path.parent.name or path.name)
+    chosen, note = _choose_backend(backend, tok.backend_tokenizer, backend_json, fingerprint)
     return TokenizerSpec(
         name=name,
         backend_json=backend_json,
@@ -157,6 +173,66 @@ def load_tokenizer(
         bos_id=bos_id,
         append_eos=append_eos,
         prepend_bos=prepend_bos,
+        backend=chosen,
+        backend_note=note,
+    )
+
+
+def _choose_backend(
+    requested: str, hf_backend, backend_json: str, fingerprint: str
+) -> tuple[str, str]:
+    """Run the tiktoken gate (once, here in the main process) and return (backend, note)."""
+    if requested == "hf":
+        return "hf", "requested with --tokenizer-backend hf"
+    try:
+        encoding = tiktoken_encoding(hf_backend, backend_json, fingerprint)
+    except TokenizerLoadError as exc:
+        if requested == "tiktoken":
+            raise TokenizerLoadError(f"--tokenizer-backend tiktoken: {exc}") from None
+        return "hf", f"tiktoken not used: {exc}"
+    _LOADED_TIKTOKEN[fingerprint] = encoding
+    return "tiktoken", "same ids as tokenizers: equivalence gate passed, canary on every unit"
+
+
+def tiktoken_encoding(hf_backend, backend_json: str, fingerprint: str):
+    """A tiktoken Encoding giving hf_backend's ids, or TokenizerLoadError saying why not."""
+    from shardtok.convert import tiktoken_backend as tb
+
+    try:
+        import tiktoken  # noqa: F401
+    except ImportError:
+        raise TokenizerLoadError("tiktoken is not installed") from None
+    try:
+        parts = tb.check(backend_json, fingerprint)
+    except tb.NotEquivalent as exc:
+        raise TokenizerLoadError(f"the tokenizer does not qualify: {exc}") from None
+    encoding = parts.build(fingerprint)
+    # The gate reads the configuration; the probe checks the regex engines and BPE agree in
+    # fact on a fixed text, before any worker starts.
+    texts = tb.probe_texts(parts.specials)
+    hf = [e.ids for e in hf_backend.encode_batch(texts, add_special_tokens=False)]
+    allowed = frozenset(parts.specials)
+    for text, expected in zip(texts, hf):
+        got = encoding.encode(text, allowed_special=allowed, disallowed_special=())
+        if got != expected:
+            raise TokenizerLoadError(
+                f"the tokenizer does not qualify: the probe text encodes differently "
+                f"({describe_mismatch(expected, got)})"
+            )
+    return encoding
+
+
+def describe_mismatch(hf_ids: list[int], tiktoken_ids: list[int], context: int = 12) -> str:
+    """Where two id lists part, with both prefixes up to a few ids past that point."""
+    at = next(
+        (i for i, (a, b) in enumerate(zip(hf_ids, tiktoken_ids)) if a != b),
+        min(len(hf_ids), len(tiktoken_ids)),
+    )
+    start = max(0, at - 4)
+    return (
+        f"ids differ at position {at} of {len(hf_ids)} (hf) / {len(tiktoken_ids)} (tiktoken): "
+        f"hf [{start}:] = {hf_ids[start : at + context]}, "
+        f"tiktoken [{start}:] = {tiktoken_ids[start : at + context]}"
     )
 
 
@@ -164,7 +240,8 @@ class BatchEncoder:
     """Encodes lists of texts into one flat token array plus per-document sizes.
 
     Built from a :class:`TokenizerSpec` inside each worker; never uses the Rust thread pool
-    (each worker process is one core's worth of work, and the pool would oversubscribe).
+    (each worker process is one core's worth of work, and the pool would oversubscribe). With
+    the tiktoken backend, :meth:`canary` re-encodes a text with tokenizers to compare.
     """
 
     def __init__(self, spec: TokenizerSpec):
@@ -178,13 +255,61 @@ class BatchEncoder:
             inherited if inherited is not None else Tokenizer.from_str(spec.backend_json)
         )
         encode = getattr(self._tokenizer, "encode_batch_fast", None)  # tokenizers >= 0.20
-        self._encode = encode or self._tokenizer.encode_batch
+        self._hf_encode = encode or self._tokenizer.encode_batch
+        self._encode_ids = self._hf_ids
+        if spec.backend == "tiktoken":
+            self._init_tiktoken(spec)
         self._bos = spec.bos_id if spec.prepend_bos else None
         self._eos = spec.eos_id if spec.append_eos else None
 
+    def _init_tiktoken(self, spec: TokenizerSpec) -> None:
+        encoding = _LOADED_TIKTOKEN.get(spec.fingerprint)
+        if encoding is None:  # a spawned worker: the parent's gate passed, only build
+            from shardtok.convert.tiktoken_backend import parts_unchecked
+
+            encoding = parts_unchecked(spec.backend_json).build(spec.fingerprint)
+            _LOADED_TIKTOKEN[spec.fingerprint] = encoding
+        self._tiktoken = encoding
+        specials = frozenset(encoding.special_tokens_set)
+        # HF cuts documents at added-token text even with add_special_tokens=False, so texts
+        # that may hold one go through encode() with every added token allowed. Most texts
+        # cannot (they lack the tokens' first characters) and take the cheaper encode_ordinary,
+        # which skips converting the allowed set for every call.
+        firsts = sorted({t[0] for t in specials})
+        ordinary, full = encoding.encode_ordinary, encoding.encode
+        if not specials:
+            self._encode_one = ordinary
+        elif len(firsts) <= 4:
+
+            def encode_one(text: str) -> list[int]:
+                for ch in firsts:
+                    if ch in text:
+                        return full(text, allowed_special=specials, disallowed_special=())
+                return ordinary(text)
+
+            self._encode_one = encode_one
+        else:
+            self._encode_one = lambda text: full(
+                text, allowed_special=specials, disallowed_special=()
+            )
+        self._encode_ids = self._tiktoken_ids
+
+    def _hf_ids(self, texts: list[str]) -> list[list[int]]:
+        return [enc.ids for enc in self._hf_encode(texts, add_special_tokens=False)]
+
+    def _tiktoken_ids(self, texts: list[str]) -> list[list[int]]:
+        return list(map(self._encode_one, texts))
+
+    def canary(self, text: str) -> str | None:
+        """None if both backends give `text` the same ids, else where they differ."""
+        if self.spec.backend != "tiktoken":
+            return None
+        hf, fast = self._hf_ids([text])[0], self._encode_one(text)
+        return None if hf == fast else describe_mismatch(hf, fast)
+
     def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """Return (tokens, sizes): documents concatenated, with BOS/EOS added as configured."""
-        ids = [enc.ids for enc in self._encode(texts, add_special_tokens=False)]
+        ids = self._encode_ids(texts)
         lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
         body = np.fromiter(
             itertools.chain.from_iterable(ids), dtype=self.dtype, count=int(lengths.sum())
