@@ -1,4 +1,5 @@
-"""Output bytes are the same for any worker count, unit size, and after SIGKILL + rerun."""
+"""Output bytes are the same for any worker count and after SIGKILL + rerun; unit size moves
+only frame boundaries."""
 
 from __future__ import annotations
 
@@ -16,8 +17,12 @@ import numpy as np
 import pytest
 
 from shardtok.convert import ConvertOptions, convert, load_tokenizer
+from shardtok.convert.inputs import discover
 from shardtok.convert.output_dir import OutputDirError
+from shardtok.convert.units import plan_units
 from shardtok.convert.workdir import WORK_DIR_NAME
+from shardtok.format.manifest import load_manifest
+from shardtok.format.shard_reader import ShardReader
 
 UNIT = "32KiB"
 SHARD = ("--shard-size", "64KiB", "--frame-size", "16KiB")
@@ -74,17 +79,60 @@ def reference(corpus, tmp_path_factory) -> dict[str, str]:
     return digest
 
 
-def test_two_workers_and_other_unit_sizes_give_identical_bytes(corpus, reference, tmp_path):
-    spec = load_tokenizer("bundled")
-    for workers, unit_size in ((2, 32 << 10), (1, 1 << 20)):
-        out = tmp_path / f"w{workers}-u{unit_size}"
-        opts = ConvertOptions(
-            inputs=(str(corpus),), output=str(out), tokenizer=spec, workers=workers,
-            unit_size=unit_size, shard_size=64 << 10, frame_size=16 << 10, progress=False,
-        )  # fmt: skip
-        result = convert(opts)
-        assert tree_digest(out) == reference, f"workers={workers} unit_size={unit_size}"
-        assert result.units_reused == 0 and result.units_tokenized == result.units_total
+def _options(corpus: Path, out: Path, **kw) -> ConvertOptions:
+    base = dict(
+        inputs=(str(corpus),), output=str(out), tokenizer=load_tokenizer("bundled"),
+        unit_size=32 << 10, shard_size=64 << 10, frame_size=16 << 10, progress=False,
+    )  # fmt: skip
+    return ConvertOptions(**{**base, **kw})
+
+
+def _documents(out: Path) -> list[list[int]]:
+    manifest = load_manifest(out)
+    docs = []
+    for shard in manifest.shards:
+        reader = ShardReader(out / shard.file)
+        docs += [reader.document(i).tolist() for i in range(reader.meta.num_documents)]
+    return docs
+
+
+def test_two_workers_give_identical_bytes(corpus, reference, tmp_path):
+    result = convert(_options(corpus, tmp_path / "w2", workers=2))
+    assert tree_digest(tmp_path / "w2") == reference
+    assert result.units_reused == 0 and result.units_tokenized == result.units_total > 4
+
+
+def test_frames_end_at_unit_boundaries_so_unit_size_only_moves_frames(corpus, tmp_path):
+    """Workers compress their own unit, so a frame never spans two units: another unit size
+    gives the same documents and tokens, cut into different frames."""
+    small, large = tmp_path / "u32k", tmp_path / "u1m"
+    convert(_options(corpus, small, workers=2))
+    convert(_options(corpus, large, workers=2, unit_size=1 << 20))
+    assert _documents(small) == _documents(large)
+    assert load_manifest(small).num_tokens == load_manifest(large).num_tokens
+    # With 32 KiB units, some frames close early (at a unit's end) and the first document of
+    # every unit opens a frame.
+    units = plan_units(discover([str(corpus)]), 32 << 10, "file")
+    assert len(units) > 4
+    frame_sizes = [
+        f.uncompressed_size
+        for shard in load_manifest(small).shards
+        for f in ShardReader(small / shard.file).meta.frames
+    ]
+    assert min(frame_sizes[:-1]) < (16 << 10) // 2
+    assert tree_digest(small) != tree_digest(large)
+
+
+def test_rerun_with_another_compression_level_reencodes_persisted_frames(corpus, tmp_path):
+    """Units persisted at one level are reused under another: the assembler re-encodes their
+    frames, and the result equals a fresh run at that level."""
+    out = tmp_path / "out"
+    convert(_options(corpus, out, workers=2, compression_level=3, keep_work=True))
+    (out / "index.json").unlink()  # now an unfinished conversion with every unit done
+    result = convert(_options(corpus, out, workers=2, compression_level=9))
+    assert result.units_reused == result.units_total
+    convert(_options(corpus, tmp_path / "fresh", workers=1, compression_level=9))
+    assert tree_digest(out) == tree_digest(tmp_path / "fresh")
 
 
 def test_sigkill_then_rerun_is_identical_and_reuses_finished_units(corpus, reference, tmp_path):

@@ -173,7 +173,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         type=parse_size,
         default=None,
         metavar="SIZE",
-        help="input bytes per work unit (default: total/64, between 256KiB and 16MiB); changes only how work is split and resumed, never the output",
+        help="input bytes per work unit (default: total/64, between 256KiB and 16MiB); a frame never spans two units, so it moves frame boundaries (documents and tokens stay the same)",
     )
     p.add_argument(
         "--overwrite",

@@ -1,19 +1,22 @@
 """The conversion job: plan units, tokenize them in a process pool, assemble shards in order.
 
-Workers tokenize units in any order and persist each one in the work folder. The main process
-assembles: as soon as unit k and every unit before it are finished, it feeds unit k's documents
-to the DatasetWriter (which compresses and writes shards) while the workers keep tokenizing later
-units, so compression overlaps tokenization instead of following it.
+Workers tokenize units in any order and persist each one in the work folder, together with its
+documents cut into frames and compressed (a frame never spans two units, so a worker can do this
+alone). The main process assembles: as soon as unit k and every unit before it are finished, it
+appends unit k's frames to the DatasetWriter's shards while the workers keep tokenizing later
+units. Compression thus scales with the workers instead of competing with them for a core.
 
-Because the documents reach the writer in input order whatever finished first, the shards are
-byte-identical for any worker count, any unit size and any restart. After a kill, finished units
-are reused and the shards are simply written again from unit 0: shard boundaries are only known
-by replaying the documents, and compressing is a small fraction of tokenizing (see
-docs/CONVERT.md), so rewriting is cheaper and safer than trusting half-finished output.
+Because units reach the writer in input order whatever finished first, the shards are
+byte-identical for any worker count and any restart; the unit size moves frame boundaries, never
+documents or tokens. After a kill, finished units are reused and the shards are simply written
+again from unit 0: shard boundaries are only known by replaying the units, and appending frames
+costs little (see docs/CONVERT.md), so rewriting is cheaper and safer than trusting
+half-finished output.
 """
 
 from __future__ import annotations
 
+import io
 import multiprocessing
 import os
 import sys
@@ -21,6 +24,8 @@ import time
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from shardtok.convert.inputs import InputFile, discover
 from shardtok.convert.output_dir import RejectsFile, prepare_output, remove_stale_shards
@@ -37,7 +42,7 @@ from shardtok.convert.worker import (
 )
 from shardtok.errors import BadRecordError, TokenizerMismatchError
 from shardtok.format.dataset_writer import DEFAULT_SHARD_SIZE, DatasetWriter
-from shardtok.format.frames import DEFAULT_FRAME_SIZE
+from shardtok.format.frames import DEFAULT_FRAME_SIZE, FrameBuilder
 from shardtok.format.manifest import Manifest
 from shardtok.format.shard_reader import ShardReader
 
@@ -63,9 +68,10 @@ class ConvertOptions:
     progress: bool = True
 
 
-def _settings(opts: ConvertOptions, files: list[InputFile]) -> dict:
+def _settings(opts: ConvertOptions, files: list[InputFile], unit_size: int) -> dict:
     """The conversion's settings as stored in the manifest (deterministic: no times, no workers)."""
     return {
+        "unit_size": unit_size,  # frames end at unit ends
         "inputs": [{"path": f.path, "bytes": f.size} for f in files],
         "text_key": opts.text_key,
         "txt_mode": opts.txt_mode,
@@ -170,15 +176,18 @@ class _Assembler:
             self.rejects.write(path, bases[piece_no] + record, reason, detail)
             self.rejected[reason] = self.rejected.get(reason, 0) + 1
         tokens, docs = self.workdir.load_unit(result.index, self.dtype)
+        if result.frame_settings == [self.opts.frame_size, self.opts.compression_level]:
+            frames, stored = result.frames, self.workdir.load_frames(result.index)
+        else:  # persisted by a run with other --frame-size/--compression-level: re-encode
+            buffer = io.BytesIO()
+            framer = FrameBuilder(self.opts.frame_size, self.opts.compression_level, buffer)
+            framer.add(tokens, docs[:, 2])
+            frames, stored = framer.finish(), buffer.getbuffer()
         paths = [self.files[p.input_index].path for p in unit.pieces]
-        offset = 0
-        add = self.writer.add
-        for piece_no, record, size in docs.tolist():
-            add(
-                tokens[offset : offset + size],
-                provenance=(paths[piece_no], bases[piece_no] + record),
-            )
-            offset += size
+        records = np.asarray(bases, dtype=np.int64)[docs[:, 0]] + docs[:, 1]
+        self.writer.add_frames(
+            tokens, docs[:, 2], frames, stored, provenance=(paths, docs[:, 0], records)
+        )
         self.records_read += result.records_read
         self.documents += result.num_documents
 
@@ -219,7 +228,7 @@ def convert(opts: ConvertOptions) -> ConvertResult:
     out = Path(opts.output)
     total_bytes = sum(f.size for f in files)
     unit_size = opts.unit_size or auto_unit_size(total_bytes)
-    settings = _settings(opts, files)
+    settings = _settings(opts, files, unit_size)
     workdir, done = prepare_output(
         out, opts.name, _plan(opts, files, unit_size), settings, opts.overwrite
     )
@@ -250,6 +259,8 @@ def convert(opts: ConvertOptions) -> ConvertResult:
         opts.txt_mode,
         opts.on_bad_record == "error",
         opts.tokenizer,
+        opts.frame_size,
+        opts.compression_level,
     )
     workers = max(1, min(opts.workers or _usable_cores(), len(todo) or 1))
     pool = None

@@ -1,9 +1,10 @@
 """The work folder (`OUT/.shardtok-work/`): the plan and every finished unit's tokens.
 
-A unit is persisted as three files, each written under a temporary name and renamed:
+A unit is persisted as four files, each written under a temporary name and renamed:
 ``unit-NNNNNN.tokens`` (the documents' tokens, concatenated, in the dataset dtype),
+``unit-NNNNNN.frames`` (the same documents cut into frames and zstd-compressed by the worker),
 ``unit-NNNNNN.docs.npy`` (int64 rows: piece, record number, token count) and last
-``unit-NNNNNN.json`` (counts and rejects). The json is the finished-unit marker: a unit whose json
+``unit-NNNNNN.json`` (counts, rejects, the frame table and the frame settings used). The json is the finished-unit marker: a unit whose json
 exists and whose arrays agree with it is never tokenized again. A SIGKILL leaves at worst stray
 temporary files, which are ignored and swept.
 
@@ -24,7 +25,7 @@ import numpy as np
 
 WORK_DIR_NAME = ".shardtok-work"
 _TRASH_PREFIX = WORK_DIR_NAME + ".trash-"
-_UNIT_FORMAT = 1
+_UNIT_FORMAT = 2  # 2: units carry their compressed frames
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -45,6 +46,9 @@ class UnitResult:
     piece_records: list[int]  # lines/rows spanned by each piece (for file line numbers)
     records_read: int
     rejects: list[list]  # [piece, record, reason, detail]
+    # [first document, uncompressed size, stored size, crc32] of each frame in the .frames file
+    frames: list[list[int]]
+    frame_settings: list  # [frame_size, compression level or None] the frames were made with
 
     def to_json(self) -> bytes:
         doc = dict(self.__dict__, format=_UNIT_FORMAT)
@@ -86,10 +90,13 @@ class WorkDir:
     def _base(self, index: int) -> Path:
         return self.path / f"unit-{index:06d}"
 
-    def save_unit(self, result: UnitResult, tokens_tmp: Path, docs: np.ndarray) -> None:
-        """Move a worker's token file into place, then the docs array, then the marker."""
+    def save_unit(
+        self, result: UnitResult, tokens_tmp: Path, frames_tmp: Path, docs: np.ndarray
+    ) -> None:
+        """Move a worker's token and frame files into place, then the docs array, then the marker."""
         base = self._base(result.index)
         os.replace(tokens_tmp, base.with_suffix(".tokens"))
+        os.replace(frames_tmp, base.with_suffix(".frames"))
         docs_path = base.with_suffix(".docs.npy")
         tmp = docs_path.with_name(f".{docs_path.name}.tmp-{os.getpid()}")
         with open(tmp, "wb") as out:
@@ -100,18 +107,24 @@ class WorkDir:
     def token_tmp_path(self, index: int) -> Path:
         return self.path / f".unit-{index:06d}.tokens.tmp-{os.getpid()}"
 
+    def frames_tmp_path(self, index: int) -> Path:
+        return self.path / f".unit-{index:06d}.frames.tmp-{os.getpid()}"
+
     def load_result(self, index: int, dtype: np.dtype) -> UnitResult | None:
         """The unit's result if it finished and its files agree with each other, else None."""
         base = self._base(index)
         try:
             result = UnitResult.from_json(base.with_suffix(".json").read_bytes())
             tokens_size = base.with_suffix(".tokens").stat().st_size
+            frames_size = base.with_suffix(".frames").stat().st_size
             docs_shape = np.load(base.with_suffix(".docs.npy"), mmap_mode="r").shape
-        except (OSError, ValueError, TypeError):
+            stored = sum(row[2] for row in result.frames)
+        except (OSError, ValueError, TypeError, IndexError):
             return None
         if (
             result.index != index
             or tokens_size != result.num_tokens * dtype.itemsize
+            or frames_size != stored
             or docs_shape != (result.num_documents, 3)
         ):
             return None
@@ -128,6 +141,10 @@ class WorkDir:
         )
         docs = np.load(base.with_suffix(".docs.npy"))
         return tokens, docs
+
+    def load_frames(self, index: int) -> bytes:
+        """The unit's encoded frames, concatenated (see UnitResult.frames)."""
+        return self._base(index).with_suffix(".frames").read_bytes()
 
     def remove(self) -> None:
         """Delete the folder: renamed first, so a kill midway never leaves a half-empty plan behind."""

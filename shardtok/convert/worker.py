@@ -22,6 +22,7 @@ from shardtok.convert.records import PieceReader, Reject
 from shardtok.convert.tokenizer import BatchEncoder, TokenizerSpec
 from shardtok.convert.units import Unit
 from shardtok.convert.workdir import UnitResult, WorkDir
+from shardtok.format.frames import FrameBuilder
 
 _BATCH_CHARS = 1 << 20
 _BATCH_DOCS = 4096
@@ -41,6 +42,8 @@ class WorkerConfig:
     txt_mode: str
     stop_at_bad_record: bool
     tokenizer: TokenizerSpec
+    frame_size: int
+    compression_level: int | None
 
 
 @dataclass(frozen=True)
@@ -84,9 +87,10 @@ def init_worker(config: WorkerConfig) -> None:
 
 
 class _UnitTokenizer:
-    def __init__(self, encoder: BatchEncoder, out):
+    def __init__(self, encoder: BatchEncoder, out, frames: FrameBuilder):
         self.encoder = encoder
         self.out = out
+        self.frames = frames
         self.texts: list[str] = []
         self.chars = 0
         self.sizes: list[np.ndarray] = []
@@ -102,7 +106,8 @@ class _UnitTokenizer:
         if not self.texts:
             return
         tokens, sizes = self.encoder.encode(self.texts)
-        self.out.write(tokens.tobytes())
+        self.out.write(tokens.data)
+        self.frames.add(tokens, sizes)
         self.sizes.append(sizes)
         self.num_tokens += tokens.size
         self.texts, self.chars = [], 0
@@ -126,13 +131,17 @@ def tokenize_unit(unit: Unit) -> UnitResult | UnitFailure | EncoderMismatch:
     config = _config
     workdir = WorkDir(Path(config.out_dir))
     tmp = workdir.token_tmp_path(unit.index)
+    frames_tmp = workdir.frames_tmp_path(unit.index)
     doc_rows: list[tuple[int, int]] = []  # (piece, record) of each document
     piece_records: list[int] = []
     rejects: list[list] = []
     records_read = 0
     try:
-        with open(tmp, "wb") as out:
-            batcher = _UnitTokenizer(_encoder, out)
+        with open(tmp, "wb") as out, open(frames_tmp, "wb") as frames_out:
+            # Frames end at the unit's end, so the worker can compress them: the assembler
+            # then only appends them to shards (see FrameBuilder).
+            framer = FrameBuilder(config.frame_size, config.compression_level, frames_out)
+            batcher = _UnitTokenizer(_encoder, out, framer)
             for piece_no, piece in enumerate(unit.pieces):
                 file = config.files[piece.input_index]
                 reader = PieceReader(file, piece, config.text_key, config.txt_mode)
@@ -154,6 +163,7 @@ def tokenize_unit(unit: Unit) -> UnitResult | UnitFailure | EncoderMismatch:
                         batcher.add(item)
                 piece_records.append(reader.records)
             batcher.flush()
+            frames = framer.finish()
         sizes = np.concatenate(batcher.sizes) if batcher.sizes else np.empty(0, dtype=np.int32)
         docs = np.empty((len(doc_rows), 3), dtype=np.int64)
         if doc_rows:
@@ -167,8 +177,11 @@ def tokenize_unit(unit: Unit) -> UnitResult | UnitFailure | EncoderMismatch:
             piece_records=piece_records,
             records_read=records_read,
             rejects=rejects,
+            frames=frames.tolist(),
+            frame_settings=[config.frame_size, config.compression_level],
         )
-        workdir.save_unit(result, tmp, docs)
+        workdir.save_unit(result, tmp, frames_tmp, docs)
         return result
     finally:
         tmp.unlink(missing_ok=True)
+        frames_tmp.unlink(missing_ok=True)

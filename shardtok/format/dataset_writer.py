@@ -18,6 +18,19 @@ def shard_file_name(name: str, number: int) -> str:
     return f"{name}-{number:06d}.tar"
 
 
+def _runs(provenance, first: int, end: int) -> list[tuple[str, int, int]]:
+    """(file, first record, last record) runs of consecutive records among documents first..end."""
+    files, file_of, record_of = provenance
+    codes = np.asarray(file_of[first:end])
+    records = np.asarray(record_of[first:end], dtype=np.int64)
+    breaks = np.flatnonzero((codes[1:] != codes[:-1]) | (records[1:] != records[:-1] + 1)) + 1
+    starts = [0, *breaks.tolist()]
+    stops = [*breaks.tolist(), len(records)]
+    return [
+        (files[int(codes[a])], int(records[a]), int(records[b - 1])) for a, b in zip(starts, stops)
+    ]
+
+
 class DatasetWriter:
     """Add documents (1-D integer arrays) in order; shards roll over at frame boundaries.
 
@@ -69,12 +82,74 @@ class DatasetWriter:
         if tokens.size and (tokens.min() < 0 or tokens.max() >= self.vocab_size):
             bad = tokens[(tokens < 0) | (tokens >= self.vocab_size)][0]
             raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.vocab_size})")
-        if self._builder is not None and self._builder.would_close_frame(
-            tokens.size * self.dtype.itemsize
-        ):
-            self._builder.close_frame()
-            if self._builder.stored_bytes >= self.shard_size:
+        builder = self._builder
+        if builder is not None:
+            if builder.would_close_frame(tokens.size * self.dtype.itemsize):
+                builder.close_frame()
+            # With no open frame (just closed here, or by add_frames), a full shard rolls over.
+            if not builder.has_open_frame and builder.stored_bytes >= self.shard_size:
                 self._finish_shard()
+        self._open_builder().add(tokens, provenance)
+
+    def add_frames(
+        self,
+        tokens: np.ndarray,
+        sizes: np.ndarray,
+        frames: np.ndarray,
+        stored,
+        provenance: tuple[list[str], np.ndarray, np.ndarray] | None = None,
+    ) -> None:
+        """Add documents already cut into frames and encoded by a
+        :class:`~shardtok.format.frames.FrameBuilder` with this writer's frame size and level.
+
+        `tokens` are the documents concatenated (this writer's dtype), `sizes` their token
+        counts, `frames` the builder's table (first document, uncompressed size, stored size,
+        crc32; documents counted from 0 here), `stored` the encoded frames concatenated.
+        `provenance` is (file names, file index of each document, record of each document).
+        The open frame is closed first, and the shard rolls over between frames by the same
+        rule as :meth:`add`, so these frames reach the shards unchanged.
+        """
+        if self._closed:
+            raise RuntimeError("DatasetWriter is closed")
+        tokens = np.asarray(tokens)
+        sizes = np.asarray(sizes, dtype=np.int64)
+        if tokens.dtype != self.dtype or tokens.ndim != 1:
+            raise ValueError(f"tokens must be a 1-D {self.dtype} array, got {tokens.dtype}")
+        if int(sizes.sum()) != tokens.size:
+            raise ValueError(f"sizes add up to {int(sizes.sum())} tokens, not {tokens.size}")
+        if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab_size):
+            bad = tokens[(tokens < 0) | (tokens >= self.vocab_size)][0]
+            raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.vocab_size})")
+        frames = np.asarray(frames, dtype=np.int64).reshape(-1, 4)
+        stored = memoryview(stored).cast("B")
+        if int(frames[:, 2].sum()) != stored.nbytes:
+            raise ValueError("the frame table does not add up to the stored bytes")
+        doc_ends = np.cumsum(sizes)
+        firsts = frames[:, 0].tolist()
+        stored_at = 0
+        for f, (first, raw_size, stored_size, crc) in enumerate(frames.tolist()):
+            end = firsts[f + 1] if f + 1 < len(firsts) else sizes.size
+            if end <= first:
+                raise ValueError(f"frame {f} holds no documents")
+            lo = int(doc_ends[first - 1]) if first else 0
+            hi = int(doc_ends[end - 1])
+            if (hi - lo) * self.dtype.itemsize != raw_size:
+                raise ValueError(f"frame {f}: its documents are not {raw_size} bytes")
+            if self._builder is not None:
+                self._builder.close_frame()
+                if self._builder.stored_bytes >= self.shard_size:
+                    self._finish_shard()
+            runs = () if provenance is None else _runs(provenance, first, end)
+            self._open_builder().add_frame(
+                stored[stored_at : stored_at + stored_size],
+                tokens[lo:hi],
+                sizes[first:end],
+                crc,
+                runs,
+            )
+            stored_at += stored_size
+
+    def _open_builder(self) -> ShardBuilder:
         if self._builder is None:
             self._builder = ShardBuilder(
                 f"{self.name}-{len(self._entries):06d}",
@@ -84,7 +159,7 @@ class DatasetWriter:
                 self.frame_size,
                 self.tokenizer,
             )
-        self._builder.add(tokens, provenance)
+        return self._builder
 
     def _finish_shard(self) -> None:
         builder = self._builder

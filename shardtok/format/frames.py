@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import zlib
 
+import numpy as np
 import zstandard
 
 from shardtok.errors import CorruptShardError
@@ -33,6 +34,62 @@ class FrameEncoder:
 
     def encode(self, raw: bytes) -> bytes:
         return raw if self._compressor is None else self._compressor.compress(raw)
+
+
+class FrameBuilder:
+    """Cuts a run of documents into frames by the writer's rule and encodes each as it closes.
+
+    The rule is ShardBuilder's: a frame is closed before a document that would push a non-empty
+    frame past `frame_size`. Only the documents given here are framed, and :meth:`finish` closes
+    the last frame, so the frames depend on these documents alone -- which is what lets convert's
+    workers compress their own unit while earlier units are still being tokenized.
+    Encoded frames go to `out` as they close; :meth:`finish` returns the frame table.
+    """
+
+    def __init__(self, frame_size: int, level: int | None, out):
+        self.frame_size = frame_size
+        self._encoder = FrameEncoder(level)
+        self._out = out
+        self._rows: list[tuple[int, int, int, int]] = []
+        self._pending: list = []  # bytes-like pieces of the open frame
+        self._pending_bytes = 0
+        self._pending_docs = 0
+        self._pending_first = 0
+        self._documents = 0
+
+    def add(self, tokens: np.ndarray, sizes: np.ndarray) -> None:
+        """Append documents: `tokens` concatenated, `sizes` tokens per document."""
+        raw = memoryview(np.ascontiguousarray(tokens)).cast("B")
+        itemsize = tokens.dtype.itemsize
+        start = pos = 0  # raw[start:pos] belongs to the open frame
+        for n in (np.asarray(sizes, dtype=np.int64) * itemsize).tolist():
+            if self._pending_bytes > 0 and self._pending_bytes + n > self.frame_size:
+                self._pending.append(raw[start:pos])
+                start = pos
+                self._close()
+            if self._pending_docs == 0:
+                self._pending_first = self._documents
+            self._pending_docs += 1
+            self._pending_bytes += n
+            self._documents += 1
+            pos += n
+        if pos != raw.nbytes:
+            raise ValueError(f"sizes cover {pos} bytes of tokens, the tokens are {raw.nbytes}")
+        if pos > start:
+            self._pending.append(bytes(raw[start:pos]))  # the caller may reuse its buffer
+
+    def _close(self) -> None:
+        data = b"".join(self._pending)
+        stored = self._encoder.encode(data)
+        self._rows.append((self._pending_first, len(data), len(stored), zlib.crc32(data)))
+        self._out.write(stored)
+        self._pending, self._pending_bytes, self._pending_docs = [], 0, 0
+
+    def finish(self) -> np.ndarray:
+        """Close the open frame; rows of (first document, uncompressed size, stored size, crc32)."""
+        if self._pending_docs:
+            self._close()
+        return np.asarray(self._rows, dtype=np.int64).reshape(-1, 4)
 
 
 class FrameDecoder:

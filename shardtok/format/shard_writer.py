@@ -66,6 +66,10 @@ class ShardBuilder:
         """Bytes of closed frames so far (compressed when compressing)."""
         return self._stored_bytes
 
+    @property
+    def has_open_frame(self) -> bool:
+        return bool(self._pending)
+
     def would_close_frame(self, nbytes: int) -> bool:
         """Whether adding a document of `nbytes` closes the open frame first."""
         return self._pending_bytes > 0 and self._pending_bytes + nbytes > self.frame_size
@@ -81,7 +85,33 @@ class ShardBuilder:
         self._pending_bytes += len(raw)
         self._sizes.append(len(tokens))
         if provenance is not None:
-            self._note_provenance(*provenance)
+            self._note_provenance(provenance[0], provenance[1], provenance[1])
+
+    def add_frame(
+        self, stored, raw: np.ndarray, sizes: np.ndarray, crc32: int, provenance=()
+    ) -> None:
+        """Append a frame encoded elsewhere (FrameBuilder with this shard's level): `stored`
+        its encoded bytes, `raw` its tokens, `sizes` its documents' token counts, `provenance`
+        (file, first record, last record) runs of its documents. The open frame closes first."""
+        self.close_frame()
+        raw = np.ascontiguousarray(raw, dtype=self.dtype)
+        self._frames.append(
+            Frame(
+                self._stored_bytes,
+                len(stored),
+                len(self._sizes),
+                self._token_bytes,
+                raw.nbytes,
+                int(crc32),
+            )
+        )
+        self._spool.write(stored)
+        self._bin_hash.update(raw)
+        self._stored_bytes += len(stored)
+        self._token_bytes += raw.nbytes
+        self._sizes.extend(np.asarray(sizes).tolist())
+        for file, first, last in provenance:
+            self._note_provenance(file, first, last)
 
     def close_frame(self) -> None:
         if not self._pending:
@@ -104,12 +134,13 @@ class ShardBuilder:
         self._token_bytes += len(raw)
         self._pending, self._pending_bytes = [], 0
 
-    def _note_provenance(self, file: str, record: int) -> None:
-        last = self._provenance[-1] if self._provenance else None
-        if last is not None and last[0] == file and last[2] == record - 1:
-            last[2] = record
+    def _note_provenance(self, file: str, first: int, last: int) -> None:
+        """Records first..last of `file`, merged into the previous range when it continues it."""
+        prev = self._provenance[-1] if self._provenance else None
+        if prev is not None and prev[0] == file and prev[2] == first - 1:
+            prev[2] = last
         else:
-            self._provenance.append([file, record, record])
+            self._provenance.append([file, first, last])
 
     def meta(self) -> tuple[ShardMeta, bytes]:
         """Close the open frame and return the metadata and the encoded idx."""
