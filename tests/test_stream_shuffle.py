@@ -74,3 +74,13 @@ def test_packers_over_shuffle_save_restore():
         lambda: GreedyPacker(ShuffleBuffer(ArrayDocuments(docs), 700, (2,)), 63, lookahead=4),
         midpoints=(0, 3, 100, 555, 800, -2, -1),
     )
+
+
+@pytest.mark.parametrize("window", [1, 100, 4096])
+def test_round_size_changes_buffering_not_the_order(window):
+    docs = numbered(9000)
+    reference = order(ShuffleBuffer(ArrayDocuments(docs), window, (5, 0)))
+    for round_size in (1, 7, 64, 5000):
+        node = ShuffleBuffer(ArrayDocuments(docs), window, (5, 0))
+        node.round = round_size
+        assert order(node) == reference
