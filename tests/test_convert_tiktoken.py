@@ -94,7 +94,9 @@ def test_gate_accepts_tiktoken_style_tokenizers_and_refuses_the_bundled_one(tmp_
     bundled = load_tokenizer("bundled")
     assert bundled.backend == "hf"
     assert "tiktoken not used" in bundled.backend_note and "is not a merge" in bundled.backend_note
-    with pytest.raises(TokenizerLoadError, match="--tokenizer-backend tiktoken: .*is not a merge"):
+    with pytest.raises(
+        TokenizerLoadError, match="--tokenizer-backend tiktoken cannot be used: .*is not a merge"
+    ):
         load_tokenizer("bundled", backend="tiktoken")
     assert load_tokenizer(str(tt_path), backend="hf").backend == "hf"
     with pytest.raises(ValueError, match="backend must be one of"):

@@ -170,8 +170,7 @@ def _check_merges(model: dict, vocab: dict[str, int]) -> None:
             left, right = token[:cut], token[cut:]
             if left in vocab and right in vocab and (left, right) not in merge_set:
                 raise NotEquivalent(
-                    f"token {token!r} splits into {left!r} + {right!r}, both in the vocabulary, "
-                    "but that pair is not a merge (tiktoken would make the token, HF does not)"
+                    f"token {token!r} = {left!r} + {right!r} is not a merge (tiktoken would build it)"
                 )
 
 

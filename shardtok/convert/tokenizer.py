@@ -190,7 +190,9 @@ def _choose_backend(
         encoding = tiktoken_encoding(hf_backend, backend_json, fingerprint)
     except TokenizerLoadError as exc:
         if requested == "tiktoken":
-            raise TokenizerLoadError(f"--tokenizer-backend tiktoken: {exc}") from None
+            raise TokenizerLoadError(
+                f"--tokenizer-backend tiktoken cannot be used: {exc}"
+            ) from None
         return "hf", f"tiktoken not used: {exc}"
     _LOADED_TIKTOKEN[fingerprint] = encoding
     return "tiktoken", "same ids as tokenizers: equivalence gate passed, canary on every unit"
@@ -207,7 +209,7 @@ def tiktoken_encoding(hf_backend, backend_json: str, fingerprint: str):
     try:
         parts = tb.check(backend_json, fingerprint)
     except tb.NotEquivalent as exc:
-        raise TokenizerLoadError(f"the tokenizer does not qualify: {exc}") from None
+        raise TokenizerLoadError(str(exc)) from None
     encoding = parts.build(fingerprint)
     # The gate reads the configuration; the probe checks the regex engines and BPE agree in
     # fact on a fixed text, before any worker starts.
@@ -218,8 +220,7 @@ def tiktoken_encoding(hf_backend, backend_json: str, fingerprint: str):
         got = encoding.encode(text, allowed_special=allowed, disallowed_special=())
         if got != expected:
             raise TokenizerLoadError(
-                f"the tokenizer does not qualify: the probe text encodes differently "
-                f"({describe_mismatch(expected, got)})"
+                f"the probe text encodes differently ({describe_mismatch(expected, got)})"
             )
     return encoding
 
