@@ -214,7 +214,9 @@ def tiktoken_encoding(hf_backend, backend_json: str, fingerprint: str):
     # The gate reads the configuration; the probe checks the regex engines and BPE agree in
     # fact on a fixed text, before any worker starts.
     texts = tb.probe_texts(parts.specials)
-    hf = [e.ids for e in hf_backend.encode_batch(texts, add_special_tokens=False)]
+    # One text at a time: encode_batch would start tokenizers' thread pool in this process just
+    # before the workers are forked from it.
+    hf = [hf_backend.encode(t, add_special_tokens=False).ids for t in texts]
     allowed = frozenset(parts.specials)
     for text, expected in zip(texts, hf):
         got = encoding.encode(text, allowed_special=allowed, disallowed_special=())
