@@ -112,7 +112,7 @@ class ConcatPacker(Packer):
     @property
     def contiguous(self) -> bool:
         """Whether consecutive windows are consecutive token runs (no overlap), so a whole
-        batch can be cut in one go by `next_batch_into`."""
+        batch can be cut in one go by `next_batch`."""
         return self.stride == self.window
 
     def next_batch(self, rows: int) -> tuple[np.ndarray, list[int]] | None:
