@@ -113,8 +113,13 @@ def assemble_batch(
     if masked:
         labels.reshape(-1)[masked] = IGNORE_INDEX
 
-    total = rows * seq_len
-    bounds = np.array(seg_starts + [total], dtype=np.int64)
+    return _with_segments(out, seg_starts, local_ids, rows * seq_len)
+
+
+def _with_segments(out: dict, starts: list[int], local_ids: list[int], total: int) -> dict:
+    """Fill position_ids, document_ids and cu_seqlens of `out` from the flat segment starts
+    (ascending) and each segment's number within its row; return the batch dict."""
+    bounds = np.array(starts + [total], dtype=np.int64)
     segment_lengths = np.diff(bounds)
     np.subtract(
         _arange(total),
@@ -127,8 +132,8 @@ def assemble_batch(
     cu = out["cu_seqlens"][: len(bounds)]
     cu[:] = bounds
     return {
-        "input_ids": input_ids,
-        "labels": labels,
+        "input_ids": out["input_ids"],
+        "labels": out["labels"],
         "position_ids": out["position_ids"],
         "document_ids": out["document_ids"],
         "cu_seqlens": cu,
@@ -180,24 +185,4 @@ def assemble_contiguous_batch(
         if start % seq_len == 0:
             row_start = len(local_ids)
         local_ids.append(len(local_ids) - row_start)
-    bounds = np.array(starts + [total], dtype=np.int64)
-    segment_lengths = np.diff(bounds)
-    starts = bounds[:-1]
-    np.subtract(
-        _arange(total),
-        np.repeat(starts, segment_lengths),
-        out=out["position_ids"].reshape(-1),
-    )
-    out["document_ids"].reshape(-1)[:] = np.repeat(
-        np.array(local_ids, dtype=np.int32), segment_lengths
-    )
-    cu = out["cu_seqlens"][: len(bounds)]
-    cu[:] = bounds
-    return {
-        "input_ids": input_ids,
-        "labels": labels,
-        "position_ids": out["position_ids"],
-        "document_ids": out["document_ids"],
-        "cu_seqlens": cu,
-        "max_seqlen": int(segment_lengths.max()),
-    }
+    return _with_segments(out, starts, local_ids, total)

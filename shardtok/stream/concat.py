@@ -127,14 +127,21 @@ class ConcatPacker(Packer):
         if not self._started:
             self.reset(None)
         span = rows * self.window
-        offset = self._offset
-        if not self._fill(offset + span):
+        if not self._fill(self._offset + span):
             return None
-        pending = self._pending
+        pieces, boundaries = self._pieces(span)
+        tokens = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+        self._advance(span, rows)
+        return tokens, boundaries
+
+    def _pieces(self, span: int) -> tuple[list[np.ndarray], list[int]]:
+        """The next `span` tokens (held by now) as slices of the pending documents, and where
+        in the span each document after the first begins."""
+        offset = self._offset
         pieces = []
         boundaries = []
         filled = 0
-        for _, doc in pending:
+        for _, doc in self._pending:
             if filled:
                 boundaries.append(filled)
             piece = doc[offset : offset + span - filled]
@@ -143,16 +150,19 @@ class ConcatPacker(Packer):
             offset = 0
             if filled == span:
                 break
-        tokens = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
-        self._offset += span
+        return pieces, boundaries
+
+    def _advance(self, tokens: int, windows: int) -> None:
+        """Move the next window's start `tokens` on, dropping the documents it is past."""
+        pending = self._pending
+        self._offset += tokens
         while pending and self._offset >= len(pending[0][1]):
             _, doc = pending.popleft()
             self._offset -= len(doc)
             self._available -= len(doc)
         if not pending:
             self._next_position = self.upstream.position
-        self._emitted += rows
-        return tokens, boundaries
+        self._emitted += windows
 
     def _emit_into(self, out: np.ndarray) -> tuple[list[int], int]:
         window = self.window
@@ -163,26 +173,8 @@ class ConcatPacker(Packer):
             out[:] = first[offset : offset + window]
             starts = [0]
         else:
-            pieces = []
-            starts = [0]
-            filled = 0
-            for _, doc in pending:
-                if filled:  # every later document begins inside this window
-                    starts.append(filled)
-                piece = doc[offset : offset + window - filled]
-                pieces.append(piece)
-                filled += len(piece)
-                offset = 0
-                if filled == window:
-                    break
+            pieces, later = self._pieces(window)
+            starts = [0, *later]  # every later document begins inside this window
             np.concatenate(pieces, out=out, casting="unsafe")
-        # Advance to the next window's start, dropping documents it is past.
-        self._offset += self.stride
-        while pending and self._offset >= len(pending[0][1]):
-            _, doc = pending.popleft()
-            self._offset -= len(doc)
-            self._available -= len(doc)
-        if not pending:
-            self._next_position = self.upstream.position
-        self._emitted += 1
+        self._advance(self.stride, 1)
         return starts, window
