@@ -4,8 +4,9 @@ A unit is persisted as four files, each written under a temporary name and renam
 ``unit-NNNNNN.tokens`` (the documents' tokens, concatenated, in the dataset dtype),
 ``unit-NNNNNN.frames`` (the same documents cut into frames and zstd-compressed by the worker),
 ``unit-NNNNNN.docs.npy`` (int64 rows: piece, record number, token count) and last
-``unit-NNNNNN.json`` (counts, rejects, the frame table and the frame settings used). The json is the finished-unit marker: a unit whose json
-exists and whose arrays agree with it is never tokenized again. A SIGKILL leaves at worst stray
+``unit-NNNNNN.json`` (counts, rejects, the frame table and the frame settings used). The json
+is the finished-unit marker: a unit whose json exists and whose arrays agree with it is never
+tokenized again. A SIGKILL leaves at worst stray
 temporary files, which are ignored and swept.
 
 `plan.json` holds the fingerprint of everything that decides a unit's content (input files with
