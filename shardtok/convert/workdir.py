@@ -6,8 +6,7 @@ A unit is persisted as four files, each written under a temporary name and renam
 ``unit-NNNNNN.docs.npy`` (int64 rows: piece, record number, token count) and last
 ``unit-NNNNNN.json`` (counts, rejects, the frame table and the frame settings used). The json
 is the finished-unit marker: a unit whose json exists and whose arrays agree with it is never
-tokenized again. A SIGKILL leaves at worst stray
-temporary files, which are ignored and swept.
+tokenized again. A SIGKILL leaves at worst stray temporary files, which are ignored and swept.
 
 `plan.json` holds the fingerprint of everything that decides a unit's content (input files with
 size and mtime, text key, txt mode, tokenizer fingerprint, EOS/BOS, unit size); work from a
