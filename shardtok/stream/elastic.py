@@ -32,9 +32,14 @@ import numpy as np
 
 from shardtok.errors import ResumeStateError, ShardtokError
 from shardtok.stream.batch import Allocator, allocate_arrays
-from shardtok.stream.batcher import Batcher
 from shardtok.stream.node import DocumentNode, PlacedStream
-from shardtok.stream.pipeline import StreamOptions, document_stream, packer_for, plan_for
+from shardtok.stream.pipeline import (
+    StreamOptions,
+    batcher_for,
+    document_stream,
+    packer_for,
+    plan_for,
+)
 from shardtok.stream.plan import EpochPlan, sequence_count
 from shardtok.stream.sources import DatasetSource
 
@@ -280,13 +285,12 @@ class ElasticStream(PlacedStream):
             )
         index = rank * num_workers + worker
         documents = RemainderDocuments(self._residual, self.plan.segments[index])
-        self.batcher = Batcher(
+        self.batcher = batcher_for(
             packer_for(documents, options),
-            options.batch_size,
-            num_batches=self.plan.batches_per_slice,
-            mask_boundary_labels=options.mask_boundary_labels,
-            allocate=allocate,
-            where=f"{source.location} epoch {epoch} remainder rank {rank} worker {worker}",
+            options,
+            self.plan.batches_per_slice,
+            allocate,
+            f"{source.location} epoch {epoch} remainder rank {rank} worker {worker}",
         )
 
     def _residual(self, index: int) -> Iterator[np.ndarray]:

@@ -9,12 +9,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from shardtok.stream.batch import Allocator, allocate_arrays
-from shardtok.stream.batcher import Batcher
 from shardtok.stream.elastic_mix import remainder_packers
 from shardtok.stream.mix import MixedSequences, SourceSequences, with_source_seed
 from shardtok.stream.mix_config import MixSpec
 from shardtok.stream.node import Node, PlacedStream
-from shardtok.stream.pipeline import StreamOptions
+from shardtok.stream.pipeline import StreamOptions, batcher_for
 
 
 class MixedStream(PlacedStream):
@@ -76,13 +75,8 @@ class MixedStream(PlacedStream):
                 )
             )
         self.mixer = MixedSequences(sources, spec.weights)
-        self.batcher = Batcher(
-            self.mixer,
-            options.batch_size,
-            num_batches=num_batches,
-            mask_boundary_labels=options.mask_boundary_labels,
-            allocate=allocate,
-            where=f"mix rank {rank} worker {worker}",
+        self.batcher = batcher_for(
+            self.mixer, options, num_batches, allocate, f"mix rank {rank} worker {worker}"
         )
 
     @classmethod

@@ -84,6 +84,24 @@ def packer_for(documents: DocumentNode, options: StreamOptions) -> Packer:
     )
 
 
+def batcher_for(
+    sequences: Packer,
+    options: StreamOptions,
+    num_batches: int,
+    allocate: Allocator,
+    where: str,
+) -> Batcher:
+    """The batch stage every placed stream ends with (sizes and label masking from `options`)."""
+    return Batcher(
+        sequences,
+        options.batch_size,
+        num_batches=num_batches,
+        mask_boundary_labels=options.mask_boundary_labels,
+        allocate=allocate,
+        where=where,
+    )
+
+
 class SliceStream(PlacedStream):
     """The exact batches of one (rank, worker) in one epoch."""
 
@@ -124,13 +142,12 @@ class SliceStream(PlacedStream):
                 "ranks, workers or a smaller batch"
             )
         documents = document_stream(self.source, self.slice, options, epoch)
-        self.batcher = Batcher(
+        self.batcher = batcher_for(
             packer_for(documents, options),
-            options.batch_size,
-            num_batches=self.plan.batches_per_slice,
-            mask_boundary_labels=options.mask_boundary_labels,
-            allocate=allocate,
-            where=f"{self.source.location} epoch {epoch} rank {rank} worker {worker}",
+            options,
+            self.plan.batches_per_slice,
+            allocate,
+            f"{self.source.location} epoch {epoch} rank {rank} worker {worker}",
         )
 
     def __len__(self) -> int:
