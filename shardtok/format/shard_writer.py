@@ -95,20 +95,7 @@ class ShardBuilder:
         (file, first record, last record) runs of its documents. The open frame closes first."""
         self.close_frame()
         raw = np.ascontiguousarray(raw, dtype=self.dtype)
-        self._frames.append(
-            Frame(
-                self._stored_bytes,
-                len(stored),
-                len(self._sizes),
-                self._token_bytes,
-                raw.nbytes,
-                int(crc32),
-            )
-        )
-        self._spool.write(stored)
-        self._bin_hash.update(raw)
-        self._stored_bytes += len(stored)
-        self._token_bytes += raw.nbytes
+        self._append_frame(stored, raw, len(self._sizes), int(crc32))
         self._sizes.extend(np.asarray(sizes).tolist())
         for file, first, last in provenance:
             self._note_provenance(file, first, last)
@@ -117,22 +104,19 @@ class ShardBuilder:
         if not self._pending:
             return
         raw = b"".join(self._pending)
-        stored = self._encoder.encode(raw)
+        self._append_frame(self._encoder.encode(raw), raw, self._pending_first, zlib.crc32(raw))
+        self._pending, self._pending_bytes = [], 0
+
+    def _append_frame(self, stored, raw, first_document: int, crc32: int) -> None:
+        """Spool one encoded frame and enter it in the frame table and the .bin hash."""
+        nbytes = memoryview(raw).nbytes
         self._frames.append(
-            Frame(
-                self._stored_bytes,
-                len(stored),
-                self._pending_first,
-                self._token_bytes,
-                len(raw),
-                zlib.crc32(raw),
-            )
+            Frame(self._stored_bytes, len(stored), first_document, self._token_bytes, nbytes, crc32)
         )
         self._spool.write(stored)
         self._bin_hash.update(raw)
         self._stored_bytes += len(stored)
-        self._token_bytes += len(raw)
-        self._pending, self._pending_bytes = [], 0
+        self._token_bytes += nbytes
 
     def _note_provenance(self, file: str, first: int, last: int) -> None:
         """Records first..last of `file`, merged into the previous range when it continues it."""
