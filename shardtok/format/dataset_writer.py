@@ -79,9 +79,7 @@ class DatasetWriter:
             raise ValueError(
                 f"a document is a 1-D integer array, got shape {tokens.shape} dtype {tokens.dtype}"
             )
-        if tokens.size and (tokens.min() < 0 or tokens.max() >= self.vocab_size):
-            bad = tokens[(tokens < 0) | (tokens >= self.vocab_size)][0]
-            raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.vocab_size})")
+        self._check_ids(tokens)
         builder = self._builder
         if builder is not None:
             if builder.would_close_frame(tokens.size * self.dtype.itemsize):
@@ -117,9 +115,7 @@ class DatasetWriter:
             raise ValueError(f"tokens must be a 1-D {self.dtype} array, got {tokens.dtype}")
         if int(sizes.sum()) != tokens.size:
             raise ValueError(f"sizes add up to {int(sizes.sum())} tokens, not {tokens.size}")
-        if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab_size):
-            bad = tokens[(tokens < 0) | (tokens >= self.vocab_size)][0]
-            raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.vocab_size})")
+        self._check_ids(tokens)
         frames = np.asarray(frames, dtype=np.int64).reshape(-1, 4)
         stored = memoryview(stored).cast("B")
         if int(frames[:, 2].sum()) != stored.nbytes:
@@ -148,6 +144,11 @@ class DatasetWriter:
                 runs,
             )
             stored_at += stored_size
+
+    def _check_ids(self, tokens: np.ndarray) -> None:
+        if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab_size):
+            bad = tokens[(tokens < 0) | (tokens >= self.vocab_size)][0]
+            raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.vocab_size})")
 
     def _open_builder(self) -> ShardBuilder:
         if self._builder is None:
