@@ -60,7 +60,6 @@ class SlotRing:
         self.control = np.frombuffer(self.mm, dtype=np.uint8, count=_HEADER)
         self.name = os.urandom(12).hex()  # identifies this ring in the main process's cache
         self.pid = os.getpid()
-        self._next_slot = 0
         self._current: int | None = None
         self.fallbacks = 0
 
@@ -72,12 +71,12 @@ class SlotRing:
         """The batcher's allocator: arrays in a free slot, or ordinary arrays if none is free."""
         self._current = None
         if (batch_size, seq_len) == (self.batch_size, self.seq_len):
-            for i in range(self.slots):
-                slot = (self._next_slot + i) % self.slots
+            # The lowest free slot: the most recently used memory, likely still in cache (a
+            # batch written into a slot last touched 16 batches ago costs ~1.3x more).
+            for slot in range(self.slots):
                 if self.control[slot] == FREE:
                     self.control[slot] = BUSY
                     self._current = slot
-                    self._next_slot = (slot + 1) % self.slots
                     return self._views(slot, batch_size, seq_len)
         self.fallbacks += 1
         return allocate_arrays(batch_size, seq_len)
@@ -90,10 +89,15 @@ class SlotRing:
             out[key] = arr if key == "cu_seqlens" else arr.reshape(batch_size, seq_len)
         return out
 
+    def take_slot(self) -> int | None:
+        """The slot the last allocated batch lives in (None: ordinary memory), handed over."""
+        slot, self._current = self._current, None
+        return slot
+
     def package(self, batch: dict, *, local: bool = False):
         """What to yield: a handle that unpickles to tensors in the main process, or (`local`,
         no process boundary) the tensors themselves; ordinary tensors for a fallback batch."""
-        slot, self._current = self._current, None
+        slot = self.take_slot()
         if slot is None:
             return to_tensors(batch)
         extras = {k: v for k, v in batch.items() if k not in BATCH_KEYS}
