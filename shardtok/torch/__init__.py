@@ -1,16 +1,22 @@
 """PyTorch adapters (the only part of shardtok that imports torch)."""
 
+from shardtok.torch.affinity import pin_worker, worker_cpus
 from shardtok.torch.checkpoint import dataset_states, merge_states
 from shardtok.torch.dataset import ShardStreamDataset
 from shardtok.torch.distributed import data_parallel_rank
+from shardtok.torch.loader import LoaderWorkerError, ShardLoader
 from shardtok.torch.memmap_dataset import MemmapTokenDataset
 from shardtok.torch.transport import to_tensors
 
 __all__ = [
+    "LoaderWorkerError",
     "MemmapTokenDataset",
+    "ShardLoader",
     "ShardStreamDataset",
     "data_parallel_rank",
     "dataset_states",
     "merge_states",
+    "pin_worker",
     "to_tensors",
+    "worker_cpus",
 ]

@@ -1,6 +1,7 @@
-"""Getting per-worker dataset states out of a StatefulDataLoader checkpoint, for elastic resume.
+"""Getting per-worker dataset states out of a loader checkpoint, for elastic resume.
 
-``StatefulDataLoader.state_dict()`` keeps each worker's ``dataset.state_dict()`` under
+``ShardLoader.state_dict()`` lists them under ``workers``; ``StatefulDataLoader.state_dict()``
+keeps each worker's ``dataset.state_dict()`` under
 ``_snapshot/_worker_snapshots/worker_<i>/dataset_state`` (with workers) or ``dataset_state``
 (without). Gather these from every rank (or read every rank's checkpoint) and pass them all to
 ``merge_states`` to finish the epoch with another world size or number of workers::
@@ -17,7 +18,10 @@ from shardtok.stream.elastic import merge_states
 
 
 def dataset_states(loader_state: dict) -> list[dict]:
-    """The dataset states of every worker in one rank's StatefulDataLoader state."""
+    """The dataset states of every worker in one rank's ShardLoader or StatefulDataLoader
+    state."""
+    if "shardtok_loader" in loader_state:
+        return list(loader_state["workers"])
     workers = (loader_state.get("_snapshot") or {}).get("_worker_snapshots") or {}
     if workers:
         ordered = sorted(workers.values(), key=lambda w: int(w["worker_id"]))

@@ -100,6 +100,7 @@ class ShardStreamDataset(IterableDataset):
         self._stream: Node[dict] | None = None
         self._pending_state: dict | None = None
         self._ring: SlotRing | None = None
+        self._worker_slot: tuple[int, int] | None = None  # (worker, num_workers) in a ShardLoader
 
     @classmethod
     def from_config(cls, config: str | Path | dict, *, stage: str | int = 0, **kwargs):
@@ -149,8 +150,11 @@ class ShardStreamDataset(IterableDataset):
     # -- iteration ------------------------------------------------------------------------
     def _placement(self) -> dict[str, int]:
         rank, world_size = data_parallel_rank(self.rank, self.world_size)
-        info = get_worker_info()
-        worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        if self._worker_slot is not None:  # a worker of shardtok's own loader
+            worker, num_workers = self._worker_slot
+        else:
+            info = get_worker_info()
+            worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         return dict(rank=rank, world_size=world_size, worker=worker, num_workers=num_workers)
 
     def _make_stream(self, state: dict | None) -> tuple[Node[dict], SlotRing | None]:
@@ -185,8 +189,9 @@ class ShardStreamDataset(IterableDataset):
             )
         return stream, ring
 
-    def __iter__(self):
-        state, self._pending_state = self._pending_state, None
+    def _start_stream(self, state: dict | None) -> tuple[Node[dict], SlotRing | None]:
+        """This process's stream, positioned at `state` (a stream state, a merged state, or
+        None for the epoch's start)."""
         stream, ring = self._make_stream(state)
         if state is not None and (
             "elastic_mix" in state
@@ -195,6 +200,11 @@ class ShardStreamDataset(IterableDataset):
             state = None  # a merged state: this new slice starts at its beginning
         stream.reset(state)
         self._stream = stream
+        return stream, ring
+
+    def __iter__(self):
+        state, self._pending_state = self._pending_state, None
+        stream, ring = self._start_stream(state)
         # Batches are built in reused slots (no page faults for fresh memory); across a process
         # boundary only a handle is pickled.
         local = get_worker_info() is None
@@ -207,9 +217,12 @@ class ShardStreamDataset(IterableDataset):
         fingerprint of the sources and options it belongs to."""
         # Before the first batch, a state loaded but not yet used is still the position.
         stream = self._pending_state if self._stream is None else self._stream.state_dict()
+        return self._state(stream, self._placement())
+
+    def _state(self, stream: dict | None, placement: dict[str, int]) -> dict:
         return {
             "epoch": self.epoch,
-            "placement": self._placement(),
+            "placement": placement,
             "stream": stream,
             "fingerprint": self.fingerprint,
         }
