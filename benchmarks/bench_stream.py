@@ -132,12 +132,23 @@ def child(args) -> None:
     t0 = time.perf_counter()
     workers = args.workers
     extra = {"prefetch_factor": args.prefetch} if workers else {}
+    if workers and args.pin:
+        from shardtok.torch import pin_worker
+
+        extra["worker_init_fn"] = pin_worker
     if args.kind == "zstd":
         from shardtok.torch import ShardStreamDataset
 
         ds = ShardStreamDataset(BENCH / args.data, seq_len=SEQ_LEN, batch_size=BATCH,
                                 shuffle_buffer=args.shuffle_buffer)  # fmt: skip
         loader = DataLoader(ds, batch_size=None, num_workers=workers, **extra)
+    elif args.kind == "lean":
+        from shardtok.torch import ShardLoader, ShardStreamDataset
+
+        ds = ShardStreamDataset(BENCH / args.data, seq_len=SEQ_LEN, batch_size=BATCH,
+                                shuffle_buffer=args.shuffle_buffer)  # fmt: skip
+        loader = ShardLoader(ds, num_workers=workers, prefetch=args.prefetch,
+                             pin_workers=bool(args.pin))  # fmt: skip
     elif args.kind == "memmap":
         from shardtok.torch.memmap_dataset import MemmapTokenDataset
 
@@ -165,7 +176,8 @@ def child(args) -> None:
     it = iter(loader)
     next(it)
     first = time.perf_counter()
-    pids = [w.pid for w in getattr(it, "_workers", [])]
+    procs = it.workers.processes if hasattr(it, "workers") else getattr(it, "_workers", [])
+    pids = [w.pid for w in procs]
     sampler = _RssSampler([os.getpid(), *pids])
     sampler.start()
     cpu0 = [_cpu_seconds(p) for p in pids]
@@ -209,6 +221,15 @@ def run_child(**kw) -> dict:
 # -- reports ----------------------------------------------------------------------------------
 
 
+LABELS = {
+    "lean": "shardtok stream, zstd shards, `ShardLoader`",
+    "zstd": "shardtok stream, zstd shards, `DataLoader`",
+    "memmap": "shardtok memmap path (GPTSamples), `DataLoader`",
+    "plain": "reference: plain memmap windows, default collate",
+    "idle": "DataLoader floor: workers yield a ready tensor",
+}
+
+
 def capacity(r: dict) -> float:
     """M tokens/s the measured CPU per batch allows with two cores to ourselves (main + workers
     share them; in process, one core). Contention inflates the CPU figures, so this is low."""
@@ -220,26 +241,30 @@ def capacity(r: dict) -> float:
 def throughput(args) -> None:
     rows = []
     kinds = args.kinds.split(",")
+    pins = [int(x) for x in args.pin.split(",")]
+    configs = [(kind, workers, pin) for kind in kinds for workers in args.workers for pin in pins
+               if not (pin and workers == 0)]  # fmt: skip
     for rep in range(args.repeat):
-        for kind in kinds:
-            for workers in args.workers:
+        for kind, workers, pin in configs:
+            if True:
                 r = run_child(kind=kind, workers=workers, batches=args.batches,
                               prefetch=args.prefetch, shuffle_buffer=args.shuffle_buffer,
-                              data="zstd")  # fmt: skip
+                              data="zstd", pin=pin)  # fmt: skip
+                r["pin"] = pin
                 rows.append(r)
-                print(f"[{rep}] {kind:7s} workers={workers}: {r['tokens_per_s'] / 1e6:6.1f} M tok/s, "
+                print(f"[{rep}] {kind:7s} workers={workers} pin={pin}: {r['tokens_per_s'] / 1e6:6.1f} M tok/s, "
                       f"first batch {r['first_batch_s']:.3f} s, main {r['main_cpu_us_per_batch']:.0f} us/b, "
                       f"workers {r['worker_cpu_us_per_batch']:.0f} us/b, load {r['load']}", flush=True)  # fmt: skip
-    print("\n| loader | workers | M tokens/s (best of runs) | median | first batch (s) | "
-          "main CPU µs/batch | worker CPU µs/batch | CPU-bound M tokens/s on 2 free cores | "
-          "load avg (1/5/15 min) |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|")
-    for kind in kinds:
-        for workers in args.workers:
-            mine = [r for r in rows if r["kind"] == kind and r["workers"] == workers]
+    print("\n| loader | workers | workers pinned | M tokens/s (best of runs) | median | "
+          "first batch (s) | main CPU µs/batch | worker CPU µs/batch | "
+          "CPU-bound M tokens/s on 2 free cores | load avg (1/5/15 min) |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for kind, workers, pin in configs:
+        if True:
+            mine = [r for r in rows if (r["kind"], r["workers"], r["pin"]) == (kind, workers, pin)]
             speeds = sorted(r["tokens_per_s"] / 1e6 for r in mine)
             best = max(mine, key=lambda r: r["tokens_per_s"])
-            print(f"| {kind} | {workers} | {speeds[-1]:.1f} | {speeds[len(speeds) // 2]:.1f} | "
+            print(f"| {LABELS[kind]} | {workers} | {'yes' if pin else 'no'} | {speeds[-1]:.1f} | {speeds[len(speeds) // 2]:.1f} | "
                   f"{max(r['first_batch_s'] for r in mine):.3f} (worst) | {best['main_cpu_us_per_batch']:.0f} | "
                   f"{best['worker_cpu_us_per_batch']:.0f} | {capacity(best):.0f} | {best['load']} |")  # fmt: skip
 
@@ -366,7 +391,8 @@ def main() -> None:
     p.add_argument("--tokens", type=float, default=52.5e6)
     p = sub.add_parser("throughput")
     p.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--kinds", default="zstd,memmap,plain")
+    p.add_argument("--kinds", default="lean,zstd,memmap,plain")
+    p.add_argument("--pin", default="0,1", help="pin workers to CPUs: 0, 1 or 0,1 (both)")
     p.add_argument("--batches", type=int, default=3000)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--prefetch", type=int, default=4)
@@ -386,6 +412,7 @@ def main() -> None:
     p.add_argument("--batches", type=int, required=True)
     p.add_argument("--prefetch", type=int, default=4)
     p.add_argument("--shuffle-buffer", type=int, default=4096)
+    p.add_argument("--pin", type=int, default=0)
     args = parser.parse_args()
     {"prepare": prepare, "throughput": throughput, "stages": stages, "memory": memory,
      "_child": child}[args.cmd](args)  # fmt: skip
