@@ -132,10 +132,6 @@ def child(args) -> None:
     t0 = time.perf_counter()
     workers = args.workers
     extra = {"prefetch_factor": args.prefetch} if workers else {}
-    if workers and args.pin:
-        from shardtok.torch import pin_worker
-
-        extra["worker_init_fn"] = pin_worker
     if args.kind == "zstd":
         from shardtok.torch import ShardStreamDataset
 
@@ -147,8 +143,7 @@ def child(args) -> None:
 
         ds = ShardStreamDataset(BENCH / args.data, seq_len=SEQ_LEN, batch_size=BATCH,
                                 shuffle_buffer=args.shuffle_buffer)  # fmt: skip
-        loader = ShardLoader(ds, num_workers=workers, prefetch=args.prefetch,
-                             pin_workers=bool(args.pin))  # fmt: skip
+        loader = ShardLoader(ds, num_workers=workers, prefetch=args.prefetch)
     elif args.kind == "memmap":
         from shardtok.torch.memmap_dataset import MemmapTokenDataset
 
@@ -241,30 +236,26 @@ def capacity(r: dict) -> float:
 def throughput(args) -> None:
     rows = []
     kinds = args.kinds.split(",")
-    pins = [int(x) for x in args.pin.split(",")]
-    configs = [(kind, workers, pin) for kind in kinds for workers in args.workers for pin in pins
-               if not (pin and workers == 0)]  # fmt: skip
     for rep in range(args.repeat):
-        for kind, workers, pin in configs:
-            if True:
+        for kind in kinds:
+            for workers in args.workers:
                 r = run_child(kind=kind, workers=workers, batches=args.batches,
                               prefetch=args.prefetch, shuffle_buffer=args.shuffle_buffer,
-                              data="zstd", pin=pin)  # fmt: skip
-                r["pin"] = pin
+                              data="zstd")  # fmt: skip
                 rows.append(r)
-                print(f"[{rep}] {kind:7s} workers={workers} pin={pin}: {r['tokens_per_s'] / 1e6:6.1f} M tok/s, "
+                print(f"[{rep}] {kind:7s} workers={workers}: {r['tokens_per_s'] / 1e6:6.1f} M tok/s, "
                       f"first batch {r['first_batch_s']:.3f} s, main {r['main_cpu_us_per_batch']:.0f} us/b, "
                       f"workers {r['worker_cpu_us_per_batch']:.0f} us/b, load {r['load']}", flush=True)  # fmt: skip
-    print("\n| loader | workers | workers pinned | M tokens/s (best of runs) | median | "
-          "first batch (s) | main CPU µs/batch | worker CPU µs/batch | "
-          "CPU-bound M tokens/s on 2 free cores | load avg (1/5/15 min) |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for kind, workers, pin in configs:
-        if True:
-            mine = [r for r in rows if (r["kind"], r["workers"], r["pin"]) == (kind, workers, pin)]
+    print("\n| loader | workers | M tokens/s (best of runs) | median | first batch (s) | "
+          "main CPU µs/batch | worker CPU µs/batch | CPU-bound M tokens/s on 2 free cores | "
+          "load avg (1/5/15 min) |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
+    for kind in kinds:
+        for workers in args.workers:
+            mine = [r for r in rows if r["kind"] == kind and r["workers"] == workers]
             speeds = sorted(r["tokens_per_s"] / 1e6 for r in mine)
             best = max(mine, key=lambda r: r["tokens_per_s"])
-            print(f"| {LABELS[kind]} | {workers} | {'yes' if pin else 'no'} | {speeds[-1]:.1f} | {speeds[len(speeds) // 2]:.1f} | "
+            print(f"| {LABELS[kind]} | {workers} | {speeds[-1]:.1f} | {speeds[len(speeds) // 2]:.1f} | "
                   f"{max(r['first_batch_s'] for r in mine):.3f} (worst) | {best['main_cpu_us_per_batch']:.0f} | "
                   f"{best['worker_cpu_us_per_batch']:.0f} | {capacity(best):.0f} | {best['load']} |")  # fmt: skip
 
@@ -392,7 +383,6 @@ def main() -> None:
     p = sub.add_parser("throughput")
     p.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--kinds", default="lean,zstd,memmap,plain")
-    p.add_argument("--pin", default="0,1", help="pin workers to CPUs: 0, 1 or 0,1 (both)")
     p.add_argument("--batches", type=int, default=3000)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--prefetch", type=int, default=4)
@@ -412,7 +402,6 @@ def main() -> None:
     p.add_argument("--batches", type=int, required=True)
     p.add_argument("--prefetch", type=int, default=4)
     p.add_argument("--shuffle-buffer", type=int, default=4096)
-    p.add_argument("--pin", type=int, default=0)
     args = parser.parse_args()
     {"prepare": prepare, "throughput": throughput, "stages": stages, "memory": memory,
      "_child": child}[args.cmd](args)  # fmt: skip

@@ -19,9 +19,7 @@ from shardtok.torch import (
     ShardStreamDataset,
     dataset_states,
     merge_states,
-    worker_cpus,
 )
-from shardtok.torch.affinity import pin_worker
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker")
 OPTIONS = dict(seq_len=63, batch_size=4, shuffle_buffer=40, seed=5)
@@ -206,26 +204,6 @@ def test_a_killed_worker_is_reported(dataset):
     with pytest.raises(LoaderWorkerError, match=rf"worker 1 \(pid {victim.pid}\) exited"):
         for _ in it:
             pass
-
-
-def test_pinned_workers_give_the_same_batches(dataset):
-    loader = ShardLoader(ShardStreamDataset(dataset, **OPTIONS), num_workers=2, pin_workers=True)
-    assert_same(copies(loader), reference(dataset, 2))
-
-
-def test_worker_cpus_split_the_node_between_local_ranks(monkeypatch):
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
-    monkeypatch.setattr(os, "cpu_count", lambda: 16)
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
-    monkeypatch.setenv("LOCAL_RANK", "2")
-    assert worker_cpus() == [8, 9, 10, 11]
-    # A launcher that already bound the rank to its CPUs: they are used as they are.
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {4, 5, 6})
-    assert worker_cpus() == [4, 5, 6]
-    monkeypatch.delenv("LOCAL_WORLD_SIZE")
-    pinned = []
-    monkeypatch.setattr(os, "sched_setaffinity", lambda pid, cpus: pinned.append(cpus))
-    assert pin_worker(4) == 5 and pinned == [{5}]  # wraps around the share
 
 
 def test_only_a_shard_stream_dataset_is_accepted(dataset):

@@ -1,6 +1,5 @@
 """PyTorch adapters (the only part of shardtok that imports torch)."""
 
-from shardtok.torch.affinity import pin_worker, worker_cpus
 from shardtok.torch.checkpoint import dataset_states, merge_states
 from shardtok.torch.dataset import ShardStreamDataset
 from shardtok.torch.distributed import data_parallel_rank
@@ -16,7 +15,5 @@ __all__ = [
     "data_parallel_rank",
     "dataset_states",
     "merge_states",
-    "pin_worker",
     "to_tensors",
-    "worker_cpus",
 ]

@@ -31,7 +31,6 @@ from torch.utils.data import DataLoader
 from shardtok.errors import ResumeStateError, ShardtokError
 from shardtok.stream.batch import BATCH_KEYS
 from shardtok.stream.fingerprint import check_fingerprint
-from shardtok.torch.affinity import pin_worker, worker_cpus
 from shardtok.torch.dataset import ShardStreamDataset
 from shardtok.torch.distributed import data_parallel_rank
 from shardtok.torch.transport import SlotRing, _slot_tensors, to_tensors
@@ -72,7 +71,6 @@ class ShardLoader(DataLoader):
         persistent_workers: bool = False,
         timeout: float = 0,
         multiprocessing_context: Any = None,
-        pin_workers: bool = False,
     ):
         if not isinstance(dataset, ShardStreamDataset):
             raise TypeError(f"ShardLoader needs a ShardStreamDataset, got {type(dataset).__name__}")
@@ -89,7 +87,6 @@ class ShardLoader(DataLoader):
             prefetch_factor=prefetch if num_workers else None,
         )
         self.prefetch = prefetch
-        self.pin_workers = pin_workers
         self._workers: _Workers | None = None
         self._active: _LeanIterator | None = None
         self._resume: tuple[list[dict | None], int] | None = None
@@ -118,8 +115,7 @@ class ShardLoader(DataLoader):
             self._active.close()
         if self._workers is None or not self._workers.alive():
             context = self.multiprocessing_context or multiprocessing.get_context()
-            cpus = worker_cpus() if self.pin_workers else None
-            self._workers = _Workers(dataset, self.num_workers, self.prefetch, context, cpus)
+            self._workers = _Workers(dataset, self.num_workers, self.prefetch, context)
         states, first = self._resume or ([None] * self.num_workers, 0)
         if self._resume is None and dataset._pending_state is not None:
             states = [dataset._pending_state] * self.num_workers  # a merged (elastic) state
@@ -206,14 +202,7 @@ class ShardLoader(DataLoader):
 class _Workers:
     """The worker processes of one loader: their rings, pipes, credits and stop flags."""
 
-    def __init__(
-        self,
-        dataset: ShardStreamDataset,
-        count: int,
-        prefetch: int,
-        context,
-        cpus: list[int] | None,
-    ):
+    def __init__(self, dataset: ShardStreamDataset, count: int, prefetch: int, context):
         options = dataset.options
         slots = min(2 * prefetch + 2, 62)  # room for the batches a caller still holds
         self.rings = [SlotRing(options.batch_size, options.seq_len, slots) for _ in range(count)]
@@ -239,8 +228,7 @@ class _Workers:
                     self.credits[w],
                     self.stops[w],
                     parent,
-                    cpus,
-                ),  # fmt: skip
+                ),
                 name=f"shardtok-loader-worker-{w}",
                 daemon=True,
             )
@@ -417,11 +405,8 @@ def _worker_main(
     credits,
     stop,
     parent: int,
-    cpus: list[int] | None,
 ) -> None:
     torch.set_num_threads(1)
-    if cpus:
-        pin_worker(worker, cpus)
     dataset._worker_slot = (worker, count)
     dataset._ring = ring
     try:
