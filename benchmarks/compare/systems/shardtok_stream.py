@@ -1,19 +1,19 @@
 """shardtok, streaming: zstd tar shards written by DatasetWriter, read by `shardtok.torch.
 ShardStreamDataset` (shard permutation per epoch, token-exact slices per worker, document
-shuffle buffer, concat packing, batches built in the worker) under `DataLoader(batch_size=None)`.
-The stream options are the library's defaults."""
+shuffle buffer, concat packing, batches built in the worker) under `shardtok.torch.ShardLoader`,
+the DataLoader subclass shardtok recommends for it (same batches as `DataLoader(batch_size=None)`,
+handed over through shared memory and a pipe per worker). The stream options are the library's
+defaults."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
 from shardtok.format import DatasetWriter, MegatronPair
-from shardtok.torch import ShardStreamDataset
+from shardtok.torch import ShardLoader, ShardStreamDataset
 
 LABEL = "shardtok stream"
-LAYOUT = "zstd tar shards (level 3, 1 MiB frames); ShardStreamDataset(concat, default shuffle buffer); DataLoader(batch_size=None)"
+LAYOUT = "zstd tar shards (level 3, 1 MiB frames); ShardStreamDataset(concat, default shuffle buffer); ShardLoader (a DataLoader)"
 
 
 def write(source, out: Path, options, compression_level: int | None = 3) -> None:
@@ -35,7 +35,7 @@ def loader(out: Path, source, options):
     dataset = ShardStreamDataset(
         out, seq_len=options.seq_len, batch_size=options.batch_size, seed=options.seed
     )
-    return torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=options.num_workers)
+    return ShardLoader(dataset, num_workers=options.num_workers)
 
 
 def input_ids(batch):
