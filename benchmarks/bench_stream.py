@@ -152,15 +152,18 @@ def child(args) -> None:
         loader = DataLoader(
             ds, batch_size=BATCH, collate_fn=ds.collate, num_workers=workers, **extra
         )
-    elif args.kind == "idle":  # baseline: a worker that imports everything and streams nothing
+    elif args.kind == "idle":  # the DataLoader's own floor: workers hand over ready slots
         from torch.utils.data import IterableDataset
+
+        from shardtok.torch.transport import SlotRing
 
         class Idle(IterableDataset):
             def __iter__(self):
-                import shardtok.torch  # noqa: F401
-
+                ring = SlotRing(BATCH, SEQ_LEN)
                 while True:
-                    yield {"input_ids": torch.zeros(BATCH, SEQ_LEN, dtype=torch.int64)}
+                    batch = dict(ring.allocate(BATCH, SEQ_LEN))
+                    batch["cu_seqlens"] = batch["cu_seqlens"][: BATCH + 1]
+                    yield ring.package(batch, local=torch.utils.data.get_worker_info() is None)
 
         loader = DataLoader(Idle(), batch_size=None, num_workers=workers, **extra)
     else:
@@ -221,7 +224,7 @@ LABELS = {
     "zstd": "shardtok stream, zstd shards, `DataLoader`",
     "memmap": "shardtok memmap path (GPTSamples), `DataLoader`",
     "plain": "reference: plain memmap windows, default collate",
-    "idle": "DataLoader floor: workers yield a ready tensor",
+    "idle": "DataLoader floor: workers hand over ready slots, build nothing",
 }
 
 

@@ -103,6 +103,18 @@ def test_state_at_the_end_of_an_epoch_resumes_to_nothing(dataset):
     assert list(resumed) == []
 
 
+def test_a_state_saved_after_set_epoch_starts_that_epoch(dataset):
+    ds = ShardStreamDataset(dataset, **OPTIONS)
+    loader = ShardLoader(ds, num_workers=2, persistent_workers=True)
+    list(loader)
+    ds.set_epoch(1)
+    state = loader.state_dict()
+    assert {w["epoch"] for w in state["workers"]} == {1}
+    resumed = ShardLoader(ShardStreamDataset(dataset, **OPTIONS), num_workers=2)
+    resumed.load_state_dict(state)
+    assert_same(copies(resumed), reference(dataset, 2, epoch=1))
+
+
 def test_in_process_state_round_trip(dataset):
     loader = ShardLoader(ShardStreamDataset(dataset, **OPTIONS), num_workers=0)
     it = iter(loader)

@@ -219,9 +219,11 @@ class ShardStreamDataset(IterableDataset):
         stream = self._pending_state if self._stream is None else self._stream.state_dict()
         return self._state(stream, self._placement())
 
-    def _state(self, stream: dict | None, placement: dict[str, int]) -> dict:
+    def _state(
+        self, stream: dict | None, placement: dict[str, int], epoch: int | None = None
+    ) -> dict:
         return {
-            "epoch": self.epoch,
+            "epoch": self.epoch if epoch is None else epoch,
             "placement": placement,
             "stream": stream,
             "fingerprint": self.fingerprint,

@@ -90,8 +90,7 @@ class ShardLoader(DataLoader):
         self._workers: _Workers | None = None
         self._active: _LeanIterator | None = None
         self._resume: tuple[list[dict | None], int] | None = None
-        self._positions: list[dict | None] | None = None
-        self._next_worker = 0
+        self._ended: _LeanIterator | None = None  # the last epoch that ended or was left
 
     @property
     def lean(self) -> bool:
@@ -133,6 +132,7 @@ class ShardLoader(DataLoader):
         """An epoch ended or was abandoned: keep persistent workers, end the others."""
         if self._active is iterator:
             self._active = None
+            self._ended = iterator
         if not self.persistent_workers and self._workers is iterator.workers:
             self._workers.shutdown()
             self._workers = None
@@ -145,13 +145,15 @@ class ShardLoader(DataLoader):
             if self.num_workers:
                 raise ShardtokError(_NOT_LEAN)
             return {"shardtok_loader": 1, "num_workers": 0, "workers": [dataset.state_dict()]}
+        epoch = dataset.epoch
         if self._resume is not None:
             streams, first = self._resume
         elif self._active is not None:
+            epoch = self._active.epoch
             streams, first = self._active.positions, self._active.next_worker
-        elif self._positions is not None:
-            streams, first = self._positions, self._next_worker
-        else:
+        elif self._ended is not None and self._ended.epoch == epoch:
+            streams, first = self._ended.positions, self._ended.next_worker
+        else:  # nothing read of this epoch yet (a set_epoch after the last one ended)
             pending = dataset._pending_state
             streams, first = [pending] * self.num_workers, 0
         rank, world_size = data_parallel_rank(dataset.rank, dataset.world_size)
@@ -159,6 +161,7 @@ class ShardLoader(DataLoader):
             dataset._state(
                 stream,
                 dict(rank=rank, world_size=world_size, worker=w, num_workers=self.num_workers),
+                epoch=epoch,
             )
             for w, stream in enumerate(streams)
         ]
@@ -311,6 +314,7 @@ class _LeanIterator:
         self, loader: ShardLoader, workers: _Workers, states: list[dict | None], first: int
     ):
         self.loader, self.workers = loader, workers
+        self.epoch = loader.dataset.epoch  # type: ignore[attr-defined]
         self.positions = list(states)
         self.count = len(states)
         self.next_worker = first % self.count
@@ -358,7 +362,6 @@ class _LeanIterator:
     def _end(self) -> None:
         if not self.closed:
             self.closed = True
-            self.loader._positions, self.loader._next_worker = self.positions, self.next_worker
             self.loader._finished(self)
 
     def close(self) -> None:
