@@ -355,17 +355,18 @@ def memory(args) -> None:
     print("\n| dataset | shuffle buffer | worker | batches | peak RSS: VmRSS / anon / file / shmem (MiB) | load |")  # fmt: skip
     print("|---|---|---|---|---|---|")
     runs = [("idle", "zstd", 0, 2000)]
-    for shuffle in (0, args.shuffle_buffer):
-        runs += [
-            ("zstd", "zstd", shuffle, args.batches_small),
-            ("zstd", "big", shuffle, args.batches_big),
-        ]
+    for kind in args.kinds.split(","):
+        for shuffle in (0, args.shuffle_buffer):
+            runs += [
+                (kind, "zstd", shuffle, args.batches_small),
+                (kind, "big", shuffle, args.batches_big),
+            ]
     for kind, data, shuffle, batches in runs:
         r = run_child(kind=kind, data=data, workers=2, batches=batches, prefetch=4,
                       shuffle_buffer=shuffle)  # fmt: skip
         m = small if data == "zstd" else big
         label = ("baseline: a torch worker streaming nothing" if kind == "idle" else
-                 f"{m.num_bytes / 1e9:.2f} GB on disk, {m.num_tokens / 1e9:.2f} B tokens")  # fmt: skip
+                 f"{LABELS[kind]}: {m.num_bytes / 1e9:.2f} GB on disk, {m.num_tokens / 1e9:.2f} B tokens")  # fmt: skip
         for name, peak in r["rss_peak_mib"].items():
             if name.startswith("worker"):
                 print(f"| {label} | {shuffle if kind != 'idle' else '-'} | {name} | {r['batches']} | "
@@ -394,6 +395,7 @@ def main() -> None:
     p.add_argument("--batches", type=int, default=1500)
     p = sub.add_parser("memory")
     p.add_argument("--big-gb", type=float, default=5.0)
+    p.add_argument("--kinds", default="lean,zstd", help="loaders to measure: lean, zstd")
     p.add_argument("--batches-small", type=int, default=3000)
     p.add_argument("--batches-big", type=int, default=12000)
     p.add_argument("--shuffle-buffer", type=int, default=4096)
