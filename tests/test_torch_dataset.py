@@ -11,20 +11,14 @@ from torch.utils.data import DataLoader
 
 from shardtok.stream.node import take
 from shardtok.stream.pipeline import SliceStream, StreamOptions
-from shardtok.stream.synthetic import write_synthetic_dataset
 from shardtok.torch import ShardStreamDataset, data_parallel_rank
 
 OPTIONS = dict(seq_len=63, batch_size=4, shuffle_buffer=40, seed=5)
 
 
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    path = tmp_path_factory.mktemp("torchds")
-    write_synthetic_dataset(
-        path, num_tokens=60_000, vocab_size=70_000, mean_length=150, shard_size=20_000,
-        frame_size=4000,
-    )  # fmt: skip
-    return path
+@pytest.fixture
+def dataset(torch_stream_dataset):
+    return torch_stream_dataset
 
 
 def expected(path, num_workers, epoch=0, rank=0, world_size=1, **overrides):

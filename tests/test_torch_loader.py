@@ -25,14 +25,9 @@ pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create 3 wo
 OPTIONS = dict(seq_len=63, batch_size=4, shuffle_buffer=40, seed=5)
 
 
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    path = tmp_path_factory.mktemp("loaderds")
-    write_synthetic_dataset(
-        path, num_tokens=60_000, vocab_size=70_000, mean_length=150, shard_size=20_000,
-        frame_size=4000,
-    )  # fmt: skip
-    return path
+@pytest.fixture
+def dataset(torch_stream_dataset):
+    return torch_stream_dataset
 
 
 def copies(batches):
