@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -74,6 +75,26 @@ def test_a_worker_that_has_finished_drops_out_of_the_rotation(dataset):
     resumed = ShardLoader(ShardStreamDataset(dataset, **OPTIONS), num_workers=2)
     resumed.load_state_dict(state)
     assert_same(copies(resumed), reference(dataset, 2)[6::2])  # the rest of worker 0, alone
+
+
+def test_a_weighted_mix_gives_the_dataloader_batches_and_resumes(dataset, tmp_path):
+    other = tmp_path / "other"
+    write_synthetic_dataset(other, num_tokens=20_000, vocab_size=70_000, mean_length=80,
+                            shard_size=7_000, frame_size=3000, seed=4)  # fmt: skip
+
+    def mix():
+        return ShardStreamDataset({str(dataset): 0.7, str(other): 0.3}, **OPTIONS, num_batches=30)
+
+    want = copies(DataLoader(mix(), batch_size=None, num_workers=2))
+    loader = ShardLoader(mix(), num_workers=2)
+    it = iter(loader)
+    first = copies(next(it) for _ in range(11))
+    state = json.loads(json.dumps(loader.state_dict()))
+    it.close()
+    resumed = ShardLoader(mix(), num_workers=2)
+    resumed.load_state_dict(state)
+    assert len(want) == 30
+    assert_same(first + copies(resumed), want)
 
 
 @pytest.mark.parametrize("stop_at", [0, 1, 6, 17])
@@ -211,6 +232,25 @@ def test_a_killed_worker_is_reported(dataset):
     with pytest.raises(LoaderWorkerError, match=rf"worker 1 \(pid {victim.pid}\) exited"):
         for _ in it:
             pass
+
+
+def test_a_worker_silent_past_the_timeout_is_reported(dataset):
+    loader = ShardLoader(ShardStreamDataset(dataset, **OPTIONS), num_workers=1, prefetch=1,
+                         timeout=0.5)  # fmt: skip
+    it = iter(loader)
+    next(it)
+    worker = it.workers.processes[0]
+    assert it.workers.results[0].poll(10)  # the one batch its credit allows is ready
+    os.kill(worker.pid, signal.SIGSTOP)
+    try:
+        next(it)
+        with pytest.raises(LoaderWorkerError, match=r"worker 0 .* sent no batch in 0.5 s"):
+            next(it)
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # the loader killed it
+            os.kill(worker.pid, signal.SIGCONT)
+    assert not worker.is_alive()
+    assert_same(copies(loader), reference(dataset, 1))  # a fresh worker serves the next epoch
 
 
 def test_only_a_shard_stream_dataset_is_accepted(dataset):

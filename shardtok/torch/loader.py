@@ -244,7 +244,7 @@ class _Workers:
         self.running = [False] * count
 
     def alive(self) -> bool:
-        return all(p.is_alive() for p in self.processes)
+        return bool(self.processes) and all(p.is_alive() for p in self.processes)
 
     def start(self, worker: int, state: dict | None) -> None:
         self.stops[worker].value = 0
@@ -273,18 +273,24 @@ class _Workers:
                 pass
         return message
 
-    def stop(self, worker: int) -> None:
+    def stop(self, worker: int, timeout: float) -> None:
         """End the worker's current epoch early; frees the slots of batches never taken."""
         if not self.running[worker]:
             return
         self.stops[worker].value = 1
         self.credits[worker].release()  # a worker waiting for credit wakes up and sees the flag
         while True:
-            message = self.receive(worker, timeout=0)
+            message = self.receive(worker, timeout)
             if message[0] == "slot":
                 self.rings[worker].release(message[1])
             elif message[0] != "arrays":
                 return
+
+    def kill(self) -> None:
+        for process in self.processes:
+            if process.is_alive():
+                process.kill()
+        self.shutdown()
 
     def shutdown(self) -> None:
         if os.getpid() != self.owner:  # a forked copy (collected in a child): not ours to end
@@ -293,10 +299,10 @@ class _Workers:
             if process.is_alive():
                 try:
                     if self.running[w]:
-                        self.stop(w)
+                        self.stop(w, _LIVENESS_S)
                     self.commands[w].send(("exit", None))
                 except (OSError, LoaderWorkerError):
-                    pass
+                    process.kill()  # unresponsive: it cannot be asked
         for process in self.processes:
             process.join(timeout=_LIVENESS_S)
             if process.is_alive():
@@ -369,9 +375,14 @@ class _LeanIterator:
         if os.getpid() != self.workers.owner:
             return
         if not self.closed:
-            for w in range(self.count):
-                with contextlib.suppress(OSError, LoaderWorkerError):
-                    self.workers.stop(w)
+            try:
+                for w in range(self.count):
+                    self.workers.stop(w, self.loader.timeout)
+            except (OSError, LoaderWorkerError):
+                # A worker that died or stopped answering: none of them is reused.
+                self.workers.kill()
+                if self.loader._workers is self.workers:
+                    self.loader._workers = None
         self._end()
 
     def __del__(self):
