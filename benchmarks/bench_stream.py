@@ -144,6 +144,13 @@ def child(args) -> None:
         ds = ShardStreamDataset(BENCH / args.data, seq_len=SEQ_LEN, batch_size=BATCH,
                                 shuffle_buffer=args.shuffle_buffer)  # fmt: skip
         loader = ShardLoader(ds, num_workers=workers, prefetch=args.prefetch)
+    elif args.kind == "memlean":
+        from shardtok.torch import ShardLoader
+        from shardtok.torch.memmap_dataset import MemmapTokenDataset
+
+        ds = MemmapTokenDataset(BENCH / "plain", seq_len=SEQ_LEN, num_samples=args.batches * BATCH,
+                                seed=1234, cache_dir=BENCH / "index-cache")  # fmt: skip
+        loader = ShardLoader(ds, batch_size=BATCH, num_workers=workers, prefetch=args.prefetch)
     elif args.kind == "memmap":
         from shardtok.torch.memmap_dataset import MemmapTokenDataset
 
@@ -223,6 +230,7 @@ LABELS = {
     "lean": "shardtok stream, zstd shards, `ShardLoader`",
     "zstd": "shardtok stream, zstd shards, `DataLoader`",
     "memmap": "shardtok memmap path (GPTSamples), `DataLoader`",
+    "memlean": "shardtok memmap path (GPTSamples), `ShardLoader`",
     "plain": "reference: plain memmap windows, default collate",
     "idle": "DataLoader floor: workers hand over ready slots, build nothing",
 }
@@ -386,7 +394,7 @@ def main() -> None:
     p.add_argument("--tokens", type=float, default=52.5e6)
     p = sub.add_parser("throughput")
     p.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--kinds", default="lean,zstd,memmap,plain")
+    p.add_argument("--kinds", default="lean,memlean,zstd,memmap,plain")
     p.add_argument("--batches", type=int, default=3000)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--prefetch", type=int, default=4)

@@ -21,6 +21,7 @@ from shardtok.torch import (
     dataset_states,
     merge_states,
 )
+from shardtok.torch.memmap_dataset import MemmapTokenDataset
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker")
 OPTIONS = dict(seq_len=63, batch_size=4, shuffle_buffer=40, seed=5)
@@ -254,7 +255,82 @@ def test_a_worker_silent_past_the_timeout_is_reported(dataset):
 
 
 def test_only_a_shard_stream_dataset_is_accepted(dataset):
-    with pytest.raises(TypeError, match="ShardStreamDataset"):
+    with pytest.raises(TypeError, match="ShardStreamDataset or a MemmapTokenDataset"):
         ShardLoader([1, 2, 3], num_workers=1)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="prefetch"):
         ShardLoader(ShardStreamDataset(dataset, **OPTIONS), num_workers=1, prefetch=0)
+
+
+# -- the memmap path ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory):
+    path = tmp_path_factory.mktemp("plain-loader")
+    write_synthetic_dataset(
+        path, num_tokens=40_000, vocab_size=100_000, mean_length=120, shard_size=9000,
+        frame_size=3000, compression_level=None,
+    )  # fmt: skip
+    return path
+
+
+def memmap(path, **kwargs):
+    return MemmapTokenDataset(path, seq_len=31, num_samples=203, seed=2, **kwargs)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2, 3])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_memmap_batches_equal_the_dataloader(plain, num_workers, drop_last):
+    """Batch b comes from worker b % K, as the DataLoader deals them; the last batch is short
+    unless drop_last, and workers end one batch apart."""
+    ds = memmap(plain)
+    want = copies(DataLoader(ds, batch_size=4, collate_fn=ds.collate, drop_last=drop_last,
+                             num_workers=num_workers))  # fmt: skip
+    got = copies(ShardLoader(memmap(plain), batch_size=4, num_workers=num_workers,
+                             drop_last=drop_last))  # fmt: skip
+    assert len(want) == (len(ds) // 4 if drop_last else -(-len(ds) // 4))
+    assert_same(got, want)
+
+
+def test_memmap_with_a_distributed_sampler_and_resume(plain):
+    from torch.utils.data.distributed import DistributedSampler
+
+    def sampler(ds):
+        s = DistributedSampler(ds, num_replicas=2, rank=1, shuffle=True, seed=3)
+        s.set_epoch(4)
+        return s
+
+    ds = memmap(plain)
+    want = copies(DataLoader(ds, batch_size=4, sampler=sampler(ds), collate_fn=ds.collate,
+                             num_workers=2))  # fmt: skip
+    ds = memmap(plain)
+    loader = ShardLoader(ds, batch_size=4, sampler=sampler(ds), num_workers=2)
+    it = iter(loader)
+    first = copies(next(it) for _ in range(7))
+    state = json.loads(json.dumps(loader.state_dict()))
+    it.close()
+    assert state["workers"] == [{"taken": 4}, {"taken": 3}] and state["next_worker"] == 1
+    ds = memmap(plain)
+    resumed = ShardLoader(ds, batch_size=4, sampler=sampler(ds), num_workers=2)
+    resumed.load_state_dict(state)
+    assert_same(first + copies(resumed), want)
+    other = ShardLoader(memmap(plain), batch_size=8, num_workers=2)
+    with pytest.raises(ResumeStateError, match="memmap batches"):
+        other.load_state_dict(state)
+
+
+def test_memmap_in_process_resume(plain):
+    want = copies(ShardLoader(memmap(plain), batch_size=4))
+    loader = ShardLoader(memmap(plain), batch_size=4)
+    it = iter(loader)
+    first = copies(next(it) for _ in range(5))
+    resumed = ShardLoader(memmap(plain), batch_size=4)
+    resumed.load_state_dict(loader.state_dict())
+    assert_same(first + copies(resumed), want)
+
+
+def test_loader_arguments_that_do_not_fit_the_dataset(dataset, plain):
+    with pytest.raises(ValueError, match="batch_size"):
+        ShardLoader(memmap(plain), num_workers=1)
+    with pytest.raises(ValueError, match="builds its own batches"):
+        ShardLoader(ShardStreamDataset(dataset, **OPTIONS), batch_size=4)

@@ -26,13 +26,15 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, SequentialSampler
 
 from shardtok.errors import ResumeStateError, ShardtokError
 from shardtok.stream.batch import BATCH_KEYS
 from shardtok.stream.fingerprint import check_fingerprint
 from shardtok.torch.dataset import ShardStreamDataset
 from shardtok.torch.distributed import data_parallel_rank
+from shardtok.torch.memmap_batches import MemmapBatchSource
+from shardtok.torch.memmap_dataset import MemmapTokenDataset
 from shardtok.torch.transport import SlotRing, _slot_tensors, to_tensors
 
 DEFAULT_PREFETCH = 4
@@ -50,9 +52,10 @@ class LoaderWorkerError(ShardtokError):
 
 
 class ShardLoader(DataLoader):
-    """``DataLoader(dataset, batch_size=None, ...)`` for a ``ShardStreamDataset``, with a lean
-    hand-over from the workers: the same batches in the same order, at a fraction of the
-    DataLoader's per-batch cost in the main process.
+    """``DataLoader(dataset, batch_size=None, ...)`` for a ``ShardStreamDataset``, or
+    ``DataLoader(dataset, batch_size=B, sampler=..., collate_fn=dataset.collate, ...)`` for a
+    ``MemmapTokenDataset``, with a lean hand-over from the workers: the same batches in the same
+    order, at a fraction of the DataLoader's per-batch cost in the main process.
 
     `prefetch` is how many batches each worker may build ahead (the DataLoader's
     ``prefetch_factor``). ``state_dict()``/``load_state_dict()`` save and restore the position
@@ -63,22 +66,43 @@ class ShardLoader(DataLoader):
 
     def __init__(
         self,
-        dataset: ShardStreamDataset,
+        dataset: ShardStreamDataset | MemmapTokenDataset,
         num_workers: int = 0,
         *,
+        batch_size: int | None = None,
+        sampler: Any = None,
+        drop_last: bool = False,
         prefetch: int = DEFAULT_PREFETCH,
         pin_memory: bool = False,
         persistent_workers: bool = False,
         timeout: float = 0,
         multiprocessing_context: Any = None,
     ):
-        if not isinstance(dataset, ShardStreamDataset):
-            raise TypeError(f"ShardLoader needs a ShardStreamDataset, got {type(dataset).__name__}")
+        self._memmap = isinstance(dataset, MemmapTokenDataset)
+        if self._memmap:
+            if batch_size is None or batch_size < 1:
+                raise ValueError("a MemmapTokenDataset needs batch_size >= 1")
+            batching: dict[str, Any] = dict(
+                batch_size=batch_size, sampler=sampler, drop_last=drop_last,
+                collate_fn=dataset.collate,  # type: ignore[union-attr]
+            )  # fmt: skip
+        elif isinstance(dataset, ShardStreamDataset):
+            if batch_size is not None or sampler is not None:
+                raise ValueError(
+                    "a ShardStreamDataset builds its own batches: set batch_size on the dataset "
+                    "and leave the loader's batch_size and sampler unset"
+                )
+            batching = dict(batch_size=None)
+        else:
+            raise TypeError(
+                "ShardLoader needs a ShardStreamDataset or a MemmapTokenDataset, got "
+                f"{type(dataset).__name__}"
+            )
         if not 1 <= prefetch <= 30:
             raise ValueError(f"prefetch must lie in [1, 30], got {prefetch}")
         super().__init__(
             dataset,
-            batch_size=None,
+            **batching,
             num_workers=num_workers,
             pin_memory=pin_memory,
             persistent_workers=persistent_workers,
@@ -105,20 +129,55 @@ class ShardLoader(DataLoader):
 
     # -- iteration ------------------------------------------------------------------------
     def __iter__(self):
+        if self._memmap:
+            return self._iter_memmap()
         dataset: ShardStreamDataset = self.dataset  # type: ignore[assignment]
         if self.num_workers == 0:
             return self._pinned(iter(dataset))
         if not self.lean:
             return super().__iter__()
-        if self._active is not None:
-            self._active.close()
-        if self._workers is None or not self._workers.alive():
-            context = self.multiprocessing_context or multiprocessing.get_context()
-            self._workers = _Workers(dataset, self.num_workers, self.prefetch, context)
+        options = dataset.options
         states, first = self._resume or ([None] * self.num_workers, 0)
         if self._resume is None and dataset._pending_state is not None:
             states = [dataset._pending_state] * self.num_workers  # a merged (elastic) state
             dataset._pending_state = None
+        return self._start(dataset, options.batch_size, options.seq_len, states, first)
+
+    def _iter_memmap(self):
+        dataset: MemmapTokenDataset = self.dataset  # type: ignore[assignment]
+        order = self._epoch_order()
+        taken, first = self._resume or ([{"taken": 0}] * max(self.num_workers, 1), 0)
+        states = [{"order": order, "taken": t["taken"]} for t in taken]
+        source = MemmapBatchSource(dataset, self.batch_size, self.drop_last)  # type: ignore[arg-type]
+        if self.num_workers == 0:
+            self._resume = None
+            return self._pinned(self._memmap_in_process(source, states[0]))
+        if not self.lean:
+            return super().__iter__()
+        return self._start(source, self.batch_size, dataset.seq_len, states, first)  # type: ignore[arg-type]
+
+    def _memmap_in_process(self, source: MemmapBatchSource, state: dict):
+        ring = None
+        if self.dataset.shared_memory and SlotRing.supported():  # type: ignore[attr-defined]
+            ring = source._ring = SlotRing(self.batch_size, source.dataset.seq_len)  # type: ignore[arg-type]
+        batches, _ = source._start_stream(state)
+        self._inline = batches
+        for batch in batches:
+            yield ring.package(batch, local=True) if ring is not None else to_tensors(batch)
+
+    def _epoch_order(self) -> np.ndarray:
+        if isinstance(self.sampler, SequentialSampler):
+            return np.arange(len(self.sampler), dtype=np.int64)
+        return np.fromiter(iter(self.sampler), dtype=np.int64)
+
+    def _start(self, source, batch_size: int, seq_len: int, states: list, first: int):
+        if self._active is not None:
+            self._active.close()
+        if self._workers is None or not self._workers.alive():
+            context = self.multiprocessing_context or multiprocessing.get_context()
+            self._workers = _Workers(
+                source, self.num_workers, self.prefetch, context, batch_size, seq_len
+            )
         self._resume = None
         self._active = _LeanIterator(self, self._workers, states, first)
         return self._active
@@ -140,6 +199,8 @@ class ShardLoader(DataLoader):
     # -- state ----------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """Plain data: the position after the last batch this loader yielded, per worker."""
+        if self._memmap:
+            return self._memmap_state()
         dataset: ShardStreamDataset = self.dataset  # type: ignore[assignment]
         if self.num_workers == 0 or not self.lean:
             if self.num_workers:
@@ -172,6 +233,40 @@ class ShardLoader(DataLoader):
             "workers": workers,
         }
 
+    def _memmap_identity(self) -> dict:
+        dataset: MemmapTokenDataset = self.dataset  # type: ignore[assignment]
+        return {
+            "samples": len(dataset),
+            "seq_len": dataset.seq_len,
+            "seed": dataset.seed,
+            "batch_size": self.batch_size,
+            "drop_last": self.drop_last,
+        }
+
+    def _memmap_state(self) -> dict:
+        """Per worker, how many of its batches were taken (the epoch's order is the sampler's,
+        rebuilt on resume: call the sampler's ``set_epoch`` as before)."""
+        if self.num_workers and not self.lean:
+            raise ShardtokError(_NOT_LEAN)
+        if self._resume is not None:
+            taken, first = self._resume
+        elif self.num_workers == 0:
+            inline = getattr(self, "_inline", None)
+            taken, first = [{"taken": inline.taken if inline is not None else 0}], 0
+        elif self._active is not None:
+            taken, first = self._active.positions, self._active.next_worker
+        elif self._ended is not None:
+            taken, first = self._ended.positions, self._ended.next_worker
+        else:
+            taken, first = [{"taken": 0}] * self.num_workers, 0
+        return {
+            "shardtok_loader": 1,
+            "num_workers": self.num_workers,
+            "next_worker": first,
+            "workers": [{"taken": int(t["taken"])} for t in taken],
+            "memmap": self._memmap_identity(),
+        }
+
     def load_state_dict(self, state: dict) -> None:
         """Continue from `state` (from ``state_dict()``) at the next ``iter()``; it must come
         from a loader with as many workers (for another layout, gather every rank's
@@ -180,12 +275,22 @@ class ShardLoader(DataLoader):
         if "shardtok_loader" not in state:
             raise ResumeStateError("not a ShardLoader state (no 'shardtok_loader' key)")
         workers = state["workers"]
+        if self._memmap and state.get("memmap") != self._memmap_identity():
+            raise ResumeStateError(
+                f"state saved for memmap batches {state.get('memmap')}, this loader makes "
+                f"{self._memmap_identity()}"
+            )
         if int(state["num_workers"]) != self.num_workers:
             raise ResumeStateError(
                 f"state saved by a loader with {state['num_workers']} workers, this one has "
                 f"{self.num_workers}: gather every rank's shardtok.torch.dataset_states(...) and "
                 "load merge_states(...) into the dataset to change the layout"
             )
+        if self._memmap:
+            if self.num_workers and not self.lean:
+                raise ShardtokError(_NOT_LEAN)
+            self._resume = ([{"taken": int(w["taken"])} for w in workers], state["next_worker"])
+            return
         if self.num_workers == 0:
             dataset.load_state_dict(workers[0])
             return
@@ -205,10 +310,9 @@ class ShardLoader(DataLoader):
 class _Workers:
     """The worker processes of one loader: their rings, pipes, credits and stop flags."""
 
-    def __init__(self, dataset: ShardStreamDataset, count: int, prefetch: int, context):
-        options = dataset.options
+    def __init__(self, source, count: int, prefetch: int, context, batch_size: int, seq_len: int):
         slots = min(2 * prefetch + 2, 62)  # room for the batches a caller still holds
-        self.rings = [SlotRing(options.batch_size, options.seq_len, slots) for _ in range(count)]
+        self.rings = [SlotRing(batch_size, seq_len, slots) for _ in range(count)]
         self.prefetch = prefetch
         self.credits = [context.Semaphore(0) for _ in range(count)]
         self.stops = [context.RawValue("b", 0) for _ in range(count)]
@@ -222,7 +326,7 @@ class _Workers:
             process = context.Process(
                 target=_worker_main,
                 args=(
-                    dataset,
+                    source,
                     w,
                     count,
                     self.rings[w],
@@ -320,7 +424,7 @@ class _LeanIterator:
         self, loader: ShardLoader, workers: _Workers, states: list[dict | None], first: int
     ):
         self.loader, self.workers = loader, workers
-        self.epoch = loader.dataset.epoch  # type: ignore[attr-defined]
+        self.epoch = getattr(loader.dataset, "epoch", 0)  # the memmap path has no epochs
         self.positions = list(states)
         self.count = len(states)
         self.next_worker = first % self.count
@@ -410,7 +514,7 @@ def _raise_worker_error(worker: int, message: tuple) -> None:
 
 
 def _worker_main(
-    dataset: ShardStreamDataset,
+    dataset: ShardStreamDataset | MemmapBatchSource,
     worker: int,
     count: int,
     ring: SlotRing,
