@@ -1,19 +1,19 @@
 """shardtok, memmap path: uncompressed tar shards (the .bin member is 512-byte aligned inside the
 tar, so it is memory-mapped in place), read by `shardtok.torch.memmap_dataset.MemmapTokenDataset`
 (Megatron GPTDataset samples: document, sample and shuffle indices, cached on disk) under
-`DataLoader(batch_size=8, collate_fn=dataset.collate)`, as its docstring shows."""
+`shardtok.torch.ShardLoader(dataset, batch_size=8)`, the DataLoader subclass shardtok
+recommends (same batches as `DataLoader(batch_size=8, collate_fn=dataset.collate)`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
 from benchmarks.compare.systems import shardtok_stream
+from shardtok.torch import ShardLoader
 from shardtok.torch.memmap_dataset import MemmapTokenDataset
 
 LABEL = "shardtok memmap"
-LAYOUT = "uncompressed tar shards, .bin mapped in place; MemmapTokenDataset (GPTDataset samples, cached index); DataLoader(batch_size=8, collate_fn)"
+LAYOUT = "uncompressed tar shards, .bin mapped in place; MemmapTokenDataset (GPTDataset samples, cached index); ShardLoader(batch_size=8) (a DataLoader)"
 
 
 def write(source, out: Path, options) -> None:
@@ -32,12 +32,8 @@ def prepare(out: Path, source, options) -> None:
 
 def loader(out: Path, source, options):
     dataset = _dataset(out, options)
-    return torch.utils.data.DataLoader(
-        dataset,
-        batch_size=options.batch_size,
-        collate_fn=dataset.collate,
-        num_workers=options.num_workers,
-        drop_last=True,
+    return ShardLoader(
+        dataset, batch_size=options.batch_size, num_workers=options.num_workers, drop_last=True
     )
 
 
