@@ -33,7 +33,7 @@ from shardtok.stream.batch import BATCH_KEYS
 from shardtok.stream.fingerprint import check_fingerprint
 from shardtok.torch.dataset import ShardStreamDataset
 from shardtok.torch.distributed import data_parallel_rank
-from shardtok.torch.memmap_batches import MemmapBatchSource
+from shardtok.torch.memmap_batches import MemmapBatches, MemmapBatchSource
 from shardtok.torch.memmap_dataset import MemmapTokenDataset
 from shardtok.torch.transport import SlotRing, _slot_tensors, to_tensors
 
@@ -115,6 +115,7 @@ class ShardLoader(DataLoader):
         self._active: _LeanIterator | None = None
         self._resume: tuple[list[dict | None], int] | None = None
         self._ended: _LeanIterator | None = None  # the last epoch that ended or was left
+        self._inline: MemmapBatches | None = None  # the memmap path's batches, in process
 
     @property
     def lean(self) -> bool:
@@ -145,15 +146,15 @@ class ShardLoader(DataLoader):
 
     def _iter_memmap(self):
         dataset: MemmapTokenDataset = self.dataset  # type: ignore[assignment]
-        order = self._epoch_order()
+        if self.num_workers and not self.lean:
+            return super().__iter__()
+        order = self._epoch_order()  # the sampler is drawn once per epoch, as by a DataLoader
         taken, first = self._resume or ([{"taken": 0}] * max(self.num_workers, 1), 0)
         states = [{"order": order, "taken": t["taken"]} for t in taken]
         source = MemmapBatchSource(dataset, self.batch_size, self.drop_last)  # type: ignore[arg-type]
         if self.num_workers == 0:
             self._resume = None
             return self._pinned(self._memmap_in_process(source, states[0]))
-        if not self.lean:
-            return super().__iter__()
         return self._start(source, self.batch_size, dataset.seq_len, states, first)  # type: ignore[arg-type]
 
     def _memmap_in_process(self, source: MemmapBatchSource, state: dict):
@@ -251,8 +252,7 @@ class ShardLoader(DataLoader):
         if self._resume is not None:
             taken, first = self._resume
         elif self.num_workers == 0:
-            inline = getattr(self, "_inline", None)
-            taken, first = [{"taken": inline.taken if inline is not None else 0}], 0
+            taken, first = [{"taken": self._inline.taken if self._inline else 0}], 0
         elif self._active is not None:
             taken, first = self._active.positions, self._active.next_worker
         elif self._ended is not None:
