@@ -1,16 +1,15 @@
-"""``ShardLoader``: a DataLoader for ``ShardStreamDataset`` whose workers hand batches over
-without the DataLoader's queues.
+"""``ShardLoader``: a DataLoader for ``ShardStreamDataset`` and ``MemmapTokenDataset`` whose
+workers hand batches over without the DataLoader's queues.
 
 Why: a DataLoader moves every item through an index queue and a result queue, each with a
 feeder thread, locks and pickling. With workers that do nothing at all it costs the main process
-~145 µs of CPU per batch on a 2-core VM, two thirds of a core at 75 M tokens/s of 8 x 2048
-batches, which leaves the workers too little CPU to build them.
+120-145 µs of CPU per batch on a 2-core VM, half to two thirds of a core at 75 M tokens/s of
+8 x 2048 batches, which leaves the workers too little CPU to build them.
 
-How: each worker builds batches in a shared-memory slot ring created before the fork (both
-sides map it from the start) and sends one small message per batch through its own pipe: the
-slot and the stream's position after that batch. A worker runs at most `prefetch` batches ahead
-of what the main process has taken from it; it waits on a semaphore, which costs no system call
-while credit remains. Batches are taken round-robin from the workers that still have batches,
+How (``worker_pool.py``): each worker builds batches in a shared-memory slot ring created before
+the fork and sends one small message per batch through its own pipe: the slot and its position
+after that batch. A worker runs at most `prefetch` batches ahead of what the main process has
+taken from it. Here: batches are taken round-robin from the workers that still have batches,
 which is the DataLoader's order, so both loaders yield the same stream, and ``state_dict()`` is
 the position of the last batch taken from each worker.
 """
@@ -20,8 +19,6 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
-import pickle
-import traceback
 from typing import Any
 
 import numpy as np
@@ -29,26 +26,21 @@ import torch
 from torch.utils.data import DataLoader, SequentialSampler
 
 from shardtok.errors import ResumeStateError, ShardtokError
-from shardtok.stream.batch import BATCH_KEYS
 from shardtok.stream.fingerprint import check_fingerprint
 from shardtok.torch.dataset import ShardStreamDataset
 from shardtok.torch.distributed import data_parallel_rank
 from shardtok.torch.memmap_batches import MemmapBatches, MemmapBatchSource
 from shardtok.torch.memmap_dataset import MemmapTokenDataset
-from shardtok.torch.transport import SlotRing, _slot_tensors, to_tensors
+from shardtok.torch.transport import SlotRing, to_tensors
+from shardtok.torch.worker_pool import LoaderWorkerError, WorkerPool
 
 DEFAULT_PREFETCH = 4
-_LIVENESS_S = 5.0  # how often a blocked side checks that the other side still exists
 
 
 _NOT_LEAN = (
     "this ShardLoader runs the DataLoader's own workers (a start method other than fork, or "
     "shared_memory=False): checkpoint it with torchdata's StatefulDataLoader instead"
 )
-
-
-class LoaderWorkerError(ShardtokError):
-    """A ShardLoader worker died, or stopped answering within the loader's timeout."""
 
 
 class ShardLoader(DataLoader):
@@ -111,11 +103,12 @@ class ShardLoader(DataLoader):
             prefetch_factor=prefetch if num_workers else None,
         )
         self.prefetch = prefetch
-        self._workers: _Workers | None = None
+        self._workers: WorkerPool | None = None
         self._active: _LeanIterator | None = None
         self._resume: tuple[list[dict | None], int] | None = None
         self._ended: _LeanIterator | None = None  # the last epoch that ended or was left
         self._inline: MemmapBatches | None = None  # the memmap path's batches, in process
+        self._inline_ring: SlotRing | None = None
 
     @property
     def lean(self) -> bool:
@@ -160,7 +153,9 @@ class ShardLoader(DataLoader):
     def _memmap_in_process(self, source: MemmapBatchSource, state: dict):
         ring = None
         if self.dataset.shared_memory and SlotRing.supported():  # type: ignore[attr-defined]
-            ring = source._ring = SlotRing(self.batch_size, source.dataset.seq_len)  # type: ignore[arg-type]
+            if self._inline_ring is None:  # one per loader, kept across epochs
+                self._inline_ring = SlotRing(self.batch_size, source.dataset.seq_len)  # type: ignore[arg-type]
+            ring = source._ring = self._inline_ring
         batches, _ = source._start_stream(state)
         self._inline = batches
         for batch in batches:
@@ -176,7 +171,7 @@ class ShardLoader(DataLoader):
             self._active.close()
         if self._workers is None or not self._workers.alive():
             context = self.multiprocessing_context or multiprocessing.get_context()
-            self._workers = _Workers(
+            self._workers = WorkerPool(
                 source, self.num_workers, self.prefetch, context, batch_size, seq_len
             )
         self._resume = None
@@ -207,17 +202,7 @@ class ShardLoader(DataLoader):
             if self.num_workers:
                 raise ShardtokError(_NOT_LEAN)
             return {"shardtok_loader": 1, "num_workers": 0, "workers": [dataset.state_dict()]}
-        epoch = dataset.epoch
-        if self._resume is not None:
-            streams, first = self._resume
-        elif self._active is not None:
-            epoch = self._active.epoch
-            streams, first = self._active.positions, self._active.next_worker
-        elif self._ended is not None and self._ended.epoch == epoch:
-            streams, first = self._ended.positions, self._ended.next_worker
-        else:  # nothing read of this epoch yet (a set_epoch after the last one ended)
-            pending = dataset._pending_state
-            streams, first = [pending] * self.num_workers, 0
+        epoch, streams, first = self._positions(dataset.epoch, dataset._pending_state)
         rank, world_size = data_parallel_rank(dataset.rank, dataset.world_size)
         workers = [
             dataset._state(
@@ -234,6 +219,18 @@ class ShardLoader(DataLoader):
             "workers": workers,
         }
 
+    def _positions(self, epoch: int, fresh) -> tuple[int, list, int]:
+        """(epoch, per-worker positions, next worker) after the last batch yielded: a loaded
+        state not yet used, the running epoch, the epoch that ended, or `fresh` everywhere when
+        nothing of `epoch` has been read yet (a ``set_epoch`` after the last one ended)."""
+        if self._resume is not None:
+            return epoch, *self._resume
+        if self._active is not None:
+            return self._active.epoch, self._active.positions, self._active.next_worker
+        if self._ended is not None and self._ended.epoch == epoch:
+            return epoch, self._ended.positions, self._ended.next_worker
+        return epoch, [fresh] * self.num_workers, 0
+
     def _memmap_identity(self) -> dict:
         dataset: MemmapTokenDataset = self.dataset  # type: ignore[assignment]
         return {
@@ -249,16 +246,10 @@ class ShardLoader(DataLoader):
         rebuilt on resume: call the sampler's ``set_epoch`` as before)."""
         if self.num_workers and not self.lean:
             raise ShardtokError(_NOT_LEAN)
-        if self._resume is not None:
-            taken, first = self._resume
-        elif self.num_workers == 0:
+        if self.num_workers == 0 and self._resume is None:
             taken, first = [{"taken": self._inline.taken if self._inline else 0}], 0
-        elif self._active is not None:
-            taken, first = self._active.positions, self._active.next_worker
-        elif self._ended is not None:
-            taken, first = self._ended.positions, self._ended.next_worker
         else:
-            taken, first = [{"taken": 0}] * self.num_workers, 0
+            _, taken, first = self._positions(0, {"taken": 0})
         return {
             "shardtok_loader": 1,
             "num_workers": self.num_workers,
@@ -307,121 +298,11 @@ class ShardLoader(DataLoader):
             workers.shutdown()
 
 
-class _Workers:
-    """The worker processes of one loader: their rings, pipes, credits and stop flags."""
-
-    def __init__(self, source, count: int, prefetch: int, context, batch_size: int, seq_len: int):
-        slots = min(2 * prefetch + 2, 62)  # room for the batches a caller still holds
-        self.rings = [SlotRing(batch_size, seq_len, slots) for _ in range(count)]
-        self.prefetch = prefetch
-        self.credits = [context.Semaphore(0) for _ in range(count)]
-        self.stops = [context.RawValue("b", 0) for _ in range(count)]
-        self.results, self.commands, self.processes = [], [], []
-        self.owner = parent = os.getpid()
-        for w in range(count):
-            # Made just before this worker's fork and closed here right after it, a result
-            # pipe's sending end lives in its worker alone: the worker's death is an EOF.
-            result_in, result_out = context.Pipe(duplex=False)
-            command_in, command_out = context.Pipe(duplex=False)
-            process = context.Process(
-                target=_worker_main,
-                args=(
-                    source,
-                    w,
-                    count,
-                    self.rings[w],
-                    result_out,
-                    command_in,
-                    self.credits[w],
-                    self.stops[w],
-                    parent,
-                ),
-                name=f"shardtok-loader-worker-{w}",
-                daemon=True,
-            )
-            process.start()
-            result_out.close()
-            command_in.close()
-            self.results.append(result_in)
-            self.commands.append(command_out)
-            self.processes.append(process)
-        self.running = [False] * count
-
-    def alive(self) -> bool:
-        return bool(self.processes) and all(p.is_alive() for p in self.processes)
-
-    def start(self, worker: int, state: dict | None) -> None:
-        self.stops[worker].value = 0
-        self.commands[worker].send(("start", state))
-        self.running[worker] = True
-        for _ in range(self.prefetch):
-            self.credits[worker].release()
-
-    def receive(self, worker: int, timeout: float) -> tuple:
-        conn, process = self.results[worker], self.processes[worker]
-        if timeout and not conn.poll(timeout):
-            raise LoaderWorkerError(
-                f"ShardLoader worker {worker} (pid {process.pid}) sent no batch in {timeout} s"
-            )
-        try:
-            message = conn.recv()
-        except EOFError:
-            process.join(_LIVENESS_S)
-            raise LoaderWorkerError(
-                f"ShardLoader worker {worker} (pid {process.pid}) exited unexpectedly with exit "
-                f"code {process.exitcode}"
-            ) from None
-        if message[0] in ("end", "stopped", "error"):
-            self.running[worker] = False
-            while self.credits[worker].acquire(False):  # the worker takes no more: start clean
-                pass
-        return message
-
-    def stop(self, worker: int, timeout: float) -> None:
-        """End the worker's current epoch early; frees the slots of batches never taken."""
-        if not self.running[worker]:
-            return
-        self.stops[worker].value = 1
-        self.credits[worker].release()  # a worker waiting for credit wakes up and sees the flag
-        while True:
-            message = self.receive(worker, timeout)
-            if message[0] == "slot":
-                self.rings[worker].release(message[1])
-            elif message[0] != "arrays":
-                return
-
-    def kill(self) -> None:
-        for process in self.processes:
-            if process.is_alive():
-                process.kill()
-        self.shutdown()
-
-    def shutdown(self) -> None:
-        if os.getpid() != self.owner:  # a forked copy (collected in a child): not ours to end
-            return
-        for w, process in enumerate(self.processes):
-            if process.is_alive():
-                try:
-                    if self.running[w]:
-                        self.stop(w, _LIVENESS_S)
-                    self.commands[w].send(("exit", None))
-                except (OSError, LoaderWorkerError):
-                    process.kill()  # unresponsive: it cannot be asked
-        for process in self.processes:
-            process.join(timeout=_LIVENESS_S)
-            if process.is_alive():
-                process.terminate()
-                process.join()
-        for conn in self.results + self.commands:
-            conn.close()
-        self.processes = []
-
-
 class _LeanIterator:
     """One epoch of a lean loader: batches round-robin from the workers that still have some."""
 
     def __init__(
-        self, loader: ShardLoader, workers: _Workers, states: list[dict | None], first: int
+        self, loader: ShardLoader, workers: WorkerPool, states: list[dict | None], first: int
     ):
         self.loader, self.workers = loader, workers
         self.epoch = getattr(loader.dataset, "epoch", 0)  # the memmap path has no epochs
@@ -443,26 +324,13 @@ class _LeanIterator:
             if not self.active[w]:
                 continue
             try:
-                message = self.workers.receive(w, self.loader.timeout)
-            except BaseException:
+                batch, self.positions[w] = self.workers.next_batch(w, self.loader.timeout)
+            except BaseException:  # a worker's own error, its death, or an interrupt
                 self.close()
                 raise
-            kind = message[0]
-            if kind == "error":
-                self.close()
-                _raise_worker_error(w, message)
-            if kind == "end":
+            if batch is None:
                 self.active[w] = False
-                self.positions[w] = message[1]
                 continue
-            if kind == "slot":
-                _, slot, cu_len, extras, position = message
-                batch = _slot_tensors(self.workers.rings[w], slot, cu_len, extras)
-            else:
-                _, arrays, position = message
-                batch = to_tensors(arrays)
-            self.positions[w] = position
-            self.workers.credits[w].release()
             if self.loader.pin_memory and torch.cuda.is_available():
                 batch = _pin(batch)
             return batch
@@ -496,78 +364,6 @@ class _LeanIterator:
 
 def _pin(batch: dict) -> dict:
     return {k: v.pin_memory() if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-
-
-def _raise_worker_error(worker: int, message: tuple) -> None:
-    _, pickled, text = message
-    try:
-        exc = pickle.loads(pickled) if pickled is not None else None
-    except Exception:
-        exc = None
-    if not isinstance(exc, BaseException):
-        raise LoaderWorkerError(f"ShardLoader worker {worker} failed:\n{text}")
-    exc.add_note(f"(raised in ShardLoader worker {worker}; its traceback follows)\n{text}")
-    raise exc
-
-
-# -- the worker process ---------------------------------------------------------------------
-
-
-def _worker_main(
-    dataset: ShardStreamDataset | MemmapBatchSource,
-    worker: int,
-    count: int,
-    ring: SlotRing,
-    out,
-    commands,
-    credits,
-    stop,
-    parent: int,
-) -> None:
-    torch.set_num_threads(1)
-    dataset._worker_slot = (worker, count)
-    dataset._ring = ring
-    try:
-        while True:
-            while not commands.poll(_LIVENESS_S):
-                if os.getppid() != parent:
-                    return
-            kind, state = commands.recv()
-            if kind == "exit":
-                return
-            _run_epoch(dataset, ring, state, out, credits, stop, parent)
-    except (KeyboardInterrupt, EOFError, BrokenPipeError):
-        return
-
-
-def _run_epoch(dataset, ring: SlotRing, state, out, credits, stop, parent: int) -> None:
-    try:
-        stream, _ = dataset._start_stream(state)
-        while True:
-            while not credits.acquire(timeout=_LIVENESS_S):
-                if os.getppid() != parent:
-                    return
-            if stop.value:
-                out.send(("stopped",))
-                return
-            try:
-                batch = next(stream)
-            except StopIteration:
-                out.send(("end", stream.state_dict()))
-                return
-            slot = ring.take_slot()
-            position = stream.state_dict()
-            if slot is None:  # every slot still held by the caller: ordinary memory, pickled
-                out.send(("arrays", {k: np.asarray(v) for k, v in batch.items()}, position))
-            else:
-                extras = {k: v for k, v in batch.items() if k not in BATCH_KEYS}
-                out.send(("slot", slot, len(batch["cu_seqlens"]), extras, position))
-    except Exception as exc:  # noqa: BLE001 - every failure is reported to the main process
-        try:
-            pickled: bytes | None = pickle.dumps(exc)
-        except Exception:
-            pickled = None
-        out.send(("error", pickled, traceback.format_exc()))
 
 
 __all__ = ["LoaderWorkerError", "ShardLoader"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from shardtok.stream.batch import assemble_contiguous_batch
+from shardtok.stream.batch import allocate_arrays
 from shardtok.torch.transport import SlotRing
 
 
@@ -54,13 +54,7 @@ class MemmapBatches:
         indices = self.order[b * size : (b + 1) * size].tolist()
         dataset, ring = self.source.dataset, self.source._ring
         gathered = dataset.__getitems__(indices)
-        batch = assemble_contiguous_batch(
-            gathered.tokens,
-            gathered.boundaries,
-            gathered.rows,
-            mask_boundary_labels=dataset.mask_boundary_labels,
-            **({"allocate": ring.allocate} if ring is not None else {}),
-        )
+        batch = dataset.assemble(gathered, ring.allocate if ring is not None else allocate_arrays)
         self.taken += 1
         return batch
 

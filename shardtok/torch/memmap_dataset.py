@@ -20,7 +20,12 @@ from typing import NamedTuple
 import numpy as np
 from torch.utils.data import Dataset, get_worker_info
 
-from shardtok.stream.batch import assemble_contiguous_batch, build_batch
+from shardtok.stream.batch import (
+    Allocator,
+    allocate_arrays,
+    assemble_contiguous_batch,
+    build_batch,
+)
 from shardtok.stream.memmap_samples import GPTSamples
 from shardtok.stream.memmap_tokens import open_local_tokens
 from shardtok.stream.sequence import PackedSequence
@@ -99,6 +104,16 @@ class MemmapTokenDataset(Dataset):
         tokens, boundaries = self.samples.gather(indices)
         return GatheredSamples(tokens, boundaries, len(indices))
 
+    def assemble(self, gathered: GatheredSamples, allocate: Allocator = allocate_arrays) -> dict:
+        """The batch of `gathered` samples as numpy arrays from `allocate`."""
+        return assemble_contiguous_batch(
+            gathered.tokens,
+            gathered.boundaries,
+            gathered.rows,
+            mask_boundary_labels=self.mask_boundary_labels,
+            allocate=allocate,
+        )
+
     def collate(self, gathered: GatheredSamples) -> dict:
         """The DataLoader collate_fn: a batch with the streaming dataset's keys."""
         if not isinstance(gathered, GatheredSamples):
@@ -111,13 +126,7 @@ class MemmapTokenDataset(Dataset):
             if self._ring is None:
                 self._ring = SlotRing(gathered.rows, self.seq_len)
             ring = self._ring
-        batch = assemble_contiguous_batch(
-            gathered.tokens,
-            gathered.boundaries,
-            gathered.rows,
-            mask_boundary_labels=self.mask_boundary_labels,
-            **({"allocate": ring.allocate} if ring is not None else {}),
-        )
+        batch = self.assemble(gathered, ring.allocate if ring is not None else allocate_arrays)
         if ring is None:
             return to_tensors(batch)
         return ring.package(batch, local=get_worker_info() is None)
