@@ -39,7 +39,7 @@ def load() -> str:
 
 def prepare(args) -> None:
     from shardtok.format import DatasetWriter, ShardReader, load_manifest, write_megatron_pair
-    from shardtok.stream.synthetic import write_synthetic_dataset
+    from shardtok.testing.synthetic import write_synthetic_dataset
 
     BENCH.mkdir(parents=True, exist_ok=True)
     zstd = BENCH / "zstd"
@@ -162,7 +162,7 @@ def child(args) -> None:
     elif args.kind == "idle":  # the DataLoader's own floor: workers hand over ready slots
         from torch.utils.data import IterableDataset
 
-        from shardtok.torch.transport import SlotRing
+        from shardtok.torch.loader.transport import SlotRing
 
         class Idle(IterableDataset):
             def __iter__(self):
@@ -277,8 +277,9 @@ def stages(args) -> None:
 
     from shardtok.format import ShardStreamReader, load_manifest
     from shardtok.stream.batch import allocate_arrays
-    from shardtok.stream.node import take
-    from shardtok.stream.pipeline import SliceStream, StreamOptions
+    from shardtok.stream.nodes.base import take
+    from shardtok.stream.options import StreamOptions
+    from shardtok.stream.slice_stream import SliceStream
 
     data = BENCH / "zstd"
     manifest = load_manifest(data)

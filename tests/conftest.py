@@ -16,14 +16,14 @@ if "SHARDTOK_CACHE_DIR" not in os.environ:
     os.environ["SHARDTOK_CACHE_DIR"] = tempfile.mkdtemp(prefix="shardtok-test-cache-")
 
 # Real servers on loopback (SeaweedFS for S3, nginx for HTTP) and the fault-injecting proxy.
-from fault_proxy import fault_proxy  # noqa: E402,F401
-from servers import http_server, private_s3_server, s3_server  # noqa: E402,F401
+from tests.helpers.fault_proxy import fault_proxy  # noqa: E402,F401
+from tests.helpers.servers import http_server, private_s3_server, s3_server  # noqa: E402,F401
 
 
 @pytest.fixture(scope="session")
 def torch_stream_dataset(tmp_path_factory):
     """A 60k-token synthetic dataset (3 shards, small frames) for the PyTorch adapter's tests."""
-    from shardtok.stream.synthetic import write_synthetic_dataset
+    from shardtok.testing.synthetic import write_synthetic_dataset
 
     path = tmp_path_factory.mktemp("torchds")
     write_synthetic_dataset(

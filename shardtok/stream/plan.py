@@ -25,7 +25,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from shardtok.format.manifest import Manifest
-from shardtok.stream.concat import concat_window_count
+from shardtok.index.slices import cut_ranges
+from shardtok.stream.nodes.concat import concat_window_count
 
 SHARD_ORDER_STREAM = 1  # rng stream tags keep independent draws apart
 PACKINGS = ("concat", "greedy")
@@ -154,23 +155,15 @@ def cut_slices(segments: list[Piece], count: int) -> list[tuple[int, int, tuple[
 
     Returns (start, stop, pieces) per slice, start/stop in the virtual token stream.
     """
-    lengths = np.array([p.num_tokens for p in segments], dtype=np.int64)
-    begins = np.zeros(len(segments) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=begins[1:])
-    total = int(begins[-1])
     out = []
-    for s in range(count):
-        a, b = s * total // count, (s + 1) * total // count
-        pieces = []
-        j = int(np.searchsorted(begins, a, side="right")) - 1
-        while j < len(segments) and begins[j] < b:
-            seg = segments[j]
-            lo = max(a, int(begins[j])) - int(begins[j])
-            hi = min(b, int(begins[j + 1])) - int(begins[j])
-            if hi > lo:
-                pieces.append(Piece(seg.shard, seg.file, seg.start + lo, seg.start + hi))
-            j += 1
-        out.append((a, b, tuple(pieces)))
+    for a, b, parts in cut_ranges([p.num_tokens for p in segments], count):
+        pieces = tuple(
+            Piece(
+                segments[j].shard, segments[j].file, segments[j].start + lo, segments[j].start + hi
+            )
+            for j, lo, hi in parts
+        )
+        out.append((a, b, pieces))
     return out
 
 

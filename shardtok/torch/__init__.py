@@ -3,9 +3,9 @@
 from shardtok.torch.checkpoint import dataset_states, merge_states
 from shardtok.torch.dataset import ShardStreamDataset
 from shardtok.torch.distributed import data_parallel_rank
-from shardtok.torch.loader import LoaderWorkerError, ShardLoader
+from shardtok.torch.loader.shard_loader import LoaderWorkerError, ShardLoader
+from shardtok.torch.loader.transport import to_tensors
 from shardtok.torch.memmap_dataset import MemmapTokenDataset
-from shardtok.torch.transport import to_tensors
 
 __all__ = [
     "LoaderWorkerError",

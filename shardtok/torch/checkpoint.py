@@ -14,7 +14,7 @@ keeps each worker's ``dataset.state_dict()`` under
 from __future__ import annotations
 
 from shardtok.errors import ResumeStateError
-from shardtok.stream.elastic import merge_states
+from shardtok.stream.resume.merge import merge_states
 
 
 def dataset_states(loader_state: dict) -> list[dict]:

@@ -15,16 +15,18 @@ from typing import Any
 from torch.utils.data import IterableDataset, get_worker_info
 
 from shardtok.errors import ResumeStateError, ShardtokError
-from shardtok.stream.elastic import ElasticStream
-from shardtok.stream.fingerprint import check_fingerprint, stream_fingerprint
-from shardtok.stream.mix_config import MixSpec, load_mix_config, mix_spec
-from shardtok.stream.mix_stream import MixedStream
-from shardtok.stream.node import Node
-from shardtok.stream.pipeline import SliceStream, StreamOptions, plan_for
+from shardtok.storage.dataset import DatasetSource
+from shardtok.stream.build import plan_for
+from shardtok.stream.mix.spec import MixSpec, load_mix_config, mix_spec
+from shardtok.stream.mix.stream import MixedStream
+from shardtok.stream.nodes.base import Node
+from shardtok.stream.options import StreamOptions
 from shardtok.stream.plan import EpochPlan
-from shardtok.stream.sources import DatasetSource
+from shardtok.stream.resume.elastic import ElasticStream
+from shardtok.stream.resume.fingerprint import check_fingerprint, stream_fingerprint
+from shardtok.stream.slice_stream import SliceStream
 from shardtok.torch.distributed import data_parallel_rank
-from shardtok.torch.transport import SlotRing, to_tensors
+from shardtok.torch.loader.transport import SlotRing, to_tensors
 
 
 class ShardStreamDataset(IterableDataset):

@@ -20,16 +20,16 @@ from typing import NamedTuple
 import numpy as np
 from torch.utils.data import Dataset, get_worker_info
 
+from shardtok.memmap.samples import GPTSamples
+from shardtok.memmap.tokens import open_local_tokens
 from shardtok.stream.batch import (
     Allocator,
     allocate_arrays,
     assemble_contiguous_batch,
     build_batch,
 )
-from shardtok.stream.memmap_samples import GPTSamples
-from shardtok.stream.memmap_tokens import open_local_tokens
-from shardtok.stream.sequence import PackedSequence
-from shardtok.torch.transport import SlotRing, to_tensors
+from shardtok.stream.nodes.sequence import PackedSequence
+from shardtok.torch.loader.transport import SlotRing, to_tensors
 
 
 class MemmapTokenDataset(Dataset):

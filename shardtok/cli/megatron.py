@@ -1,0 +1,83 @@
+"""`shardtok import-megatron` and `shardtok export-megatron`: .bin/.idx pairs in and out."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from shardtok.cli.convert import parse_compression, parse_size
+
+
+def _add_writer_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--shard-size",
+        type=parse_size,
+        default="64MiB",
+        help="stored bytes per shard before rolling over (default 64MiB)",
+    )
+    parser.add_argument(
+        "--compression-level",
+        type=parse_compression,
+        default=3,
+        help="zstd level 1-22, or 0 to store the .bin uncompressed (memory-mappable in place); default 3",
+    )
+
+
+def add_import_parser(sub) -> None:
+    p = sub.add_parser(
+        "import-megatron",
+        help="turn a Megatron .bin/.idx pair into shards",
+        description="Read PREFIX.bin and PREFIX.idx and write a shardtok dataset, one document per Megatron sequence.",
+        epilog="example:\n  shardtok import-megatron corpus_text_document data/ --vocab-size 128256",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("prefix", help="path of the pair without .bin/.idx")
+    p.add_argument("out_dir", help="output dataset folder")
+    p.add_argument(
+        "--vocab-size", type=int, help="tokenizer vocabulary size (default: largest token id + 1)"
+    )
+    p.add_argument("--tokenizer-name", help="recorded in the metadata")
+    _add_writer_options(p)
+    p.set_defaults(run=_run_import_megatron)
+
+
+def _run_import_megatron(args) -> int:
+    from shardtok.format.megatron_io import import_megatron
+
+    tokenizer = {"name": args.tokenizer_name} if args.tokenizer_name else None
+    manifest = import_megatron(
+        args.prefix,
+        args.out_dir,
+        vocab_size=args.vocab_size,
+        tokenizer=tokenizer,
+        shard_size=args.shard_size,
+        compression_level=args.compression_level,
+    )
+    print(
+        f"wrote {len(manifest.shards)} shards, {manifest.num_documents:,} documents, {manifest.num_tokens:,} tokens to {args.out_dir}"
+    )
+    return 0
+
+
+def add_export_parser(sub) -> None:
+    p = sub.add_parser(
+        "export-megatron",
+        help="merge a dataset into one Megatron .bin/.idx pair",
+        description="Write OUT_PREFIX.bin and OUT_PREFIX.idx exactly as megatron-core's IndexedDatasetBuilder would.",
+        epilog="example:\n  shardtok export-megatron data/ megatron/corpus_text_document",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("dataset", help="dataset folder")
+    p.add_argument("out_prefix", help="output path without .bin/.idx")
+    p.set_defaults(run=_run_export_megatron)
+
+
+def _run_export_megatron(args) -> int:
+    from shardtok.format.megatron_io import export_megatron
+
+    Path(args.out_prefix).parent.mkdir(parents=True, exist_ok=True)
+    docs, tokens = export_megatron(args.dataset, args.out_prefix)
+    print(
+        f"wrote {args.out_prefix}.bin and {args.out_prefix}.idx: {docs:,} documents, {tokens:,} tokens"
+    )
+    return 0

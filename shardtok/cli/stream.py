@@ -1,0 +1,297 @@
+"""`shardtok stream`: the exact batches one rank would train on, with their statistics.
+
+Runs the pipeline in process, or through a torch DataLoader with ``--num-workers K`` (K >= 1)
+when torch is installed; without torch the K worker streams are interleaved in process in the
+order a DataLoader would yield them, so the batches are the same either way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Iterator
+
+import numpy as np
+
+from shardtok.cli.stream_job import StreamJob
+from shardtok.errors import ShardtokError
+from shardtok.stream.batch import IGNORE_INDEX
+
+EPILOG = """\
+examples:
+  shardtok stream data/ --seq-len 2048 --batch-size 8 --max-batches 200
+  shardtok stream data/ --seq-len 2048 --batch-size 8 --plan --world-size 64 --num-workers 4
+  shardtok stream data/ --seq-len 512 --batch-size 2 --packing greedy --max-batches 1 --decode
+  shardtok stream data/ --seq-len 2048 --batch-size 8 --rank 3 --world-size 8 --dump r3.npz
+  shardtok stream --source web/:0.7 --source code/:0.3 --seq-len 2048 --batch-size 8 \
+      --max-batches 1000 --state-out step1000.json
+  shardtok stream --config mix.yaml --max-batches 1000 --state-in step1000.json
+"""
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "stream",
+        help="stream packed batches: throughput, packing statistics, epoch plan, dumps",
+        description=(
+            "Stream the packed batches one rank sees in one epoch (shard permutation, "
+            "token-exact slices per rank and worker, shuffle buffer, packing) and report "
+            "throughput and packing statistics."
+        ),
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("dataset", nargs="?", help="a dataset folder or URL prefix (with index.json)")
+    p.add_argument(
+        "--source",
+        action="append",
+        default=[],
+        metavar="PATH[:WEIGHT]",
+        help="mix this dataset in (repeatable); weights count tokens; without weights they are "
+        "proportional to each dataset's size",
+    )
+    p.add_argument(
+        "--config", metavar="MIX.yaml", help="a mix config (Nanotron-style dataset_path)"
+    )
+    p.add_argument("--stage", default="0", help="--config: data stage index or name")
+    p.add_argument("--seq-len", type=int, metavar="L", help="input tokens per sequence")
+    p.add_argument("--batch-size", type=int, metavar="B", help="sequences per batch")
+    p.add_argument("--packing", choices=("concat", "greedy"), default=None)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--epoch", type=int, default=0)
+    p.add_argument("--rank", type=int, default=0)
+    p.add_argument("--world-size", type=int, default=1)
+    p.add_argument(
+        "--num-workers",
+        type=int,
+        default=0,
+        metavar="K",
+        help="DataLoader workers (0: in process); the epoch is split over world size x max(K, 1)",
+    )
+    p.add_argument("--shuffle-buffer", type=int, metavar="N", help="documents; 0 = off")
+    p.add_argument("--interleave", type=int, metavar="N", help="shards read at once per worker")
+    p.add_argument("--stride", type=int, help="concat window stride (default seq_len + 1)")
+    p.add_argument("--lookahead", type=int, help="greedy: open sequences (default 8)")
+    p.add_argument("--pad-id", type=int, help="greedy: padding token id (default 0)")
+    p.add_argument(
+        "--mask-boundary-labels",
+        action="store_true",
+        default=None,
+        help="label -100 where the target is the first token of another document",
+    )
+    p.add_argument(
+        "--state-out", metavar="FILE", help="save the stream position after the last batch"
+    )
+    p.add_argument(
+        "--state-in",
+        metavar="FILE",
+        action="append",
+        help="continue from a saved stream position; repeat it with the files of ALL ranks to "
+        "finish their epoch with another --world-size/--num-workers",
+    )
+    p.add_argument(
+        "--ignore-fingerprint",
+        action="store_true",
+        help="--state-in: resume even if the sources or options differ from the saved ones",
+    )
+    p.add_argument(
+        "--max-batches", type=int, default=None, metavar="N", help="stop after N batches"
+    )
+    p.add_argument("--dump", metavar="OUT.npz", help="save the exact batches")
+    p.add_argument(
+        "--decode",
+        type=int,
+        nargs="?",
+        const=2,
+        default=0,
+        metavar="N",
+        help="print the text of the first N sequences (default 2), document by document",
+    )
+    p.add_argument(
+        "--tokenizer",
+        metavar="PATH",
+        help="tokenizer for --decode (default: the bundled one, if the dataset was made with it)",
+    )
+    p.add_argument("--plan", action="store_true", help="print the epoch plan (JSON) and exit")
+    p.add_argument("--json", action="store_true", help="print the statistics as JSON")
+    p.set_defaults(run=run)
+    return p
+
+
+def _torch_batches(args, job: StreamJob) -> Iterator[dict] | None:
+    if args.num_workers < 1 or args.state_in or args.state_out:
+        return None  # states are taken from the in-process worker streams (same batches)
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return None
+    from torch.utils.data import DataLoader
+
+    from shardtok.torch import ShardStreamDataset
+
+    dataset = ShardStreamDataset(
+        job.mix if job.mix is not None else job.sources[0].location,
+        **job.options.to_dict(),
+        epoch=args.epoch,
+        rank=args.rank,
+        world_size=args.world_size,
+        **({"num_batches": args.max_batches} if job.mix is not None else {}),
+    )
+    loader = DataLoader(dataset, batch_size=None, num_workers=args.num_workers)
+    return ({k: v.numpy() if hasattr(v, "numpy") else v for k, v in b.items()} for b in loader)
+
+
+def real_tokens(batch: dict) -> int:
+    """Tokens that are not padding (inputs plus the last target), from the labels' -100 tail."""
+    labels = batch["labels"]
+    rows, seq_len = labels.shape
+    ignored = labels == IGNORE_INDEX
+    tail = np.where(ignored.all(axis=1), seq_len, np.argmin(ignored[:, ::-1], axis=1))
+    return int(rows * (seq_len + 1) - tail.sum())
+
+
+def _decode(args, manifest, batches: list[dict]) -> None:
+    from shardtok.convert.tokenizer import BUNDLED, load_tokenizer
+
+    spec = load_tokenizer(args.tokenizer or BUNDLED)
+    recorded = (manifest.tokenizer or {}).get("fingerprint")
+    if recorded and recorded != spec.fingerprint:
+        message = (
+            f"the dataset was tokenized with {manifest.tokenizer.get('name')!r} "
+            f"({recorded[:19]}...), not with {spec.name!r}"
+        )
+        if args.tokenizer is None:
+            raise SystemExit(f"shardtok stream: error: {message}; pass --tokenizer PATH")
+        print(f"warning: {message}", file=sys.stderr)
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_str(spec.backend_json)
+    shown = 0
+    for b, batch in enumerate(batches):
+        for row in range(len(batch["input_ids"])):
+            if shown >= args.decode:
+                return
+            ids = batch["input_ids"][row]
+            docs = batch["document_ids"][row]
+            print(f"=== batch {b} sequence {row} ===")
+            bounds = [0, *np.flatnonzero(np.diff(docs)) + 1, len(ids)]
+            for a, c in zip(bounds, bounds[1:]):
+                masked = int((batch["labels"][row, a:c] == IGNORE_INDEX).sum())
+                print(
+                    f"--- document {docs[a]}: positions {a}..{c - 1}, {masked} labels ignored ---"
+                )
+                print(tokenizer.decode(ids[a:c].tolist(), skip_special_tokens=False))
+            shown += 1
+
+
+def _dump(path: str, batches: list[dict], plan_json: str) -> None:
+    cu = [b["cu_seqlens"] for b in batches]
+    offsets = np.zeros(len(cu) + 1, dtype=np.int64)
+    np.cumsum([len(c) for c in cu], out=offsets[1:])
+    np.savez(
+        path,
+        input_ids=np.stack([b["input_ids"] for b in batches]),
+        labels=np.stack([b["labels"] for b in batches]),
+        position_ids=np.stack([b["position_ids"] for b in batches]),
+        document_ids=np.stack([b["document_ids"] for b in batches]),
+        cu_seqlens=np.concatenate(cu) if cu else np.empty(0, np.int32),
+        cu_seqlens_offsets=offsets,
+        max_seqlen=np.array([b["max_seqlen"] for b in batches], dtype=np.int64),
+        plan=np.array(plan_json),
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    job = StreamJob(args)
+    plan = job.plan
+    if args.plan:
+        if plan is None:
+            raise SystemExit("shardtok stream: error: --plan describes one dataset, not a mix")
+        print(plan.to_json())
+        return 0
+    if not args.json and plan is not None:
+        print(plan.summary())
+    if args.state_in:
+        job.restore(args.state_in, strict=not args.ignore_fingerprint)
+    keep = bool(args.dump or args.decode)
+    batches = _torch_batches(args, job)
+    engine = f"DataLoader with {args.num_workers} workers" if batches is not None else "in process"
+    if batches is None:
+        batches = job.batches()
+    kept: list[dict] = []
+    count = tokens = real = segments = 0
+    first = None
+    started = time.perf_counter()
+    for batch in batches:
+        if first is None:
+            first = time.perf_counter() - started
+        count += 1
+        tokens += batch["input_ids"].size
+        real += real_tokens(batch)
+        segments += len(batch["cu_seqlens"]) - 1
+        if keep:
+            kept.append({k: np.array(v) for k, v in batch.items()})
+        if args.max_batches is not None and count >= args.max_batches:
+            break
+    elapsed = time.perf_counter() - started
+    sequences = count * job.options.batch_size
+    speed = tokens / elapsed if elapsed else 0.0
+    efficiency = real / (sequences * (job.options.seq_len + 1)) if sequences else 0.0
+    per_sequence = segments / sequences if sequences else 0.0
+    per_epoch = plan.batches_per_rank if plan is not None else None
+    stats = {
+        "engine": engine,
+        "batches": count,
+        "batches_per_epoch": per_epoch,
+        "input_tokens": tokens,
+        "seconds": round(elapsed, 4),
+        "tokens_per_second": speed,
+        "first_batch_seconds": round(first or 0.0, 4),
+        "packing_efficiency": efficiency,
+        "documents_per_sequence": per_sequence,
+    }
+    shares = job.shares() if engine == "in process" else []
+    if shares:
+        stats["sources"] = shares
+    if args.json:
+        print(json.dumps(stats, indent=1))
+    else:
+        of = f" of {per_epoch:,}" if per_epoch is not None else ""
+        print(
+            f"streamed {count:,}{of} batches ({engine}): "
+            f"{tokens:,} input tokens in {elapsed:.3f} s = "
+            f"{speed / 1e6:.1f} M tokens/s; first batch after {first or 0.0:.3f} s"
+        )
+        print(
+            f"packing: {100 * efficiency:.2f}% of slots hold real tokens, "
+            f"{per_sequence:.2f} document segments per sequence"
+        )
+        for row in shares:
+            print(
+                f"source {row['source']}: weight {100 * row['weight']:.2f}%, "
+                f"{row['sequences']:,} sequences = {100 * row['share']:.2f}% "
+                f"(since the start of the stream), epochs {row['epochs']}"
+            )
+    if args.state_out:
+        if engine != "in process":  # pragma: no cover - _torch_batches declines with states
+            raise ShardtokError("--state-out needs the in-process engine")
+        job.save(args.state_out)
+        if not args.json:
+            print(f"saved the stream position after {job.taken:,} batches to {args.state_out}")
+    if args.dump:
+        _dump(args.dump, kept, plan.to_json() if plan is not None else json.dumps(job.fingerprint))
+        if not args.json:
+            print(f"wrote {len(kept)} batches to {args.dump}")
+    if args.decode:
+        _decode(args, job.sources[0].manifest, kept)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Stand-alone entry (the `shardtok` CLI mounts add_parser/run)."""
+    parser = argparse.ArgumentParser(prog="shardtok")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return int(args.run(args) or 0)

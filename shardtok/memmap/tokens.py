@@ -1,0 +1,134 @@
+"""All tokens of local uncompressed data as one zero-copy array, for the memmap path.
+
+* a Megatron pair ``PREFIX.bin`` / ``PREFIX.idx``: the ``.bin`` memmap itself;
+* a shardtok dataset written without compression: each shard's ``.bin`` member is memory-mapped
+  in place inside its tar (512-byte aligned) and :class:`ConcatTokens` joins them virtually,
+  without copying.
+
+Either way the result is ``(tokens, sizes)`` for :class:`shardtok.memmap.samples.GPTSamples`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from shardtok.format.manifest import MANIFEST_NAME
+from shardtok.format.megatron import MegatronPair
+from shardtok.storage.dataset import DatasetSource
+
+
+class ConcatTokens:
+    """Several 1-D token arrays read as one: slices and integer-array indexing, like numpy.
+
+    A slice inside one array is a zero-copy view; anything that crosses arrays is gathered.
+    """
+
+    ndim = 1
+
+    def __init__(self, arrays: list[np.ndarray]):
+        if not arrays:
+            raise ValueError("ConcatTokens needs at least one array")
+        dtypes = {a.dtype for a in arrays}
+        if len(dtypes) != 1:
+            raise ValueError(f"arrays of different dtypes: {sorted(map(str, dtypes))}")
+        # Plain ndarray views: np.memmap's __getitem__ costs microseconds per call.
+        self.arrays = [a.view(np.ndarray) for a in arrays]
+        self.dtype = arrays[0].dtype
+        self.bounds = np.zeros(len(arrays) + 1, dtype=np.int64)
+        np.cumsum([len(a) for a in arrays], out=self.bounds[1:])
+        self.shape = (int(self.bounds[-1]),)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            start, stop, step = index.indices(len(self))
+            if step != 1:
+                return self[np.arange(start, stop, step)]
+            return self._range(start, stop)
+        if isinstance(index, (int, np.integer)):
+            i = int(index) + (len(self) if index < 0 else 0)
+            if not 0 <= i < len(self):
+                raise IndexError(f"token {index} out of range for {len(self)} tokens")
+            k = int(np.searchsorted(self.bounds, i, side="right")) - 1
+            return self.arrays[k][i - self.bounds[k]]
+        positions = np.asarray(index, dtype=np.int64)
+        if positions.size and (positions.min() < 0 or positions.max() >= len(self)):
+            raise IndexError(f"token positions out of range for {len(self)} tokens")
+        if positions.ndim == 1 and positions.size > 16:
+            # Samples gather a few runs of consecutive positions: copy runs, not elements.
+            breaks = np.flatnonzero(np.diff(positions) != 1) + 1
+            if len(breaks) < 64:
+                edges = [0, *breaks.tolist(), len(positions)]
+                return np.concatenate(
+                    [
+                        self._range(int(positions[a]), int(positions[a]) + (b - a))
+                        for a, b in zip(edges, edges[1:])
+                    ]
+                )
+        which = np.searchsorted(self.bounds, positions, side="right") - 1
+        out = np.empty(positions.shape, dtype=self.dtype)
+        for k in np.unique(which):
+            mask = which == k
+            out[mask] = self.arrays[k][positions[mask] - self.bounds[k]]
+        return out
+
+    def ranges(self, begins: list[int], lengths: list[int]) -> list[np.ndarray]:
+        """``[self[b : b + n] for b, n in zip(begins, lengths) if n]`` with one searchsorted
+        for all of them (a document never spans two arrays, so a range rarely does)."""
+        which = (np.searchsorted(self.bounds, begins, side="right") - 1).tolist()
+        bounds = self.bounds.tolist()
+        out = []
+        for k, b, n in zip(which, begins, lengths):
+            if not n:
+                continue
+            if b + n <= bounds[k + 1]:
+                out.append(self.arrays[k][b - bounds[k] : b - bounds[k] + n])
+            else:
+                out.append(self._range(b, b + n))
+        return out
+
+    def _range(self, start: int, stop: int) -> np.ndarray:
+        if stop <= start:
+            return np.empty(0, dtype=self.dtype)
+        first = int(np.searchsorted(self.bounds, start, side="right")) - 1
+        last = int(np.searchsorted(self.bounds, stop, side="left")) - 1
+        if first == last:
+            base = int(self.bounds[first])
+            return self.arrays[first][start - base : stop - base]
+        parts = []
+        for k in range(first, last + 1):
+            base = int(self.bounds[k])
+            parts.append(
+                self.arrays[k][max(start, base) - base : min(stop, int(self.bounds[k + 1])) - base]
+            )
+        return np.concatenate(parts)
+
+
+def open_local_tokens(path: str | Path) -> tuple[np.ndarray | ConcatTokens, np.ndarray]:
+    """(tokens, sizes) of a Megatron prefix or an uncompressed shardtok dataset folder."""
+    path = Path(path)
+    if (path / MANIFEST_NAME).exists():
+        source = DatasetSource(path)
+        readers = [source.open_random(entry.file) for entry in source.manifest.shards]
+        compressed = [r.where for r in readers if r.meta.compressed]
+        if compressed:
+            raise ValueError(
+                f"{path}: the memmap path needs uncompressed shards ({compressed[0]} is zstd); "
+                "stream compressed data with ShardStreamDataset, or convert with compression off"
+            )
+        arrays = [r.memmap_tokens() for r in readers]
+        sizes = np.concatenate([np.asarray(r.sizes) for r in readers])
+        tokens = arrays[0] if len(arrays) == 1 else ConcatTokens(arrays)
+        return tokens, sizes
+    prefix = str(path)
+    for suffix in (".bin", ".idx"):
+        prefix = prefix.removesuffix(suffix)
+    pair = MegatronPair(prefix)
+    return pair.tokens, np.asarray(pair.sizes)
+
+
+__all__ = ["ConcatTokens", "open_local_tokens"]

@@ -1,0 +1,78 @@
+"""Assembling one (rank, worker)'s stream: plan -> reader -> shuffle -> packer -> batcher.
+
+These are the stages every placed stream (a slice of an epoch, an elastic remainder, a source
+of a mix) is made of; ``shardtok.stream.factory`` picks which placed stream a state needs.
+"""
+
+from __future__ import annotations
+
+from shardtok.storage.dataset import DatasetSource
+from shardtok.stream.batch import Allocator
+from shardtok.stream.nodes.base import DocumentNode
+from shardtok.stream.nodes.batcher import Batcher
+from shardtok.stream.nodes.concat import ConcatPacker
+from shardtok.stream.nodes.greedy import GreedyPacker
+from shardtok.stream.nodes.reader import SliceReader
+from shardtok.stream.nodes.sequence import Packer
+from shardtok.stream.nodes.shuffle import ShuffleBuffer
+from shardtok.stream.options import StreamOptions
+from shardtok.stream.plan import EpochPlan, SlicePlan, epoch_plan
+
+SHUFFLE_STREAM = 2  # rng stream tag of the shuffle buffer's keys
+
+
+def plan_for(
+    source: DatasetSource,
+    options: StreamOptions,
+    *,
+    epoch: int,
+    world_size: int,
+    num_workers: int,
+) -> EpochPlan:
+    return epoch_plan(
+        source.manifest,
+        seq_len=options.seq_len,
+        batch_size=options.batch_size,
+        seed=options.seed,
+        epoch=epoch,
+        world_size=world_size,
+        num_workers=num_workers,
+        packing=options.packing,
+        stride=options.stride,
+    )
+
+
+def document_stream(
+    source: DatasetSource, slice_plan: SlicePlan, options: StreamOptions, epoch: int
+) -> DocumentNode:
+    node: DocumentNode = SliceReader(source, slice_plan.pieces, options.interleave)
+    if options.shuffle_buffer:
+        seed = (options.seed, epoch, SHUFFLE_STREAM, slice_plan.index)
+        node = ShuffleBuffer(node, options.shuffle_buffer, seed)
+    return node
+
+
+def packer_for(documents: DocumentNode, options: StreamOptions) -> Packer:
+    if options.packing == "concat":
+        return ConcatPacker(documents, options.seq_len, options.stride)
+    return GreedyPacker(
+        documents, options.seq_len, lookahead=options.lookahead, pad_id=options.pad_id
+    )
+
+
+def batcher_for(
+    sequences: Packer,
+    options: StreamOptions,
+    num_batches: int,
+    allocate: Allocator,
+    where: str,
+) -> Batcher:
+    """The batch stage every placed stream ends with (sizes and label masking from `options`)."""
+    return Batcher(
+        sequences,
+        options.batch_size,
+        num_batches=num_batches,
+        mask_boundary_labels=options.mask_boundary_labels,
+        allocate=allocate,
+        where=where,
+    )

@@ -1,0 +1,239 @@
+"""Weighted mixing of several shard datasets: one packed sequence at a time, by weight.
+
+Every packed sequence comes from one source (as Megatron's ``BlendedDataset`` and Nanosets), so
+weights count packed sequences, i.e. tokens (``seq_len + 1`` slots each). Which source serves
+step ``s`` is Megatron's greedy error-minimising rule with shardtok's exact tie-break
+(``shardtok.index.build_blending_indices``; the rule is not written twice).
+
+Each (rank, worker) runs the schedule over its own per-source slice streams: source ``i``'s
+epoch plan is cut into ``world_size * num_workers`` slices as for a single dataset, and this
+worker reads slice ``(rank, worker)`` of it. A source that runs out starts its next epoch (a
+fresh shard permutation) in place, so a mixed stream never ends and every rank yields as many
+batches as it is asked for. The global mix holds because every worker's mix does.
+
+State: the schedule step plus, per source, its epoch and packer state: a few integers per source.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from fractions import Fraction
+
+import numpy as np
+
+from shardtok.errors import ShardtokError
+from shardtok.index import build_blending_indices
+from shardtok.storage.dataset import DatasetSource
+from shardtok.stream.build import document_stream, packer_for, plan_for
+from shardtok.stream.nodes.sequence import PackedSequence, Packer
+from shardtok.stream.options import StreamOptions
+
+MIX_SEED_STREAM = 3  # rng stream tag: per-source seeds derived from the mix seed
+
+
+def source_seed(seed: int, index: int) -> int:
+    """Source `index`'s own seed, so two sources never share shard orders or shuffle keys."""
+    return int(np.random.default_rng((seed, MIX_SEED_STREAM, index)).integers(2**62))
+
+
+class MixSchedule:
+    """Which source serves each step: the exact greedy rule, computed ahead in growing blocks.
+
+    The rule is sequential, so the first n picks of a longer run equal a shorter run's; the order
+    is periodic for rational weights, which keeps recomputing a longer prefix cheap.
+    """
+
+    def __init__(self, weights: Sequence[float | int | Fraction]):
+        self.weights = list(weights)
+        self._order = np.zeros(0, dtype=np.int16)
+
+    def __getitem__(self, step: int) -> int:
+        if step >= self._order.shape[0]:
+            size = max(1024, 2 * self._order.shape[0])
+            while size <= step:
+                size *= 2
+            self._order, _ = build_blending_indices(self.weights, None, size)
+        return int(self._order[step])
+
+    def counts(self, steps: int) -> list[int]:
+        """How many of the first `steps` picks each source got."""
+        if steps == 0:
+            return [0] * len(self.weights)
+        self[steps - 1]
+        return np.bincount(self._order[:steps], minlength=len(self.weights)).tolist()
+
+
+class SourceSequences(Packer):
+    """One source's packed sequences for one (rank, worker), epoch after epoch, without end.
+
+    State: the source epoch, the packer's state inside it, and sequences served so far.
+    """
+
+    def __init__(
+        self,
+        source: DatasetSource,
+        options: StreamOptions,
+        *,
+        rank: int,
+        world_size: int,
+        worker: int,
+        num_workers: int,
+        first_epoch: int = 0,
+        remainder: Callable[[], Packer] | None = None,
+    ):
+        super().__init__()
+        # With `remainder` (elastic resume) the stream first packs the rest of the old layout's
+        # source epochs, then continues with epoch `first_epoch` in this layout.
+        self.remainder = remainder
+        self.in_remainder = remainder is not None
+        self.epoch_real_tokens = 0  # real tokens served in the current epoch (or remainder)
+        self.source = source
+        self.options = options
+        self.rank, self.world_size = rank, world_size
+        self.worker, self.num_workers = worker, num_workers
+        self.first_epoch = first_epoch
+        self.window = options.seq_len + 1
+        self.epoch = first_epoch
+        self.sequences = 0
+        self._packer: Packer | None = None
+
+    def _open(self, epoch: int) -> Packer:
+        plan = plan_for(
+            self.source,
+            self.options,
+            epoch=epoch,
+            world_size=self.world_size,
+            num_workers=self.num_workers,
+        )
+        slice_plan = plan.slice_for(self.rank, self.worker)
+        if slice_plan.num_sequences == 0:
+            raise ShardtokError(
+                f"{self.source.location}: slice {slice_plan.index} of epoch {epoch} holds "
+                f"{slice_plan.num_tokens:,} tokens, too few for one {self.window}-token sequence; "
+                "this source is too small for this many ranks x workers"
+            )
+        return packer_for(
+            document_stream(self.source, slice_plan, self.options, epoch), self.options
+        )
+
+    def _packer_for_phase(self) -> Packer:
+        if self.in_remainder:
+            assert self.remainder is not None
+            return self.remainder()
+        return self._open(self.epoch)
+
+    def _reset(self, state: dict | None) -> None:
+        if state is None:
+            self.epoch, self.sequences, self.epoch_real_tokens = self.first_epoch, 0, 0
+            self.in_remainder = self.remainder is not None
+            self._packer = self._packer_for_phase()
+            self._packer.reset(None)
+        else:
+            self.epoch, self.sequences = int(state["epoch"]), int(state["sequences"])
+            self.epoch_real_tokens = int(state.get("epoch_real_tokens", 0))
+            self.in_remainder = bool(state.get("remainder", False))
+            if self.in_remainder and self.remainder is None:
+                raise ShardtokError("state of an elastic remainder, but this stream has none")
+            self._packer = self._packer_for_phase()
+            self._packer.reset(state["packer"])
+
+    def state_dict(self) -> dict:
+        if not self._started:
+            self.reset(None)
+        assert self._packer is not None
+        return {
+            "epoch": self.epoch,
+            "sequences": self.sequences,
+            "epoch_real_tokens": self.epoch_real_tokens,
+            "remainder": self.in_remainder,
+            "packer": self._packer.state_dict(),
+        }
+
+    def next_into(self, out: np.ndarray) -> tuple[list[int], int]:
+        if not self._started:
+            self.reset(None)
+        assert self._packer is not None
+        for _ in range(2):
+            try:
+                placed = self._packer.next_into(out)
+            except StopIteration:
+                # this source ran out: its next epoch, a fresh shard order
+                if self.in_remainder:
+                    self.in_remainder = False
+                else:
+                    self.epoch += 1
+                self.epoch_real_tokens = 0
+                self._packer = self._open(self.epoch)
+                self._packer.reset(None)
+                continue
+            self.sequences += 1
+            self.epoch_real_tokens += placed[1]
+            return placed
+        raise ShardtokError(f"{self.source.location}: epoch {self.epoch} gave no sequence")
+
+    def _next(self) -> PackedSequence:
+        out = np.empty(self.window, dtype=np.int64)
+        starts, length = self.next_into(out)
+        return PackedSequence(out, starts, length)
+
+
+class MixedSequences(Packer):
+    """Packed sequences drawn from several sources by the greedy weighted schedule."""
+
+    def __init__(self, sources: Sequence[SourceSequences], weights: Sequence[float | Fraction]):
+        super().__init__()
+        if len(sources) != len(weights) or not sources:
+            raise ValueError("give one weight per source, and at least one source")
+        self.sources = list(sources)
+        self.schedule = MixSchedule(weights)
+        self.window = self.sources[0].window
+        self.step = 0
+
+    def _reset(self, state: dict | None) -> None:
+        if state is None:
+            self.step = 0
+            for source in self.sources:
+                source.reset(None)
+            return
+        if len(state["sources"]) != len(self.sources):
+            raise ShardtokError(
+                f"mix state has {len(state['sources'])} sources, this mix {len(self.sources)}"
+            )
+        self.step = int(state["step"])
+        for source, source_state in zip(self.sources, state["sources"], strict=True):
+            source.reset(source_state)
+
+    def state_dict(self) -> dict:
+        if not self._started:
+            self.reset(None)
+        return {"step": self.step, "sources": [s.state_dict() for s in self.sources]}
+
+    def next_into(self, out: np.ndarray) -> tuple[list[int], int]:
+        if not self._started:
+            self.reset(None)
+        placed = self.sources[self.schedule[self.step]].next_into(out)
+        self.step += 1
+        return placed
+
+    def _next(self) -> PackedSequence:
+        out = np.empty(self.window, dtype=np.int64)
+        starts, length = self.next_into(out)
+        return PackedSequence(out, starts, length)
+
+    def shares(self) -> list[dict]:
+        """Per source: sequences served, share of all, epochs started."""
+        total = max(self.step, 1)
+        return [
+            {
+                "source": s.source.location,
+                "sequences": s.sequences,
+                "share": s.sequences / total,
+                "epoch": s.epoch,
+            }
+            for s in self.sources
+        ]
+
+
+def with_source_seed(options: StreamOptions, index: int) -> StreamOptions:
+    return replace(options, seed=source_seed(options.seed, index))

@@ -1,0 +1,146 @@
+"""Mix specifications: which datasets, with which weights, from Python, the CLI or YAML.
+
+Three shapes, as Nanotron's ``dataset_path`` (reference note 003):
+
+* one path: a single source;
+* a list of paths: weights proportional to each dataset's token count (every token once per
+  epoch on average, as Nanosets do);
+* a mapping ``{path: weight}``: the given weights (any positive numbers; they are normalised).
+
+A YAML file may hold them Nanotron-style (``data_stages: [{data: {dataset: {dataset_path: ...},
+seed: ...}}]``) or flat (``dataset_path:`` plus stream options such as ``seed``, ``seq_len``,
+``batch_size``, ``packing`` at the top level). Relative paths are read from the YAML file's
+folder.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from shardtok.errors import ShardtokError
+from shardtok.storage.dataset import DatasetSource
+from shardtok.stream.options import StreamOptions
+
+OPTION_NAMES = {f.name for f in fields(StreamOptions)}
+
+
+@dataclass
+class MixSpec:
+    """Resolved sources and their weights (weights proportional to tokens when not given)."""
+
+    sources: list[DatasetSource]
+    weights: list[float | int]
+    options: dict[str, Any] = field(default_factory=dict)  # stream options the config set
+
+    @property
+    def shares(self) -> list[float]:
+        total = float(sum(self.weights))
+        return [float(w) / total for w in self.weights]
+
+
+def parse_source_arg(text: str) -> tuple[str, float | None]:
+    """``PATH:WEIGHT`` from the command line (the weight is optional; URLs keep their colons)."""
+    head, sep, tail = text.rpartition(":")
+    if sep and head:
+        try:
+            return head, float(tail)
+        except ValueError:
+            pass
+    return text, None
+
+
+def mix_spec(
+    dataset_path: str | Path | Sequence[str | Path] | Mapping[str, float],
+    storage_options: dict[str, Any] | None = None,
+    base: Path | None = None,
+) -> MixSpec:
+    """Turn a ``dataset_path`` value (one path, a list, or a mapping) into a MixSpec."""
+
+    def source(path: str | Path) -> DatasetSource:
+        text = str(path)
+        if base is not None and "://" not in text and not Path(text).is_absolute():
+            text = str(base / text)
+        return DatasetSource(text, storage_options)
+
+    if isinstance(dataset_path, (str, Path)):
+        return MixSpec([source(dataset_path)], [1])
+    if isinstance(dataset_path, Mapping):
+        if not dataset_path:
+            raise ShardtokError("a mix needs at least one dataset")
+        sources = [source(p) for p in dataset_path]
+        weights = list(dataset_path.values())
+        for path, weight in zip(dataset_path, weights, strict=True):
+            if isinstance(weight, bool) or not isinstance(weight, (int, float)) or weight <= 0:
+                raise ShardtokError(f"weight of {path} is {weight!r}: weights must be > 0")
+        return MixSpec(sources, weights)
+    paths = list(dataset_path)
+    if not paths:
+        raise ShardtokError("a mix needs at least one dataset")
+    sources = [source(p) for p in paths]
+    return MixSpec(sources, [s.manifest.num_tokens for s in sources])
+
+
+def spec_from_args(sources: Sequence[str], storage_options: dict | None = None) -> MixSpec:
+    """``--source PATH[:WEIGHT]`` values: all weighted, or none (then proportional to size)."""
+    parsed = [parse_source_arg(s) for s in sources]
+    given = [w is not None for _, w in parsed]
+    if any(given) and not all(given):
+        raise ShardtokError("give a weight to every --source (PATH:WEIGHT) or to none")
+    if all(given):
+        mapping: dict[str, float] = {}
+        for path, weight in parsed:
+            if path in mapping:
+                raise ShardtokError(f"--source {path} given twice")
+            mapping[path] = weight  # type: ignore[assignment]
+        return mix_spec(mapping, storage_options)
+    return mix_spec([p for p, _ in parsed], storage_options)
+
+
+def load_mix_config(
+    config: str | Path | Mapping[str, Any],
+    *,
+    stage: str | int = 0,
+    storage_options: dict | None = None,
+) -> MixSpec:
+    """A MixSpec from a YAML file (or the dict it holds); `stage` picks a ``data_stages`` entry."""
+    base: Path | None = None
+    if isinstance(config, (str, Path)):
+        import yaml  # type: ignore[import-untyped]
+
+        path = Path(config)
+        try:
+            data = yaml.safe_load(path.read_text())
+        except (OSError, yaml.YAMLError) as exc:
+            raise ShardtokError(f"{path}: cannot read the mix config: {exc}") from None
+        base = path.resolve().parent
+        where = str(path)
+    else:
+        data, where = config, "mix config"
+    if not isinstance(data, Mapping):
+        raise ShardtokError(f"{where}: expected a mapping at the top level")
+    section: Mapping[str, Any] = data
+    if "data_stages" in data:
+        stages = data["data_stages"]
+        if isinstance(stage, int):
+            if not 0 <= stage < len(stages):
+                raise ShardtokError(f"{where}: no data stage {stage} ({len(stages)} stages)")
+            chosen = stages[stage]
+        else:
+            named = [s for s in stages if s.get("name") == stage]
+            if not named:
+                raise ShardtokError(f"{where}: no data stage named {stage!r}")
+            chosen = named[0]
+        section = chosen.get("data", {})
+    dataset = section.get("dataset", section)
+    if "dataset_path" not in dataset:
+        raise ShardtokError(f"{where}: no dataset_path")
+    spec = mix_spec(dataset["dataset_path"], storage_options, base)
+    options = {k: v for k, v in {**section, **dataset}.items() if k in OPTION_NAMES}
+    unknown = set(dataset) - OPTION_NAMES - {"dataset_path"}
+    if dataset is not section and unknown:  # a flat config may carry a trainer's other keys
+        raise ShardtokError(f"{where}: unknown keys {sorted(unknown)} next to dataset_path")
+    spec.options = options
+    return spec

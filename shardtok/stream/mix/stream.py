@@ -1,0 +1,130 @@
+"""One (rank, worker)'s batches from a weighted mix of datasets: sources -> mixer -> batcher.
+
+A mixed stream has no epoch end (each source restarts on its own), so it yields ``num_batches``
+batches when given, else without end; every (rank, worker) can therefore yield the same count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from shardtok.stream.batch import Allocator, allocate_arrays
+from shardtok.stream.build import batcher_for
+from shardtok.stream.mix.sequences import MixedSequences, SourceSequences, with_source_seed
+from shardtok.stream.mix.spec import MixSpec
+from shardtok.stream.nodes.base import Node, PlacedStream
+from shardtok.stream.options import StreamOptions
+from shardtok.stream.resume.elastic_mix import remainder_packers
+
+
+class MixedStream(PlacedStream):
+    """The exact batches of one (rank, worker) from the weighted sources of `spec`.
+
+    State: ``{"rank", "world_size", "worker", "num_workers", "batcher": {..., "upstream":
+    {"step", "sources": [{"epoch", "sequences", "packer"}, ...]}}}``.
+    """
+
+    state_name = "mixed stream"
+
+    def __init__(
+        self,
+        spec: MixSpec,
+        options: StreamOptions,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        worker: int = 0,
+        num_workers: int = 1,
+        num_batches: int | None = None,
+        first_epoch: int = 0,
+        elastic: dict | None = None,
+        allocate: Allocator = allocate_arrays,
+    ):
+        """`elastic`: a merged state's ``elastic_mix`` (another layout's saved positions); every
+        source then first finishes its old epochs' remainder (see ``elastic_mix``)."""
+        super().__init__()
+        self.elastic = elastic
+        self.spec, self.options = spec, options
+        self.rank, self.world_size = rank, world_size
+        self.worker, self.num_workers = worker, num_workers
+        self.num_batches = num_batches
+        self.first_epoch = first_epoch
+        sources = []
+        for i, source in enumerate(spec.sources):
+            source_options = with_source_seed(options, i)
+            remainder, start = None, first_epoch
+            if elastic is not None:
+                remainder, start = remainder_packers(
+                    source,
+                    source_options,
+                    elastic["sources"][i],
+                    world_size=int(elastic["world_size"]),
+                    num_workers=int(elastic["num_workers"]),
+                    new_index=rank * num_workers + worker,
+                    new_slices=world_size * num_workers,
+                )
+            sources.append(
+                SourceSequences(
+                    source,
+                    source_options,
+                    rank=rank,
+                    world_size=world_size,
+                    worker=worker,
+                    num_workers=num_workers,
+                    first_epoch=start,
+                    remainder=remainder,
+                )
+            )
+        self.mixer = MixedSequences(sources, spec.weights)
+        self.batcher = batcher_for(
+            self.mixer, options, num_batches, allocate, f"mix rank {rank} worker {worker}"
+        )
+
+    @classmethod
+    def from_config(cls, config, *, stage: str | int = 0, **kwargs) -> MixedStream:
+        """Build from a YAML mix config (see ``mix_config``); keyword options override it."""
+        from shardtok.stream.mix.spec import load_mix_config
+
+        spec = load_mix_config(config, stage=stage)
+        placement = {
+            k: kwargs.pop(k)
+            for k in ("rank", "world_size", "worker", "num_workers", "num_batches", "first_epoch")
+            if k in kwargs
+        }
+        options = StreamOptions(**{**spec.options, **kwargs})
+        return cls(spec, options, **placement)
+
+    @property
+    def identity(self) -> dict:
+        return {
+            "first_epoch": self.first_epoch,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "worker": self.worker,
+            "num_workers": self.num_workers,
+        }
+
+    def __len__(self) -> int:
+        if self.num_batches is None:
+            raise TypeError("an open-ended mixed stream has no length (give num_batches)")
+        return self.num_batches
+
+    def state_dict(self) -> dict:
+        state = {**self.identity, "batcher": self.batcher.state_dict()}
+        if self.elastic is not None:
+            state["elastic"] = self.elastic
+        return state
+
+    def stats(self) -> dict:
+        return {**self.batcher.stats(), "sources": self.mixer.shares()}
+
+
+def interleave_workers(streams: Sequence[Node[dict]]):
+    """Batches of several worker streams in the DataLoader's order (round-robin)."""
+    iterators = list(streams)
+    while True:
+        for it in iterators:
+            try:
+                yield next(it)
+            except StopIteration:
+                return

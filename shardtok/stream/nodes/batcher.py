@@ -1,0 +1,138 @@
+"""Groups packed sequences into batches and stops after exactly the planned number of batches."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from shardtok.errors import ShardtokError
+from shardtok.stream.batch import (
+    Allocator,
+    allocate_arrays,
+    assemble_batch,
+    assemble_contiguous_batch,
+)
+from shardtok.stream.nodes.base import Node
+from shardtok.stream.nodes.sequence import Packer
+
+
+class Batcher(Node[dict]):
+    """Yields batches of `batch_size` sequences; `num_batches` (when given) is exact.
+
+    The plan guarantees every slice can fill `num_batches`; if the upstream runs dry earlier the
+    data disagrees with its manifest, and that is an error rather than a silent short epoch
+    (which would hang a distributed job). The state is the packer's state at a batch boundary
+    plus counters.
+    """
+
+    def __init__(
+        self,
+        upstream: Packer,
+        batch_size: int,
+        *,
+        num_batches: int | None = None,
+        mask_boundary_labels: bool = False,
+        allocate: Allocator = allocate_arrays,
+        where: str = "stream",
+    ):
+        super().__init__()
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        self.upstream = upstream
+        self.batch_size = batch_size
+        self.num_batches = num_batches
+        self.mask_boundary_labels = mask_boundary_labels
+        self.allocate = allocate
+        self.where = where
+        self._rows: np.ndarray | None = None
+        self.batches = 0
+        self.real_tokens = 0  # tokens that are not padding (sequence slots: seq_len + 1 each)
+        self.sequences = 0
+        self.segments = 0
+
+    def _reset(self, state: dict | None) -> None:
+        if state is None:
+            self.upstream.reset(None)
+            self.batches = self.real_tokens = self.sequences = self.segments = 0
+        else:
+            self.upstream.reset(state["upstream"])
+            self.batches = int(state["batches"])
+            self.real_tokens = int(state["real_tokens"])
+            self.sequences = int(state["sequences"])
+            self.segments = int(state["segments"])
+
+    def state_dict(self) -> dict:
+        if not self._started:
+            self.reset(None)
+        return {
+            "upstream": self.upstream.state_dict(),
+            "batches": self.batches,
+            "real_tokens": self.real_tokens,
+            "sequences": self.sequences,
+            "segments": self.segments,
+        }
+
+    def _next(self) -> dict:
+        if self.num_batches is not None and self.batches >= self.num_batches:
+            raise StopIteration
+        upstream = self.upstream
+        if getattr(upstream, "contiguous", False):
+            cut = upstream.next_batch(self.batch_size)
+            if cut is not None:
+                tokens, boundaries = cut
+                return self._count(
+                    assemble_contiguous_batch(
+                        tokens,
+                        boundaries,
+                        self.batch_size,
+                        mask_boundary_labels=self.mask_boundary_labels,
+                        allocate=self.allocate,
+                    ),
+                    self.batch_size * upstream.window,
+                )
+            # Not enough data for a whole batch: the row path below reports exactly where.
+        # One reused staging array: the packer writes each sequence straight into its row.
+        if self._rows is None:
+            self._rows = np.empty((self.batch_size, upstream.window), dtype=np.int64)
+        rows = self._rows
+        starts, lengths = [], []
+        for b in range(self.batch_size):
+            try:
+                row_starts, length = upstream.next_into(rows[b])
+            except StopIteration:
+                if self.num_batches is None:  # an open-ended stream drops its partial batch
+                    raise
+                raise ShardtokError(
+                    f"{self.where}: ran out of data after {self.batches} full batches and "
+                    f"{b} sequences, but the epoch plan promised {self.num_batches} "
+                    "batches (do the shards hold the token counts the manifest says?)"
+                ) from None
+            starts.append(row_starts)
+            lengths.append(length)
+        batch = assemble_batch(
+            rows,
+            starts,
+            lengths,
+            mask_boundary_labels=self.mask_boundary_labels,
+            allocate=self.allocate,
+        )
+        return self._count(batch, sum(lengths))
+
+    def _count(self, batch: dict, real_tokens: int) -> dict:
+        self.batches += 1
+        self.sequences += self.batch_size
+        self.real_tokens += real_tokens
+        self.segments += len(batch["cu_seqlens"]) - 1
+        return batch
+
+    def stats(self) -> dict:
+        """Packing statistics so far; slots count ``seq_len + 1`` tokens per sequence."""
+        window = int(self.upstream.window)
+        slots = self.sequences * window
+        return {
+            "batches": self.batches,
+            "sequences": self.sequences,
+            "real_tokens": self.real_tokens,
+            "slots": slots,
+            "packing_efficiency": self.real_tokens / slots if slots else 0.0,
+            "segments": self.segments,
+        }

@@ -1,0 +1,180 @@
+"""Concat packing: documents joined end to end (each keeps the EOS convert wrote) and cut into
+windows of ``seq_len + 1`` tokens, Megatron style.
+
+``stride`` is the distance between the starts of consecutive windows:
+
+* ``seq_len + 1`` (the default): windows share no token, every token is an input or a target
+  of exactly one window;
+* ``seq_len``: Megatron's GPTDataset layout, where the last token of a window (a target only)
+  is the first input of the next, so every token but the very first is a target once;
+* anything smaller: overlapping sliding windows (reference note 004), each token seen several
+  times.
+
+A slice of T tokens gives ``(T - L) // stride + 1`` windows (``L = seq_len + 1``, none when
+T < L); the tail that does not fill a window is left unread (the epoch plan counts it).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from shardtok.stream.nodes.base import DocumentNode
+from shardtok.stream.nodes.sequence import Packer
+
+_PULL_RUN = 8  # documents pulled per upstream call
+
+
+def concat_window_count(num_tokens: int, seq_len: int, stride: int | None = None) -> int:
+    """How many windows concat packing cuts from `num_tokens` consecutive tokens."""
+    window = seq_len + 1
+    stride = window if stride is None else stride
+    return 0 if num_tokens < window else (num_tokens - window) // stride + 1
+
+
+class ConcatPacker(Packer):
+    """Cuts the document stream of `upstream` into windows of ``seq_len + 1`` tokens.
+
+    State: the upstream state just before the document holding the next window's first token,
+    the offset of that token in it, and the number of windows emitted.
+    """
+
+    def __init__(self, upstream: DocumentNode, seq_len: int, stride: int | None = None):
+        super().__init__()
+        if seq_len < 1:
+            raise ValueError(f"seq_len must be at least 1, got {seq_len}")
+        self.upstream = upstream
+        self.window = seq_len + 1
+        self.stride = self.window if stride is None else int(stride)
+        if not 1 <= self.stride <= self.window:
+            raise ValueError(f"stride must lie in [1, seq_len + 1 = {self.window}], got {stride}")
+        # Documents still (partly) needed: (upstream position before the pull, tokens).
+        self._pending: deque[tuple[int, np.ndarray]] = deque()
+        self._available = 0  # tokens in _pending
+        self._offset = 0  # next window's first token, relative to the first pending document
+        self._emitted = 0
+        self._exhausted = False
+        self._next_position = 0  # upstream position when _pending is empty
+
+    def _reset(self, state: dict | None) -> None:
+        self._pending.clear()
+        self._available = 0
+        self._exhausted = False
+        if state is None:
+            self.upstream.reset(None)
+            self._offset = 0
+            self._emitted = 0
+        else:
+            self.upstream.reset(state["upstream"])
+            self._offset = int(state["skip"])
+            self._emitted = int(state["emitted"])
+        self._next_position = self.upstream.position
+        self._pull_many = self.upstream._next_many  # started by the reset above
+
+    def state_dict(self) -> dict:
+        if not self._started:
+            self.reset(None)
+        first = self._pending[0][0] if self._pending else self._next_position
+        return {
+            "upstream": self.upstream.state_at(first),
+            "skip": self._offset,
+            "emitted": self._emitted,
+        }
+
+    def _prepare(self) -> bool:
+        return self._fill(self._offset + self.window)
+
+    def _fill(self, end: int) -> bool:
+        """Pull documents until `end` tokens (counted from the first pending one) are held.
+
+        Documents come in small runs (one call per run, not per document); the few pulled
+        beyond `end` simply stay pending, which changes neither the windows nor the state."""
+        pending = self._pending
+        while self._available < end:
+            if self._exhausted:
+                return False
+            position = self.upstream.position
+            docs = self._pull_many(_PULL_RUN)
+            if len(docs) < _PULL_RUN:
+                self._exhausted = True
+            for doc in docs:
+                position += 1
+                if len(doc):
+                    pending.append((position - 1, doc))
+                    self._available += len(doc)
+                elif not pending:  # an empty document is never a window start
+                    self._next_position = position
+            if self.dtype is None and pending:
+                self.dtype = pending[0][1].dtype
+        return True
+
+    @property
+    def contiguous(self) -> bool:
+        """Whether consecutive windows are consecutive token runs (no overlap), so a whole
+        batch can be cut in one go by `next_batch`."""
+        return self.stride == self.window
+
+    def next_batch(self, rows: int) -> tuple[np.ndarray, list[int]] | None:
+        """The next `rows` windows as one flat run of ``rows * window`` tokens (a view when a
+        single document holds them all), and the flat positions (ascending, in
+        ``(0, rows * window)``) where later documents begin. None, with nothing emitted, when
+        the stream cannot fill them all.
+
+        Same windows and same state afterwards as `rows` calls of `next_into`; only for
+        contiguous windows. Per-window calls cost more Python than the copy itself.
+        """
+        if not self._started:
+            self.reset(None)
+        span = rows * self.window
+        if not self._fill(self._offset + span):
+            return None
+        pieces, boundaries = self._pieces(span)
+        tokens = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+        self._advance(span, rows)
+        return tokens, boundaries
+
+    def _pieces(self, span: int) -> tuple[list[np.ndarray], list[int]]:
+        """The next `span` tokens (held by now) as slices of the pending documents, and where
+        in the span each document after the first begins."""
+        offset = self._offset
+        pieces = []
+        boundaries = []
+        filled = 0
+        for _, doc in self._pending:
+            if filled:
+                boundaries.append(filled)
+            piece = doc[offset : offset + span - filled]
+            pieces.append(piece)
+            filled += len(piece)
+            offset = 0
+            if filled == span:
+                break
+        return pieces, boundaries
+
+    def _advance(self, tokens: int, windows: int) -> None:
+        """Move the next window's start `tokens` on, dropping the documents it is past."""
+        pending = self._pending
+        self._offset += tokens
+        while pending and self._offset >= len(pending[0][1]):
+            _, doc = pending.popleft()
+            self._offset -= len(doc)
+            self._available -= len(doc)
+        if not pending:
+            self._next_position = self.upstream.position
+        self._emitted += windows
+
+    def _emit_into(self, out: np.ndarray) -> tuple[list[int], int]:
+        window = self.window
+        offset = self._offset
+        pending = self._pending
+        first = pending[0][1]
+        if offset + window <= len(first):  # inside one document
+            out[:] = first[offset : offset + window]
+            starts = [0]
+        else:
+            pieces, later = self._pieces(window)
+            starts = [0, *later]  # every later document begins inside this window
+            np.concatenate(pieces, out=out, casting="unsafe")
+        self._advance(self.stride, 1)
+        return starts, window

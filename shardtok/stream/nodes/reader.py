@@ -1,0 +1,212 @@
+"""Reads the documents of one slice of the epoch plan, several shards at a time.
+
+The slice's pieces are taken in plan order in groups of ``interleave``; the pieces of a group
+are open together and their documents are taken round-robin (a piece that runs out drops out
+of the rotation), so the shuffle buffer downstream sees several shards at once. Each open
+piece costs one decoded frame of memory.
+
+A piece is a token range of a shard; the documents it cuts at either end are trimmed to the
+range (the other part belongs to the neighbouring slice).
+
+State: ``{"group", "ordinal", "position"}``: the group, how many documents of the group were
+emitted (the round-robin rule turns that back into a cursor per piece), and the position in
+the slice. Only the shard heads (json and idx) of one group are read to restore.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from itertools import islice
+
+import numpy as np
+
+from shardtok.errors import CorruptShardError
+from shardtok.storage.dataset import DatasetSource
+from shardtok.stream.nodes.base import DocumentNode
+from shardtok.stream.plan import Piece
+
+
+def round_robin_consumed(counts: Sequence[int], ordinal: int) -> tuple[list[int], int]:
+    """Documents taken from each piece after `ordinal` round-robin steps over `counts`, and the
+    piece the rotation continues with (pieces before it already had their turn this round)."""
+    n = np.asarray(counts, dtype=np.int64)
+    lo, hi = 0, int(n.max(initial=0))
+    while lo < hi:  # largest full-round count J with sum(min(n, J)) <= ordinal
+        mid = (lo + hi + 1) // 2
+        if int(np.minimum(n, mid).sum()) <= ordinal:
+            lo = mid
+        else:
+            hi = mid - 1
+    taken = np.minimum(n, lo)
+    extra = ordinal - int(taken.sum())
+    resume = 0
+    for i in range(len(n)):
+        if extra == 0:
+            break
+        if n[i] > lo:
+            taken[i] += 1
+            extra -= 1
+            resume = i + 1
+    if extra:
+        raise ValueError(
+            f"ordinal {ordinal} is past the end of pieces with {list(counts)} documents"
+        )
+    return [int(t) for t in taken], resume
+
+
+class _OpenPiece:
+    """One piece of a shard, open for sequential reading."""
+
+    def __init__(self, source: DatasetSource, piece: Piece, expected_tokens: int):
+        self.piece = piece
+        self.reader, self._file = source.open_stream(piece.file)
+        offsets = self.reader.offsets
+        if int(offsets[-1]) != expected_tokens:
+            raise CorruptShardError(
+                self.reader.where,
+                self.reader.meta.idx_member,
+                None,
+                f"shard holds {int(offsets[-1])} tokens, the manifest says {expected_tokens}",
+            )
+        if not 0 <= piece.start < piece.stop <= expected_tokens:
+            raise ValueError(f"piece {piece} outside the shard's {expected_tokens} tokens")
+        self.first = int(np.searchsorted(offsets, piece.start, side="right")) - 1
+        self.stop = int(np.searchsorted(offsets, piece.stop, side="left"))
+        self.head_trim = piece.start - int(offsets[self.first])
+        self.tail_keep = piece.stop - int(offsets[self.stop - 1])
+        self.count = self.stop - self.first
+
+    def documents(self, skip: int) -> Iterator[np.ndarray]:
+        """The piece's documents from the `skip`-th on, trimmed to the piece's token range."""
+        first, last = self.first, self.stop - 1
+        doc_no = first + skip
+        try:
+            docs = self.reader.documents(doc_no, self.stop)
+            if doc_no == first and self.head_trim:
+                doc = next(docs)[self.head_trim :]
+                yield doc[: self.tail_keep - self.head_trim] if first == last else doc
+                doc_no += 1
+            if doc_no <= last:
+                # Untrimmed middle documents pass through without a Python step each.
+                yield from islice(docs, last - doc_no)
+                yield next(docs)[: self.tail_keep]
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+class SliceReader(DocumentNode):
+    def __init__(self, source: DatasetSource, pieces: Sequence[Piece], interleave: int = 4):
+        super().__init__()
+        if interleave < 1:
+            raise ValueError(f"interleave must be at least 1, got {interleave}")
+        self.source = source
+        self.pieces = tuple(pieces)
+        self.interleave = interleave
+        self.position = 0
+        self._group = 0
+        self._ordinal = 0
+        self._bases: dict[int, int] = {}  # group -> slice position of its first document
+        self._counts: dict[int, int] = {}  # group -> documents in it
+        self._docs: Iterator[np.ndarray] | None = None
+        self._open: list[_OpenPiece] = []
+
+    @property
+    def num_groups(self) -> int:
+        return -(-len(self.pieces) // self.interleave)
+
+    def _close(self) -> None:
+        for p in self._open:
+            p.close()
+        self._open = []
+        self._docs = None
+
+    def _open_group(self, group: int, ordinal: int) -> None:
+        self._close()
+        self._group, self._ordinal = group, ordinal
+        if group >= self.num_groups:
+            return
+        manifest = self.source.manifest
+        members = self.pieces[group * self.interleave : (group + 1) * self.interleave]
+        self._open = [
+            _OpenPiece(self.source, p, manifest.shards[p.shard].num_tokens) for p in members
+        ]
+        # Remote shards: the next group's first blocks arrive while this group is consumed.
+        following = self.pieces[(group + 1) * self.interleave : (group + 2) * self.interleave]
+        self.source.prefetch([p.file for p in following])
+        counts = [p.count for p in self._open]
+        self._counts[group] = sum(counts)
+        self._bases[group] = self.position - ordinal
+        taken, resume = round_robin_consumed(counts, ordinal)
+        self._docs = self._round_robin(
+            [p.documents(t) for p, t in zip(self._open, taken)],
+            [c - t for c, t in zip(counts, taken)],
+            resume,
+        )
+
+    @staticmethod
+    def _round_robin(iterators: list[Iterator[np.ndarray]], remaining: list[int], resume: int):
+        # The interrupted round first: the pieces from `resume` on still have their turn.
+        for i in range(resume, len(iterators)):
+            if remaining[i] > 0:
+                yield next(iterators[i])
+                remaining[i] -= 1
+        active = [i for i, r in enumerate(remaining) if r > 0]
+        while active:
+            for i in active:
+                yield next(iterators[i])
+                remaining[i] -= 1
+            active = [i for i in active if remaining[i] > 0]
+        for it in iterators:  # run each generator to its end so it closes its file
+            for _ in it:
+                pass
+
+    def _reset(self, state: dict | None) -> None:
+        self._bases, self._counts = {}, {}
+        if state is None:
+            self.position = 0
+            self._open_group(0, 0)
+        else:
+            self.position = int(state["position"])
+            self._open_group(int(state["group"]), int(state["ordinal"]))
+
+    def _next(self) -> np.ndarray:
+        while True:
+            if self._docs is None:
+                raise StopIteration
+            try:
+                doc = next(self._docs)
+            except StopIteration:
+                self._open_group(self._group + 1, 0)
+                continue
+            self.position += 1
+            self._ordinal += 1
+            return doc
+
+    def _next_many(self, count: int) -> list[np.ndarray]:
+        out: list[np.ndarray] = []
+        while len(out) < count and self._docs is not None:
+            got = list(islice(self._docs, count - len(out)))
+            out += got
+            self.position += len(got)
+            self._ordinal += len(got)
+            if len(out) < count:  # this group ran out
+                self._open_group(self._group + 1, 0)
+        return out
+
+    def state_at(self, position: int) -> dict:
+        if not self._started:
+            self.reset(None)
+        for group in sorted(self._bases, reverse=True):
+            base = self._bases[group]
+            if base <= position:
+                if position - base == self._counts[group]:  # the group's end: the next one
+                    return {"group": group + 1, "ordinal": 0, "position": position}
+                return {"group": group, "ordinal": position - base, "position": position}
+        if position == self.position:  # past every group: the end of the slice
+            return {"group": self._group, "ordinal": self._ordinal, "position": position}
+        raise ValueError(f"slice reader cannot describe position {position}")

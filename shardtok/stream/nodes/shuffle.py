@@ -1,0 +1,212 @@
+"""A bounded shuffle buffer with exact, token-free resume: a jittered sort of document ordinals.
+
+Document ``i`` of the upstream (its position in the slice) gets the key ``i + W * u_i`` with
+``u_i`` uniform in [0, 1) drawn from ``default_rng((*seed, i // KEY_BLOCK))``; documents are
+emitted in key order. Since ``i <= key_i < i + W``, document ``i`` can be emitted as soon as
+ordinal ``key_i`` has been read, so at most about ``W`` documents are ever held, and every
+document moves at most ``W`` places from where it was read. (A classic random-replacement buffer
+can hold a document arbitrarily long, so its state depends on the whole history.)
+
+The output is a pure function of the ordinals, so a saved position is just the number of
+documents emitted, ``k``, plus where to re-read from:
+
+* after ``k`` emissions, every ordinal below ``k - W`` has been emitted (its key is below
+  ``k - 1``, and at most ``k - 1`` ordinals have smaller keys), and no ordinal from ``k + W``
+  on has been;
+* so restoring re-reads ordinals ``[b, k + W)`` from a checkpoint ``b <= k - W`` (the upstream
+  state saved when ordinal ``b`` was read, every ``spacing`` ordinals), sorts their keys, drops
+  the ``k - b`` smallest (already emitted) and buffers the rest.
+
+Restoring costs reading at most ``2 W + spacing`` documents; the state is four integers and the
+upstream's own small state.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+
+import numpy as np
+
+from shardtok.stream.nodes.base import HISTORY, DocumentNode
+
+KEY_BLOCK = 4096
+MIN_CHECKPOINT_SPACING = 1024
+MIN_ROUND = 64
+
+
+class ShuffleBuffer(DocumentNode):
+    """Shuffles documents within a window of `window` documents (leave the node out to disable
+    shuffling).
+
+    Documents are read in rounds of ``max(64, window // 16)``; after each round every buffered
+    document whose key is below the next ordinal is released in key order (one numpy sort per
+    round instead of a heap operation per document). At most about ``1.06 * window`` documents
+    are held. The output does not depend on the round size (released keys are always the
+    smallest left); small rounds keep a DataLoader worker's time per batch even, where one
+    round of a quarter window (several frames to decode at once) stalled the in-order batch
+    queue while the other worker idled (a quarter of both cores, measured).
+    """
+
+    def __init__(self, upstream: DocumentNode, window: int, seed: Sequence[int]):
+        super().__init__()
+        if window < 1:
+            raise ValueError(f"shuffle window must be at least 1, got {window}")
+        self.upstream = upstream
+        self.window = int(window)
+        self.seed = tuple(int(s) for s in seed)
+        self.spacing = max(self.window, MIN_CHECKPOINT_SPACING)
+        self.round = max(MIN_ROUND, self.window // 16)
+        self._keys = np.empty(0)  # keys and ordinals of buffered, not yet released documents
+        self._ordinals = np.empty(0, dtype=np.int64)
+        self._held: dict[int, np.ndarray] = {}
+        self._ready: deque[np.ndarray] = deque()
+        self._checkpoints: dict[int, dict] = {}
+        self._key_cache: tuple[int, np.ndarray] = (-1, np.empty(0))
+        self._exhausted = False
+        self.position = 0
+
+    @property
+    def held(self) -> int:
+        """Documents in memory (buffered or released but not yet emitted)."""
+        return len(self._held) + len(self._ready)
+
+    # -- keys ---------------------------------------------------------------------------
+    def _block_keys(self, block: int) -> np.ndarray:
+        if self._key_cache[0] != block:
+            rng = np.random.default_rng((*self.seed, block))
+            self._key_cache = (block, rng.random(KEY_BLOCK) * self.window)
+        return self._key_cache[1]
+
+    def keys(self, lo: int, hi: int) -> np.ndarray:
+        """Keys of ordinals [lo, hi)."""
+        parts = []
+        at = lo
+        while at < hi:
+            block, offset = divmod(at, KEY_BLOCK)
+            take = min(hi - at, KEY_BLOCK - offset)
+            parts.append(self._block_keys(block)[offset : offset + take])
+            at += take
+        jitter = np.concatenate(parts) if parts else np.empty(0)
+        return np.arange(lo, hi, dtype=np.float64) + jitter
+
+    # -- reading ------------------------------------------------------------------------
+    def _read(self, until: int) -> None:
+        """Read ordinals up to `until` (exclusive) into the buffer."""
+        upstream = self.upstream
+        held = self._held
+        first = upstream.position
+        spacing = self.spacing
+        while upstream.position < until:
+            ordinal = upstream.position
+            if ordinal % spacing == 0 and ordinal not in self._checkpoints:
+                self._checkpoints[ordinal] = upstream.state_at(ordinal)
+                self._prune(ordinal)
+            # In runs that stop at the next checkpoint ordinal, so each is saved when reached.
+            count = min(until, (ordinal // spacing + 1) * spacing) - ordinal
+            docs = upstream._next_many(count)
+            held.update(zip(range(ordinal, ordinal + len(docs)), docs))
+            if len(docs) < count:
+                self._exhausted = True
+                break
+        last = upstream.position
+        if last > first:
+            self._keys = np.concatenate((self._keys, self.keys(first, last)))
+            self._ordinals = np.concatenate((self._ordinals, np.arange(first, last)))
+
+    def _release(self, below: float | None) -> None:
+        """Move buffered documents with key < `below` (all when None) to the ready queue."""
+        keys, ordinals = self._keys, self._ordinals
+        if below is None:
+            chosen = np.arange(len(keys))
+        else:
+            chosen = np.flatnonzero(keys < below)
+        if not len(chosen):
+            return
+        order = chosen[np.lexsort((ordinals[chosen], keys[chosen]))]
+        held = self._held
+        self._ready.extend(held.pop(o) for o in ordinals[order].tolist())
+        keep = np.ones(len(keys), dtype=bool)
+        keep[chosen] = False
+        self._keys, self._ordinals = keys[keep], ordinals[keep]
+
+    def _prune(self, ordinal: int) -> None:
+        horizon = ordinal - HISTORY - 2 * self.window - 2 * self.spacing
+        for old in [c for c in self._checkpoints if c < horizon]:
+            del self._checkpoints[old]
+
+    def _refill(self) -> bool:
+        """Make documents ready to emit; False at the end of the stream."""
+        while not self._ready:
+            if self._exhausted:
+                if not self._held:
+                    return False
+                self._release(None)
+                continue
+            self._read(self.upstream.position + self.round)
+            self._release(None if self._exhausted else self.upstream.position)
+        return True
+
+    def _next(self) -> np.ndarray:
+        if not self._ready and not self._refill():
+            raise StopIteration
+        self.position += 1
+        return self._ready.popleft()
+
+    def _next_many(self, count: int) -> list[np.ndarray]:
+        out: list[np.ndarray] = []
+        ready = self._ready
+        while len(out) < count and (ready or self._refill()):
+            take = min(count - len(out), len(ready))
+            out += [ready.popleft() for _ in range(take)]
+        self.position += len(out)
+        return out
+
+    # -- state --------------------------------------------------------------------------
+    def _checkpoint_for(self, position: int) -> int:
+        return max(0, (position - self.window) // self.spacing * self.spacing)
+
+    def state_at(self, position: int) -> dict:
+        if not self._started:
+            self.reset(None)
+        if position > self.position:
+            raise ValueError(f"position {position} is ahead of the stream ({self.position})")
+        base = self._checkpoint_for(position)
+        if base not in self._checkpoints:
+            raise ValueError(
+                f"shuffle buffer cannot describe position {position}: it is more than "
+                f"{HISTORY} documents back or before the point this stream was restored to"
+            )
+        return {"position": position, "read_from": base, "upstream": self._checkpoints[base]}
+
+    def _reset(self, state: dict | None) -> None:
+        self._keys = np.empty(0)
+        self._ordinals = np.empty(0, dtype=np.int64)
+        self._held = {}
+        self._ready = deque()
+        self._checkpoints = {}
+        self._exhausted = False
+        if state is None:
+            self.upstream.reset(None)
+            self.position = start = self.upstream.position  # ordinals are upstream positions
+            self._checkpoints[start] = self.upstream.state_at(start)
+            return
+        position, base = int(state["position"]), int(state["read_from"])
+        self.upstream.reset(state["upstream"])
+        if self.upstream.position != base:
+            raise ValueError(
+                f"upstream restored to {self.upstream.position}, shuffle state expects {base}"
+            )
+        self._checkpoints[base] = state["upstream"]
+        # Ordinals [base, position + window) hold everything not yet emitted that could come
+        # next; the (position - base) smallest keys among them were emitted already.
+        self._read(position + self.window)
+        self.position = position
+        skip = position - base
+        if skip:
+            order = np.lexsort((self._ordinals, self._keys))[:skip]
+            for o in self._ordinals[order].tolist():
+                del self._held[o]
+            keep = np.ones(len(self._keys), dtype=bool)
+            keep[order] = False
+            self._keys, self._ordinals = self._keys[keep], self._ordinals[keep]

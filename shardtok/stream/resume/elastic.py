@@ -1,0 +1,221 @@
+"""Elastic resume: finish an epoch with another world size or number of workers.
+
+The rule. At save time every old (rank, worker) slice has read a prefix of its own document
+stream (reader, then shuffle buffer) and its packer holds a few documents or pieces. What remains
+of the epoch is, per old slice in slice order, its *residual stream*: the tokens it had not put
+into a yielded sequence (concat: from the next window's first token on; greedy: the pieces in
+open and finished-but-unyielded sequences, then every later document), through the end of the
+slice, including the tail the old plan would have left unread. The residual streams are joined
+in old-slice order (R tokens) and cut into the new ``world_size * num_workers`` slices at token
+offsets ``j * R // S'``, exactly as an epoch is cut (a document cut there becomes two). Every new
+slice then packs and batches as usual, and every new slice yields the same number of batches
+``min_j(sequences_j) // batch_size``; the leftover is reported (``ElasticPlan.tokens_unread``).
+
+No document is repeated or skipped: a token is either in a sequence yielded before the save or
+in exactly one residual stream. Computing this needs the states of ALL old slices (gather them
+on rank 0 or read every rank's checkpoint file) merged with :func:`merge_states`. It is refused
+(ResumeStateError) when a slice is missing or given twice, when states come from different
+epochs or fingerprints, for a remainder merged again, and when the remainder is too small to
+give every new slice one batch. Weighted mixes apply the rule per source (``elastic_mix.py``).
+
+A new slice re-reads its residual documents from the start of its first old slice's saved
+position, so its own state is just a document count (re-read on resume: the cost is at most one
+slice of reading).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from shardtok.errors import ResumeStateError, ShardtokError
+from shardtok.index.slices import cut_ranges
+from shardtok.storage.dataset import DatasetSource
+from shardtok.stream.batch import Allocator, allocate_arrays
+from shardtok.stream.build import batcher_for, document_stream, packer_for, plan_for
+from shardtok.stream.nodes.base import DocumentNode, PlacedStream
+from shardtok.stream.options import StreamOptions
+from shardtok.stream.plan import EpochPlan, sequence_count
+
+
+def residual_tokens(plan: EpochPlan, index: int, state: dict | None) -> int:
+    """Tokens of old slice `index` not in any sequence yielded before `state` (a batcher state)."""
+    total = plan.slices[index].num_tokens
+    if state is None:
+        return total
+    if plan.packing == "concat":
+        return max(0, total - int(state["upstream"]["emitted"]) * plan.stride)
+    return total - int(state["real_tokens"])
+
+
+def residual_documents(
+    source: DatasetSource, options: StreamOptions, plan: EpochPlan, index: int, state: dict | None
+) -> Iterator[np.ndarray]:
+    """The residual stream of old slice `index` (module docstring), document by document."""
+    documents = document_stream(source, plan.slices[index], options, plan.epoch)
+    if state is None:
+        documents.reset(None)
+        yield from documents
+        return
+    packer = state["upstream"]
+    documents.reset(packer["upstream"])
+    if options.packing == "concat":
+        first = next(documents, None)
+        if first is not None:
+            yield first[int(packer["skip"]) :]
+        yield from documents
+        return
+    wanted: dict[int, list[tuple[int, int | None]]] = {}
+    for sequence in (*packer["open"], *packer["ready"]):
+        for pos, start, stop in sequence:
+            wanted.setdefault(int(pos), []).append((int(start), int(stop)))
+    if packer["long"] is not None:
+        wanted.setdefault(int(packer["long"][0]), []).append((int(packer["long"][1]), None))
+    while documents.position < int(packer["position"]):
+        pos = documents.position
+        doc = next(documents)
+        for start, stop in sorted(wanted.get(pos, []), key=lambda r: r[0]):
+            yield doc[start:stop]
+    yield from documents
+
+
+@dataclass(frozen=True)
+class ElasticPlan:
+    """The new slices of an epoch's remainder: (old slice, residual token range) segments."""
+
+    residuals: tuple[int, ...]  # tokens per old slice
+    segments: tuple[tuple[tuple[int, int, int], ...], ...]  # per new slice
+    sequences: tuple[int, ...]
+    batches_per_slice: int
+    tokens_unread: int
+
+
+def elastic_plan(
+    old: EpochPlan, slices: list[dict | None], new_slices: int, options: StreamOptions
+) -> ElasticPlan:
+    residuals = [residual_tokens(old, i, s) for i, s in enumerate(slices)]
+    total = sum(residuals)
+    segments = [parts for _, _, parts in cut_ranges(residuals, new_slices)]
+    sequences = []
+    for j in range(new_slices):
+        a, b = j * total // new_slices, (j + 1) * total // new_slices
+        sequences.append(sequence_count(b - a, old.packing, old.seq_len, old.stride))
+    batches = min(sequences) // options.batch_size
+    window = old.seq_len + 1
+    read = 0
+    for j in range(new_slices):
+        n = batches * options.batch_size
+        size = (j + 1) * total // new_slices - j * total // new_slices
+        if n:
+            read += (
+                (n - 1) * old.stride + window if old.packing == "concat" else min(size, n * window)
+            )
+    return ElasticPlan(tuple(residuals), tuple(segments), tuple(sequences), batches, total - read)
+
+
+class RemainderDocuments(DocumentNode):
+    """The documents of one new slice: its residual token ranges, in order.
+
+    State: documents emitted (restoring re-reads from the slice's start).
+    """
+
+    def __init__(self, make_residual, segments: tuple[tuple[int, int, int], ...]):
+        super().__init__()
+        self.make_residual = make_residual
+        self.segments = segments
+        self.position = 0
+        self._docs: Iterator[np.ndarray] = iter(())
+
+    def _generate(self) -> Iterator[np.ndarray]:
+        for index, lo, hi in self.segments:
+            at = 0
+            for doc in self.make_residual(index):
+                end = at + len(doc)
+                if end > lo and len(doc):
+                    yield doc[max(lo - at, 0) : min(hi, end) - at]
+                at = end
+                if at >= hi:
+                    break
+
+    def _reset(self, state: dict | None) -> None:
+        self._docs = self._generate()
+        self.position = 0
+        target = 0 if state is None else int(state["position"])
+        for _ in range(target):
+            if next(self._docs, None) is None:
+                raise ResumeStateError(
+                    f"remainder state at document {target}: the slice ends first"
+                )
+            self.position += 1
+
+    def _next(self) -> np.ndarray:
+        doc = next(self._docs)
+        self.position += 1
+        return doc
+
+    def state_at(self, position: int) -> dict:
+        return {"position": position}
+
+
+class ElasticStream(PlacedStream):
+    """One new (rank, worker)'s batches for the remainder of an epoch saved with another layout."""
+
+    state_name = "remainder"
+    resume_hint = "an elastically resumed epoch resumes again with the same world size and workers"
+    batcher_key = "remainder"
+
+    def __init__(
+        self,
+        source: DatasetSource,
+        options: StreamOptions,
+        elastic: dict,
+        *,
+        epoch: int,
+        rank: int,
+        world_size: int,
+        worker: int,
+        num_workers: int,
+        allocate: Allocator = allocate_arrays,
+    ):
+        super().__init__()
+        self.source, self.options, self.elastic = source, options, elastic
+        self.epoch = epoch
+        self.rank, self.world_size = rank, world_size
+        self.worker, self.num_workers = worker, num_workers
+        self.old_plan = plan_for(
+            source,
+            options,
+            epoch=epoch,
+            world_size=int(elastic["world_size"]),
+            num_workers=int(elastic["num_workers"]),
+        )
+        self.plan = elastic_plan(
+            self.old_plan, elastic["slices"], world_size * num_workers, options
+        )
+        if self.plan.batches_per_slice == 0:
+            raise ShardtokError(
+                f"{source.location}: the rest of epoch {epoch} ({sum(self.plan.residuals):,} "
+                f"tokens) cannot give each of {world_size * num_workers} new slices a batch; "
+                "finish this epoch with the old world size and workers, or start the next epoch"
+            )
+        index = rank * num_workers + worker
+        documents = RemainderDocuments(self._residual, self.plan.segments[index])
+        self.batcher = batcher_for(
+            packer_for(documents, options),
+            options,
+            self.plan.batches_per_slice,
+            allocate,
+            f"{source.location} epoch {epoch} remainder rank {rank} worker {worker}",
+        )
+
+    def _residual(self, index: int) -> Iterator[np.ndarray]:
+        state = self.elastic["slices"][index]
+        return residual_documents(self.source, self.options, self.old_plan, index, state)
+
+    def __len__(self) -> int:
+        return self.plan.batches_per_slice
+
+    def state_dict(self) -> dict:
+        return {**self.identity, "elastic": self.elastic, "remainder": self.batcher.state_dict()}

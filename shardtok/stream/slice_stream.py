@@ -1,0 +1,71 @@
+"""``SliceStream``: the exact batches of one (rank, worker) in one epoch.
+
+Its state is the batcher's state plus the placement it belongs to, checked on reset.
+"""
+
+from __future__ import annotations
+
+from shardtok.errors import ShardtokError
+from shardtok.storage.dataset import DatasetSource
+from shardtok.stream.batch import Allocator, allocate_arrays
+from shardtok.stream.build import batcher_for, document_stream, packer_for, plan_for
+from shardtok.stream.nodes.base import PlacedStream
+from shardtok.stream.options import StreamOptions
+
+
+class SliceStream(PlacedStream):
+    """The exact batches of one (rank, worker) in one epoch."""
+
+    state_name = "stream"
+    resume_hint = (
+        "restore with the same epoch, rank, world size, worker and number of workers, or "
+        "merge every (rank, worker)'s state with shardtok.stream.resume.elastic.merge_states to "
+        "finish the epoch with another layout"
+    )
+
+    def __init__(
+        self,
+        source: DatasetSource | str,
+        options: StreamOptions,
+        *,
+        epoch: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        worker: int = 0,
+        num_workers: int = 1,
+        allocate: Allocator = allocate_arrays,
+    ):
+        super().__init__()
+        self.source = source if isinstance(source, DatasetSource) else DatasetSource(source)
+        self.options = options
+        self.epoch = epoch
+        self.rank, self.world_size = rank, world_size
+        self.worker, self.num_workers = worker, num_workers
+        self.plan = plan_for(
+            self.source, options, epoch=epoch, world_size=world_size, num_workers=num_workers
+        )
+        self.slice = self.plan.slice_for(rank, worker)
+        if self.plan.batches_per_slice == 0:
+            raise ShardtokError(
+                f"{self.source.location}: {self.plan.total_tokens:,} tokens cannot give every one "
+                f"of {len(self.plan.slices)} (rank, worker) slices a batch of "
+                f"{options.batch_size} x {options.seq_len + 1}-token sequences; use fewer "
+                "ranks, workers or a smaller batch"
+            )
+        documents = document_stream(self.source, self.slice, options, epoch)
+        self.batcher = batcher_for(
+            packer_for(documents, options),
+            options,
+            self.plan.batches_per_slice,
+            allocate,
+            f"{self.source.location} epoch {epoch} rank {rank} worker {worker}",
+        )
+
+    def __len__(self) -> int:
+        return self.plan.batches_per_slice
+
+    def state_dict(self) -> dict:
+        return {**self.identity, "batcher": self.batcher.state_dict()}
+
+    def stats(self) -> dict:
+        return self.batcher.stats()

@@ -1,0 +1,309 @@
+"""The tiktoken convert backend: the equivalence gate, identical ids and shards, the canary.
+
+The tokenizer under test is built here, tiktoken style (as transformers converts tiktoken
+models such as Llama 3): the bundled tokenizer's vocabulary with ids as ranks, every split of
+every token as a merge sorted by the id it makes, added tokens after the vocabulary.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tokenizers import AddedToken, Regex, Tokenizer, models, pre_tokenizers
+
+from shardtok.convert import ConvertOptions, convert, load_tokenizer
+from shardtok.convert import tiktoken_backend as tb
+from shardtok.convert import tokenizer as tokmod
+from shardtok.convert.tokenizer import BUNDLED_PATH, BatchEncoder, TokenizerLoadError
+from shardtok.errors import TokenizerMismatchError
+
+ROOT = Path(__file__).resolve().parents[2]
+LLAMA3 = ROOT / ".bench" / "llama3"  # present only where the benchmark fetched it
+LLAMA3_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+SPECIALS = ["<|endoftext|>", "<|bos|>", "<|fim_middle|>"]
+
+
+def tiktoken_style(
+    folder: Path, *, pre: str = "split", ignore_merges: bool = True, specials=SPECIALS
+) -> Path:
+    bundled = json.loads((BUNDLED_PATH / "tokenizer.json").read_text())
+    added = {t["content"] for t in bundled["added_tokens"]}
+    ordered = sorted((i, t) for t, i in bundled["model"]["vocab"].items() if t not in added)
+    vocab = {t: rank for rank, (_, t) in enumerate(ordered)}
+    merges = []
+    for token, rank in vocab.items():
+        for k in range(1, len(token)):
+            a, b = token[:k], token[k:]
+            if a in vocab and b in vocab:
+                merges.append((rank, vocab[a], vocab[b], a, b))
+    merges.sort()
+    bpe = models.BPE(vocab, [(a, b) for *_, a, b in merges], ignore_merges=ignore_merges)
+    tok = Tokenizer(bpe)
+    if pre == "split":
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(LLAMA3_REGEX), "isolated", invert=False),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
+    else:
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "tokenizer.json"
+    tok.save(str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def tt_path(tmp_path_factory) -> Path:
+    return tiktoken_style(tmp_path_factory.mktemp("tt") / "tt-split")
+
+
+def varied_texts(n: int = 400, seed: int = 0) -> list[str]:
+    """Real prose and code (this repo's docs and sources) plus random mixes of scripts,
+    whitespace, digits and added-token text."""
+    texts = [p for f in sorted((ROOT / "docs").glob("*.md")) for p in f.read_text().split("\n\n")]
+    texts += [(ROOT / "shardtok" / "convert" / "runner.py").read_text()]
+    alphabet = list("aAzZ09 5_-.,;:'\"()[]{}<>|/\\\t\n\r") + [
+        "  ", "   ", "\n\n", "'s", "'LL", "é", "ß", "İ", "ǅ", "ﬁ", "\u0301", "\u00a0", "\u2003",
+        "\u3000", "\u200b", "\u2028", "\x0b", "\x1c", "\x85", "日本", "中文", "한국", "Привет",
+        "العربية", "हिन्दी", "ภาษา", "😀", "👍🏽", "👨‍👩‍👧", "🇩🇪", "½", "²", "①", "٣", "123456",
+        "AMAMA", "<|", "|>", "<|endoftext", "endoftext|>", *SPECIALS,
+    ]  # fmt: skip
+    rng = random.Random(seed)
+    for _ in range(n):
+        texts.append("".join(rng.choice(alphabet) for _ in range(rng.randint(1, 80))))
+    return [t for t in texts if t.strip()]
+
+
+def test_gate_accepts_tiktoken_style_tokenizers_and_refuses_the_bundled_one(tmp_path, tt_path):
+    spec = load_tokenizer(str(tt_path))
+    assert spec.backend == "tiktoken" and "gate passed" in spec.backend_note
+    byte_level = load_tokenizer(str(tiktoken_style(tmp_path / "bl", pre="bytelevel")))
+    assert byte_level.backend == "tiktoken"
+
+    bundled = load_tokenizer("bundled")
+    assert bundled.backend == "hf"
+    assert "tiktoken not used" in bundled.backend_note and "is not a merge" in bundled.backend_note
+    with pytest.raises(
+        TokenizerLoadError, match="--tokenizer-backend tiktoken cannot be used: .*is not a merge"
+    ):
+        load_tokenizer("bundled", backend="tiktoken")
+    assert load_tokenizer(str(tt_path), backend="hf").backend == "hf"
+    with pytest.raises(ValueError, match="backend must be one of"):
+        load_tokenizer(str(tt_path), backend="fast")
+
+
+def _mutations():
+    """(name, change to the serialized tokenizer, the reason the gate must give)."""
+
+    def pre(js):
+        return js["pre_tokenizer"]["pretokenizers"]
+
+    def swap_merges(js):
+        m = js["model"]["merges"]
+        m[0], m[-1] = m[-1], m[0]
+
+    def drop_merge(js):
+        del js["model"]["merges"][-1]
+
+    def added(js, **flags):
+        js["added_tokens"][0].update(flags)
+
+    def nested(js):
+        extra = dict(js["added_tokens"][0], id=js["added_tokens"][-1]["id"] + 1)
+        extra["content"] = js["added_tokens"][0]["content"] + "x"
+        js["added_tokens"].append(extra)
+
+    return [
+        ("normalizer", lambda js: js.update(normalizer={"type": "NFC"}), "has a normalizer"),
+        ("truncation", lambda js: js.update(truncation={"max_length": 8}), "truncation"),
+        ("dropout", lambda js: js["model"].update(dropout=0.1), "dropout"),
+        ("byte_fallback", lambda js: js["model"].update(byte_fallback=True), "byte_fallback"),
+        ("suffix", lambda js: js["model"].update(end_of_word_suffix="</w>"), "end_of_word_suffix"),
+        ("prefix space", lambda js: pre(js)[1].update(add_prefix_space=True), "add_prefix_space"),
+        ("removed", lambda js: pre(js)[0].update(behavior="Removed"), "behavior Removed"),
+        ("order", swap_merges, "not sorted by the id"),
+        ("missing split", drop_merge, "is not a merge"),
+        ("lstrip", lambda js: added(js, lstrip=True), "lstrip=true"),
+        ("single_word", lambda js: added(js, single_word=True), "single_word=true"),
+        ("substring", nested, "is a substring of added token"),
+        ("wordpiece", lambda js: js["model"].update(type="WordPiece"), "not BPE"),
+    ]
+
+
+@pytest.mark.parametrize("name, mutate, reason", _mutations(), ids=[m[0] for m in _mutations()])
+def test_gate_refuses_with_the_failed_condition(tt_path, name, mutate, reason):
+    js = json.loads(tt_path.read_text())
+    tb.check(json.dumps(js))  # the unchanged tokenizer passes
+    mutate(js)
+    with pytest.raises(tb.NotEquivalent, match=reason):
+        tb.check(json.dumps(js))
+
+
+def test_gate_without_ignore_merges_checks_every_token_encodes_to_itself(tmp_path):
+    path = tiktoken_style(tmp_path / "nim", ignore_merges=False)
+    js = json.loads(path.read_text())
+    try:  # either verdict is legitimate; the check must agree with tokenizers token by token
+        tb.check(json.dumps(js))
+        model = Tokenizer.from_file(str(path)).model
+        assert all(
+            [t.id for t in model.tokenize(s)] == [i] for s, i in js["model"]["vocab"].items()
+        )
+    except tb.NotEquivalent as exc:
+        assert "ignore_merges is false" in str(exc)
+
+
+def test_merge_verdict_is_cached_by_fingerprint(tt_path, tmp_path, monkeypatch):
+    monkeypatch.setenv("SHARDTOK_CACHE_DIR", str(tmp_path / "cache"))
+    text = tt_path.read_text()
+    tb.check(text, "sha256:abc")
+    cached = tmp_path / "cache" / "tiktoken-gate" / "sha256-abc.json"
+    record = json.loads(cached.read_text())
+    assert record["ok"] is True and record["gate_version"] == tb.GATE_VERSION
+    # The cache is what is consulted next time: a stored refusal is honoured...
+    cached.write_text(json.dumps(dict(record, ok=False, reason="stored refusal")))
+    with pytest.raises(tb.NotEquivalent, match="stored refusal"):
+        tb.check(text, "sha256:abc")
+    # ...but not one written by another gate version.
+    cached.write_text(json.dumps(dict(record, ok=False, reason="old", gate_version=0)))
+    tb.check(text, "sha256:abc")
+
+
+@pytest.mark.parametrize("bos_eos", [(False, True), (True, True), (False, False)])
+def test_identical_ids_to_tokenizers_on_varied_text(tt_path, bos_eos):
+    prepend_bos, append_eos = bos_eos
+    tt = load_tokenizer(str(tt_path), prepend_bos=prepend_bos, append_eos=append_eos,
+                        bos_token="<|bos|>")  # fmt: skip
+    hf = load_tokenizer(str(tt_path), prepend_bos=prepend_bos, append_eos=append_eos,
+                        bos_token="<|bos|>", backend="hf")  # fmt: skip
+    assert tt.backend == "tiktoken" and hf.backend == "hf"
+    texts = varied_texts()
+    tokens_tt, sizes_tt = BatchEncoder(tt).encode(texts)
+    tokens_hf, sizes_hf = BatchEncoder(hf).encode(texts)
+    assert np.array_equal(sizes_tt, sizes_hf) and np.array_equal(tokens_tt, tokens_hf)
+    assert tokens_tt.dtype == tokens_hf.dtype
+
+
+def test_added_tokens_inside_text_become_their_ids(tt_path):
+    spec = load_tokenizer(str(tt_path), append_eos=False)
+    vocab = Tokenizer.from_file(str(tt_path)).get_vocab()
+    eot, fim = vocab["<|endoftext|>"], vocab["<|fim_middle|>"]
+    encoder = BatchEncoder(spec)
+    texts = ["a<|endoftext|>b", "<|fim_middle|><|endoftext|>", "x <|endoftext and <| more"]
+    tokens, sizes = encoder.encode(texts)
+    docs = np.split(tokens, np.cumsum(sizes)[:-1])
+    assert eot in docs[0].tolist() and docs[0].tolist().count(eot) == 1
+    assert docs[1].tolist() == [fim, eot]
+    assert eot not in docs[2].tolist()  # a partial token is ordinary text
+    hf_tokens, _ = BatchEncoder(
+        load_tokenizer(str(tt_path), append_eos=False, backend="hf")
+    ).encode(texts)
+    assert tokens.tolist() == hf_tokens.tolist()
+
+
+def test_spawned_worker_builds_the_same_encoding(tt_path, monkeypatch):
+    spec = load_tokenizer(str(tt_path))
+    texts = varied_texts(100, seed=3)
+    expected = BatchEncoder(spec).encode(texts)[0]
+    # A spawned worker has neither the parent's tokenizer nor its encoding.
+    monkeypatch.setattr(tokmod, "_LOADED_TIKTOKEN", {})
+    monkeypatch.setattr(tokmod, "_LOADED_BACKENDS", {})
+    assert BatchEncoder(spec).encode(texts)[0].tolist() == expected.tolist()
+
+
+def tree_digest(folder: Path) -> dict[str, str]:
+    return {
+        p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+def write_corpus(path: Path, texts: list[str]) -> None:
+    with open(path, "w", encoding="utf-8") as out:
+        for text in texts:
+            out.write(json.dumps({"text": text}, ensure_ascii=False) + "\n")
+
+
+def _convert_both(tokenizer: str, corpus: Path, tmp_path: Path) -> dict[str, dict]:
+    digests = {}
+    for backend in ("hf", "tiktoken"):
+        spec = load_tokenizer(tokenizer, backend=backend)
+        out = tmp_path / backend
+        result = convert(
+            ConvertOptions(
+                inputs=(str(corpus),), output=str(out), tokenizer=spec, workers=2,
+                unit_size=16 << 10, shard_size=48 << 10, frame_size=8 << 10, progress=False,
+            )
+        )  # fmt: skip
+        assert result.tokenizer_backend == backend
+        assert f"backend     {backend} (" in result.summary()
+        digests[backend] = tree_digest(out)
+    return digests
+
+
+def test_hf_and_tiktoken_backends_write_identical_shards(tt_path, tmp_path):
+    corpus = tmp_path / "corpus.jsonl"
+    write_corpus(corpus, varied_texts(1500, seed=7))
+    digests = _convert_both(str(tt_path), corpus, tmp_path)
+    assert len([f for f in digests["hf"] if f.endswith(".tar")]) > 2
+    assert digests["hf"] == digests["tiktoken"]
+
+
+@pytest.mark.skipif(not (LLAMA3 / "tokenizer.json").exists(), reason="Llama 3 tokenizer not here")
+def test_llama3_backends_write_identical_shards(tmp_path):
+    corpus = tmp_path / "corpus.jsonl"
+    write_corpus(corpus, varied_texts(1500, seed=11))
+    digests = _convert_both(str(LLAMA3), corpus, tmp_path)
+    assert digests["hf"] == digests["tiktoken"]
+
+
+class _BrokenEncoding:
+    """A tiktoken encoding that drops the last id of any text mentioning a zebra."""
+
+    def __init__(self, real):
+        self.real = real
+        self.special_tokens_set = real.special_tokens_set
+
+    def encode_ordinary(self, text):
+        ids = self.real.encode_ordinary(text)
+        return ids[:-1] if "zebra" in text else ids
+
+    def encode(self, text, **kwargs):
+        ids = self.real.encode(text, **kwargs)
+        return ids[:-1] if "zebra" in text else ids
+
+
+def test_canary_stops_a_broken_encoder_with_file_record_and_ids(tt_path, tmp_path, monkeypatch):
+    spec = load_tokenizer(str(tt_path))
+    broken = _BrokenEncoding(tokmod._LOADED_TIKTOKEN[spec.fingerprint])
+    monkeypatch.setitem(tokmod._LOADED_TIKTOKEN, spec.fingerprint, broken)
+    encoder = BatchEncoder(spec)
+    assert encoder.canary("a horse") is None
+    detail = encoder.canary("a zebra crossing")
+    assert detail is not None and "ids differ at position" in detail and "hf [" in detail
+
+    # In a conversion: the 3rd line opens the second unit (units are cut at 1 KiB).
+    corpus = tmp_path / "corpus.jsonl"
+    write_corpus(corpus, ["a" * 600, "b" * 600, "the zebra " * 70, "c"])
+    out = tmp_path / "out"
+    opts = ConvertOptions(inputs=(str(corpus),), output=str(out), tokenizer=spec, workers=1,
+                          unit_size=1024, progress=False)  # fmt: skip
+    with pytest.raises(TokenizerMismatchError) as info:
+        convert(opts)
+    message = str(info.value)
+    assert (
+        f"{corpus}, record 3: tiktoken and tokenizers encode this document differently" in message
+    )
+    assert "--tokenizer-backend hf" in message and "tiktoken [" in message
+    assert not (out / "index.json").exists()
