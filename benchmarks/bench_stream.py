@@ -162,7 +162,7 @@ def child(args) -> None:
     elif args.kind == "idle":  # the DataLoader's own floor: workers hand over ready slots
         from torch.utils.data import IterableDataset
 
-        from shardtok.torch.loader.transport import SlotRing
+        from shardtok.torch.transport import SlotRing
 
         class Idle(IterableDataset):
             def __iter__(self):

@@ -52,14 +52,21 @@ _SUBCOMMANDS = [
 ]
 
 
-def main(argv: list[str] | None = None) -> int:
+def run(argv: list[str] | None = None) -> int:
+    """Parse and run one command, letting its errors propagate (``main`` reports them)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "run", None):
         parser.print_help()
         return 2
+    return int(args.run(args) or 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The `shardtok` command: user errors become one line on stderr and exit status 1."""
+    args = build_parser().parse_args(argv)
     try:
-        return int(args.run(args) or 0)
+        return run(argv)
     except ShardtokError as exc:
         print(f"shardtok {args.command}: error: {exc}", file=sys.stderr)
         return 1

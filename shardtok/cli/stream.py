@@ -133,7 +133,7 @@ def _torch_batches(args, job: StreamJob) -> Iterator[dict] | None:
 
     dataset = ShardStreamDataset(
         job.mix if job.mix is not None else job.sources[0].location,
-        **job.options.to_dict(),
+        options=job.options,
         epoch=args.epoch,
         rank=args.rank,
         world_size=args.world_size,
@@ -287,11 +287,3 @@ def run(args: argparse.Namespace) -> int:
     if args.decode:
         _decode(args, job.sources[0].manifest, kept)
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Stand-alone entry (the `shardtok` CLI mounts add_parser/run)."""
-    parser = argparse.ArgumentParser(prog="shardtok")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return int(args.run(args) or 0)

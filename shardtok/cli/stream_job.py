@@ -7,160 +7,93 @@ import argparse
 import sys
 from collections.abc import Iterator
 
+from shardtok.cli.stream_args import mix_from, options_from
 from shardtok.errors import ShardtokError
 from shardtok.storage.dataset import DatasetSource
-from shardtok.stream.build import plan_for
-from shardtok.stream.mix.spec import MixSpec, load_mix_config, spec_from_args
-from shardtok.stream.mix.stream import MixedStream
-from shardtok.stream.nodes.base import Node
-from shardtok.stream.options import StreamOptions
-from shardtok.stream.resume.elastic import ElasticStream
-from shardtok.stream.resume.fingerprint import check_fingerprint, stream_fingerprint
-from shardtok.stream.resume.merge import merge_states
-from shardtok.stream.resume.state_file import load_state_file, save_state_file
-from shardtok.stream.slice_stream import SliceStream
-
-
-def options_from(args: argparse.Namespace, config: dict | None = None) -> StreamOptions:
-    """Command-line values win over the mix config, which wins over the defaults."""
-    given = {
-        "seq_len": args.seq_len,
-        "batch_size": args.batch_size,
-        "packing": args.packing,
-        "seed": args.seed,
-        "shuffle_buffer": args.shuffle_buffer,
-        "interleave": args.interleave,
-        "stride": args.stride,
-        "lookahead": args.lookahead,
-        "pad_id": args.pad_id,
-        "mask_boundary_labels": args.mask_boundary_labels,
-    }
-    merged = {**(config or {}), **{k: v for k, v in given.items() if v is not None}}
-    for key in ("seq_len", "batch_size"):
-        if key not in merged:
-            raise SystemExit(
-                f"shardtok stream: error: --{key.replace('_', '-')} is required "
-                "(or set it in the --config file)"
-            )
-    return StreamOptions(**merged)
-
-
-def mix_from(args: argparse.Namespace) -> MixSpec | None:
-    chosen = [bool(args.dataset), bool(args.source), bool(args.config)]
-    if sum(chosen) != 1:
-        raise SystemExit("shardtok stream: error: give one of DATASET, --source or --config")
-    if args.source:
-        return spec_from_args(args.source)
-    if args.config:
-        stage = int(args.stage) if args.stage.isdigit() else args.stage
-        return load_mix_config(args.config, stage=stage)
-    return None
+from shardtok.stream.factory import StreamSetup
+from shardtok.stream.nodes.base import PlacedStream
+from shardtok.stream.resume.fingerprint import check_fingerprint
+from shardtok.stream.resume.merge import merge_worker_states
+from shardtok.stream.resume.saved import MergedState, Placement, WorkerState
+from shardtok.stream.resume.state_file import StateFile, load_state_file, save_state_file
 
 
 class StreamJob:
     """The worker streams of one rank, in process, and the DataLoader's round robin over them."""
 
     def __init__(self, args: argparse.Namespace):
-        self.mix = mix_from(args)
-        self.options = options_from(args, self.mix.options if self.mix is not None else None)
-        if self.mix is not None:
-            self.sources = list(self.mix.sources)
+        mix = mix_from(args)
+        options = options_from(args, mix.options if mix is not None else None)
+        if mix is not None:
+            self.setup = StreamSetup.mixed(mix, options)
         else:
-            self.sources = [DatasetSource(args.dataset)]
+            self.setup = StreamSetup.single(DatasetSource(args.dataset), options)
+        self.mix, self.options = mix, options
+        self.sources = list(self.setup.sources)
         self.args = args
         self.workers = max(args.num_workers, 1)
-        weights = self.mix.weights if self.mix is not None else None
-        self.fingerprint = stream_fingerprint(self.sources, weights, self.options)
+        self.fingerprint = self.setup.fingerprint
         self.plan = None
-        if self.mix is None:
-            self.plan = plan_for(
-                self.sources[0],
-                self.options,
-                epoch=args.epoch,
-                world_size=args.world_size,
-                num_workers=self.workers,
+        if mix is None:
+            self.plan = self.setup.plan(
+                epoch=args.epoch, world_size=args.world_size, num_workers=self.workers
             )
         elif args.max_batches is None:
             raise SystemExit("shardtok stream: error: a mix never ends: give --max-batches")
-        self.streams: list[Node[dict]] = [self._stream(w) for w in range(self.workers)]
+        self.streams: list[PlacedStream] = [self._stream(w) for w in range(self.workers)]
         self.next_worker = 0
         self.taken = 0
 
-    def _stream(self, worker: int, elastic: dict | None = None) -> Node[dict]:
-        """Worker `worker`'s stream; `elastic` continues another layout's saved epoch."""
-        placement = dict(
-            rank=self.args.rank,
-            world_size=self.args.world_size,
-            worker=worker,
-            num_workers=self.workers,
-        )
-        if self.mix is not None:
-            return MixedStream(
-                self.mix, self.options, first_epoch=self.args.epoch, elastic=elastic, **placement
-            )
-        if elastic is not None:
-            return ElasticStream(
-                self.sources[0], self.options, elastic, epoch=self.args.epoch, **placement
-            )
-        return SliceStream(self.sources[0], self.options, epoch=self.args.epoch, **placement)
+    def _placement(self, worker: int) -> Placement:
+        return Placement(self.args.rank, self.args.world_size, worker, self.workers)
+
+    def _stream(self, worker: int, resume: dict | MergedState | None = None) -> PlacedStream:
+        return self.setup.stream(self._placement(worker), epoch=self.args.epoch, resume=resume)
 
     def restore(self, paths: list[str], strict: bool) -> None:
         """Continue from one rank's state file in the same layout (exact), or from the files of
         ALL ranks of another layout (elastic: merge_states, see docs/STREAMING.md)."""
-        saved = [load_state_file(path) for path in paths]
+        mixed = self.mix is not None
+        saved = [load_state_file(path, self.options, mixed=mixed) for path in paths]
         for path, doc in zip(paths, saved, strict=True):
-            problems = check_fingerprint(doc.get("fingerprint"), self.fingerprint, strict=strict)
+            problems = check_fingerprint(doc.fingerprint, self.fingerprint, strict=strict)
             for problem in problems:
                 print(f"warning: {path}: resuming anyway: {problem}", file=sys.stderr)
         doc = saved[0]
-        if int(doc["epoch"]) != self.args.epoch:
-            raise ShardtokError(
-                f"{paths[0]}: saved in epoch {doc['epoch']}: pass --epoch {doc['epoch']}"
-            )
+        if doc.epoch != self.args.epoch:
+            raise ShardtokError(f"{paths[0]}: saved in epoch {doc.epoch}: pass --epoch {doc.epoch}")
         same_layout = (
             len(saved) == 1
-            and (doc["rank"], doc["world_size"]) == (self.args.rank, self.args.world_size)
-            and len(doc["workers"]) == self.workers
+            and (doc.rank, doc.world_size) == (self.args.rank, self.args.world_size)
+            and len(doc.workers) == self.workers
         )
         if same_layout:
-            for w, state in enumerate(doc["workers"]):
-                if state is not None and "elastic" in state:  # inside an elastic remainder
-                    self.streams[w] = self._stream(w, state["elastic"])
-                self.streams[w].reset(state)
-            self.next_worker = int(doc["next_worker"])
-            self.taken = int(doc["batches"])
+            self.streams = [self._stream(w, state) for w, state in enumerate(doc.workers)]
+            self.next_worker = doc.next_worker
+            self.taken = doc.batches
             return
         states = [
-            {
-                "epoch": d["epoch"],
-                "placement": {
-                    "rank": d["rank"],
-                    "world_size": d["world_size"],
-                    "worker": w,
-                    "num_workers": len(d["workers"]),
-                },
-                "stream": state,
-                "fingerprint": d["fingerprint"],
-            }
+            WorkerState(
+                d.epoch, Placement(d.rank, d.world_size, w, len(d.workers)), state, d.fingerprint
+            )
             for d in saved
-            for w, state in enumerate(d["workers"])
+            for w, state in enumerate(d.workers)
         ]
-        merged = merge_states(states)
-        elastic = merged.get("elastic_mix", merged.get("elastic"))
-        self.streams = [self._stream(w, elastic) for w in range(self.workers)]
+        merged = merge_worker_states(states)
+        self.streams = [self._stream(w, merged) for w in range(self.workers)]
         self.next_worker = self.taken = 0
 
     def save(self, path: str) -> None:
-        save_state_file(
-            path,
-            fingerprint=self.fingerprint,
-            workers=[s.state_dict() for s in self.streams],
-            next_worker=self.next_worker,
-            batches=self.taken,
+        state = StateFile(
             epoch=self.args.epoch,
             rank=self.args.rank,
             world_size=self.args.world_size,
+            batches=self.taken,
+            next_worker=self.next_worker,
+            workers=[s.state_dict() for s in self.streams],
+            fingerprint=self.fingerprint,
         )
+        save_state_file(path, state)
 
     def batches(self) -> Iterator[dict]:
         while True:

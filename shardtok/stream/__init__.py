@@ -1,56 +1,34 @@
-"""Streaming: shard dataset -> epoch plan -> documents -> shuffle -> packing -> batches.
+"""Streaming: dataset -> epoch plan -> documents -> shuffle -> packing -> batches.
 
-Torch-free (numpy only); ``shardtok.torch`` wraps it for DataLoaders. See docs/STREAMING.md.
+Torch-free (numpy only); ``shardtok.torch`` wraps it for DataLoaders. See docs/STREAMING.md and
+docs/API.md. The rooms: ``options`` (what decides the tokens), ``plan`` (who reads what),
+``nodes/`` (one stage per module), ``build`` (stages into a stream), ``slice_stream``,
+``mix/`` (weighted sources), ``resume/`` (fingerprints, elastic resume, state files, 0.1
+states), ``state`` (the envelope every saved state is wrapped in) and ``factory`` (the one place
+that picks the stream for a placement and a saved state).
 """
 
-from shardtok.memmap.samples import GPTSamples
-from shardtok.memmap.tokens import ConcatTokens, open_local_tokens
-from shardtok.storage.dataset import DatasetSource
-from shardtok.stream.batch import IGNORE_INDEX, build_batch
+from shardtok.stream.batch import IGNORE_INDEX
+from shardtok.stream.factory import StreamSetup
 from shardtok.stream.mix.spec import MixSpec, load_mix_config, mix_spec
 from shardtok.stream.mix.stream import MixedStream
-from shardtok.stream.nodes.array_documents import ArrayDocuments
-from shardtok.stream.nodes.base import DocumentNode, Node, take
-from shardtok.stream.nodes.batcher import Batcher
-from shardtok.stream.nodes.concat import ConcatPacker, concat_window_count
-from shardtok.stream.nodes.greedy import GreedyPacker
-from shardtok.stream.nodes.reader import SliceReader
-from shardtok.stream.nodes.sequence import PackedSequence
-from shardtok.stream.nodes.shuffle import ShuffleBuffer
 from shardtok.stream.options import StreamOptions
-from shardtok.stream.plan import EpochPlan, Piece, SlicePlan, epoch_plan
-from shardtok.stream.resume.elastic import ElasticStream
+from shardtok.stream.plan import EpochPlan, epoch_plan
 from shardtok.stream.resume.merge import merge_states
+from shardtok.stream.resume.saved import Placement
 from shardtok.stream.slice_stream import SliceStream
 
 __all__ = [
     "IGNORE_INDEX",
-    "ArrayDocuments",
-    "Batcher",
-    "ConcatPacker",
-    "ConcatTokens",
-    "DatasetSource",
-    "DocumentNode",
-    "ElasticStream",
     "EpochPlan",
-    "GPTSamples",
-    "GreedyPacker",
     "MixSpec",
     "MixedStream",
-    "Node",
-    "PackedSequence",
-    "Piece",
-    "ShuffleBuffer",
-    "SlicePlan",
-    "SliceReader",
+    "Placement",
     "SliceStream",
     "StreamOptions",
-    "build_batch",
-    "concat_window_count",
+    "StreamSetup",
     "epoch_plan",
     "load_mix_config",
     "merge_states",
     "mix_spec",
-    "open_local_tokens",
-    "take",
 ]

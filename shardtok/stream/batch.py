@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from shardtok.stream.nodes.sequence import PackedSequence
+from shardtok.stream.sequence import PackedSequence
 
 IGNORE_INDEX = -100
 BATCH_KEYS = ("input_ids", "labels", "position_ids", "document_ids", "cu_seqlens")

@@ -12,8 +12,8 @@ from shardtok.stream.nodes.base import DocumentNode
 from shardtok.stream.nodes.batcher import Batcher
 from shardtok.stream.nodes.concat import ConcatPacker
 from shardtok.stream.nodes.greedy import GreedyPacker
+from shardtok.stream.nodes.packer import Packer
 from shardtok.stream.nodes.reader import SliceReader
-from shardtok.stream.nodes.sequence import Packer
 from shardtok.stream.nodes.shuffle import ShuffleBuffer
 from shardtok.stream.options import StreamOptions
 from shardtok.stream.plan import EpochPlan, SlicePlan, epoch_plan
@@ -50,6 +50,10 @@ def document_stream(
         seed = (options.seed, epoch, SHUFFLE_STREAM, slice_plan.index)
         node = ShuffleBuffer(node, options.shuffle_buffer, seed)
     return node
+
+
+def packer_class(packing: str) -> type[ConcatPacker] | type[GreedyPacker]:
+    return ConcatPacker if packing == "concat" else GreedyPacker
 
 
 def packer_for(documents: DocumentNode, options: StreamOptions) -> Packer:

@@ -30,4 +30,4 @@ class StreamOptions:
         return cls(**data)
 
 
-OPTION_NAMES = tuple(f.name for f in fields(StreamOptions))
+OPTION_NAMES = tuple(f.name for f in fields(StreamOptions))  # in declaration order

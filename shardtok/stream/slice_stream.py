@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from shardtok.errors import ShardtokError
 from shardtok.storage.dataset import DatasetSource
+from shardtok.stream import state as envelope
 from shardtok.stream.batch import Allocator, allocate_arrays
 from shardtok.stream.build import batcher_for, document_stream, packer_for, plan_for
 from shardtok.stream.nodes.base import PlacedStream
@@ -16,6 +17,8 @@ from shardtok.stream.options import StreamOptions
 class SliceStream(PlacedStream):
     """The exact batches of one (rank, worker) in one epoch."""
 
+    KIND = "slice_stream"
+    FIELDS = {**PlacedStream.PLACEMENT, "batcher": envelope.STATE}
     state_name = "stream"
     resume_hint = (
         "restore with the same epoch, rank, world size, worker and number of workers, or "
@@ -65,7 +68,7 @@ class SliceStream(PlacedStream):
         return self.plan.batches_per_slice
 
     def state_dict(self) -> dict:
-        return {**self.identity, "batcher": self.batcher.state_dict()}
+        return self._wrap(**self.identity, batcher=self.batcher.state_dict())
 
     def stats(self) -> dict:
         return self.batcher.stats()

@@ -1,0 +1,1 @@
+"""Synthetic datasets and the save/restore checker, for tests and benchmarks (not for training)."""

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from shardtok.stream.nodes.base import take
-from shardtok.stream.nodes.sequence import PackedSequence
+from shardtok.stream.sequence import PackedSequence
 
 DEFAULT_MIDPOINTS = (0, 1, 2, 7, 16, 33, -2, -1)
 

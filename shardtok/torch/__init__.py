@@ -1,19 +1,17 @@
 """PyTorch adapters (the only part of shardtok that imports torch)."""
 
-from shardtok.torch.checkpoint import dataset_states, merge_states
+from shardtok.torch.checkpoint import dataset_states
 from shardtok.torch.dataset import ShardStreamDataset
-from shardtok.torch.distributed import data_parallel_rank
-from shardtok.torch.loader.shard_loader import LoaderWorkerError, ShardLoader
-from shardtok.torch.loader.transport import to_tensors
+from shardtok.torch.loader import LoaderWorkerError, ShardLoader
 from shardtok.torch.memmap_dataset import MemmapTokenDataset
+
+# Still importable from here for code written against 0.1; listed once, in shardtok.stream.
+from shardtok.stream.resume.merge import merge_states  # noqa: F401  isort: skip
 
 __all__ = [
     "LoaderWorkerError",
     "MemmapTokenDataset",
     "ShardLoader",
     "ShardStreamDataset",
-    "data_parallel_rank",
     "dataset_states",
-    "merge_states",
-    "to_tensors",
 ]

@@ -14,13 +14,12 @@ keeps each worker's ``dataset.state_dict()`` under
 from __future__ import annotations
 
 from shardtok.errors import ResumeStateError
-from shardtok.stream.resume.merge import merge_states
 
 
 def dataset_states(loader_state: dict) -> list[dict]:
     """The dataset states of every worker in one rank's ShardLoader or StatefulDataLoader
     state."""
-    if "shardtok_loader" in loader_state:
+    if loader_state.get("kind") == "loader" or "shardtok_loader" in loader_state:
         return list(loader_state["workers"])
     workers = (loader_state.get("_snapshot") or {}).get("_worker_snapshots") or {}
     if workers:
@@ -31,4 +30,4 @@ def dataset_states(loader_state: dict) -> list[dict]:
     raise ResumeStateError("no dataset state in this DataLoader state (did it iterate?)")
 
 
-__all__ = ["dataset_states", "merge_states"]
+__all__ = ["dataset_states"]

@@ -16,17 +16,23 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from shardtok.errors import ResumeStateError, ShardtokError
 from shardtok.storage.dataset import DatasetSource
-from shardtok.stream.build import plan_for
+from shardtok.stream.factory import StreamSetup
 from shardtok.stream.mix.spec import MixSpec, load_mix_config, mix_spec
-from shardtok.stream.mix.stream import MixedStream
-from shardtok.stream.nodes.base import Node
-from shardtok.stream.options import StreamOptions
+from shardtok.stream.nodes.base import PlacedStream
+from shardtok.stream.options import OPTION_NAMES, StreamOptions
 from shardtok.stream.plan import EpochPlan
-from shardtok.stream.resume.elastic import ElasticStream
-from shardtok.stream.resume.fingerprint import check_fingerprint, stream_fingerprint
-from shardtok.stream.slice_stream import SliceStream
+from shardtok.stream.resume.fingerprint import check_fingerprint
+from shardtok.stream.resume.legacy import upgrade_dataset_state
+from shardtok.stream.resume.saved import MergedState, Placement, WorkerState, parse_saved
+from shardtok.stream.state import is_enveloped
 from shardtok.torch.distributed import data_parallel_rank
-from shardtok.torch.loader.transport import SlotRing, to_tensors
+from shardtok.torch.transport import SlotRing, to_tensors
+
+_WORKERS_HOLD_STATE = (
+    "ShardStreamDataset.state_dict() was called in the main process while DataLoader workers "
+    "stream it: the position lives in the workers. Checkpoint the loader instead "
+    "(shardtok.torch.ShardLoader.state_dict(), or torchdata's StatefulDataLoader)"
+)
 
 
 class ShardStreamDataset(IterableDataset):
@@ -49,58 +55,53 @@ class ShardStreamDataset(IterableDataset):
         self,
         dataset: str | Path | DatasetSource | dict | list | MixSpec,
         *,
-        seq_len: int,
-        batch_size: int,
-        packing: str = "concat",
-        seed: int = 0,
         epoch: int = 0,
-        shuffle_buffer: int = 4096,
-        interleave: int = 4,
-        stride: int | None = None,
-        lookahead: int = 8,
-        pad_id: int = 0,
-        mask_boundary_labels: bool = False,
         rank: int | None = None,
         world_size: int | None = None,
         storage_options: dict[str, Any] | None = None,
         shared_memory: bool = True,
         num_batches: int | None = None,
         strict: bool = True,
+        options: StreamOptions | None = None,
+        **stream_options: Any,
     ):
+        """`stream_options` are ``StreamOptions`` fields (``seq_len`` and ``batch_size`` are
+        required, ``packing``, ``seed``, ``shuffle_buffer``...), or pass `options` whole."""
         super().__init__()
-        self.mix: MixSpec | None = None
+        if options is None:
+            names = set(OPTION_NAMES)
+            unknown = sorted(set(stream_options) - names)
+            if unknown:
+                raise TypeError(
+                    f"ShardStreamDataset got unknown option(s) {unknown}; stream options are "
+                    f"{sorted(names)}"
+                )
+            options = StreamOptions(**stream_options)
+        elif stream_options:
+            raise TypeError("give either options=StreamOptions(...) or its fields, not both")
+        mix: MixSpec | None = None
         if isinstance(dataset, MixSpec):
-            self.mix = dataset
+            mix = dataset
         elif isinstance(dataset, (dict, list, tuple)):
-            self.mix = mix_spec(dataset, storage_options)
-        if self.mix is not None:
+            mix = mix_spec(dataset, storage_options)
+        if mix is not None:
             if num_batches is None or num_batches < 1:
                 raise ShardtokError("a mixed dataset needs num_batches (batches per rank) >= 1")
-            self.sources = list(self.mix.sources)
+            self.setup = StreamSetup.mixed(mix, options)
         else:
             source = dataset if isinstance(dataset, DatasetSource) else None
-            self.sources = [source or DatasetSource(dataset, storage_options)]  # type: ignore[arg-type]
-        self.source = self.sources[0]
+            source = source or DatasetSource(dataset, storage_options)  # type: ignore[arg-type]
+            self.setup = StreamSetup.single(source, options)
         self.num_batches = num_batches
         self.strict = strict
-        self._fingerprint: dict | None = None
-        self.options = StreamOptions(
-            seq_len=seq_len,
-            batch_size=batch_size,
-            packing=packing,
-            seed=seed,
-            shuffle_buffer=shuffle_buffer,
-            interleave=interleave,
-            stride=stride,
-            lookahead=lookahead,
-            pad_id=pad_id,
-            mask_boundary_labels=mask_boundary_labels,
-        )
         self.rank, self.world_size = rank, world_size
         self.shared_memory = shared_memory
         self._epoch = multiprocessing.RawValue("q", epoch)
-        self._stream: Node[dict] | None = None
-        self._pending_state: dict | None = None
+        # Set once a DataLoader worker of this dataset streams: from then on the position lives
+        # in the workers, and the main process's state_dict() refuses instead of restarting.
+        self._in_workers = multiprocessing.RawValue("b", 0)
+        self._stream: PlacedStream | None = None
+        self._pending_state: dict | MergedState | None = None
         self._ring: SlotRing | None = None
         self._worker_slot: tuple[int, int] | None = None  # (worker, num_workers) in a ShardLoader
 
@@ -112,12 +113,26 @@ class ShardStreamDataset(IterableDataset):
         )
         return cls(spec, **{**spec.options, **kwargs})
 
+    # -- what is streamed -----------------------------------------------------------------
+    @property
+    def options(self) -> StreamOptions:
+        return self.setup.options
+
+    @property
+    def mix(self) -> MixSpec | None:
+        return self.setup.mix
+
+    @property
+    def sources(self) -> list[DatasetSource]:
+        return list(self.setup.sources)
+
+    @property
+    def source(self) -> DatasetSource:
+        return self.setup.sources[0]
+
     @property
     def fingerprint(self) -> dict:
-        if self._fingerprint is None:
-            weights = self.mix.weights if self.mix is not None else None
-            self._fingerprint = stream_fingerprint(self.sources, weights, self.options)
-        return self._fingerprint
+        return self.setup.fingerprint
 
     # -- epochs and plans -----------------------------------------------------------------
     @property
@@ -132,9 +147,7 @@ class ShardStreamDataset(IterableDataset):
         if self.mix is not None:
             raise ShardtokError("a mixed dataset has no single epoch plan (see num_batches)")
         _, world_size = data_parallel_rank(self.rank, self.world_size)
-        return plan_for(
-            self.source,
-            self.options,
+        return self.setup.plan(
             epoch=self.epoch if epoch is None else epoch,
             world_size=world_size,
             num_workers=max(num_workers, 1),
@@ -150,57 +163,37 @@ class ShardStreamDataset(IterableDataset):
         return -(-self.num_batches // num_workers)
 
     # -- iteration ------------------------------------------------------------------------
-    def _placement(self) -> dict[str, int]:
+    def _placement(self) -> Placement:
         rank, world_size = data_parallel_rank(self.rank, self.world_size)
         if self._worker_slot is not None:  # a worker of shardtok's own loader
             worker, num_workers = self._worker_slot
         else:
             info = get_worker_info()
             worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        return dict(rank=rank, world_size=world_size, worker=worker, num_workers=num_workers)
+        return Placement(rank, world_size, worker, num_workers)
 
-    def _make_stream(self, state: dict | None) -> tuple[Node[dict], SlotRing | None]:
+    def _start_stream(
+        self, state: dict | MergedState | None
+    ) -> tuple[PlacedStream, SlotRing | None]:
+        """This process's stream, positioned at `state` (a stream state, a merged state, or
+        None for the epoch's start)."""
         ring = None
         if self.shared_memory and SlotRing.supported():
             if self._ring is None:  # one per process, kept across epochs
                 self._ring = SlotRing(self.options.batch_size, self.options.seq_len)
             ring = self._ring
-        allocate: dict[str, Any] = {"allocate": ring.allocate} if ring is not None else {}
-        placement: dict[str, Any] = dict(self._placement())
-        num_workers = placement["num_workers"]
-        stream: Node[dict]
-        if self.mix is not None:
-            elastic_mix = None if state is None else state.get("elastic_mix", state.get("elastic"))
-            stream = MixedStream(
-                self.mix,
-                self.options,
-                num_batches=self._mix_batches_per_worker(num_workers),
-                first_epoch=self.epoch,
-                elastic=elastic_mix,
-                **placement,
-                **allocate,
-            )
-        elif state is not None and "elastic" in state:  # the rest of an epoch of another layout
-            stream = ElasticStream(
-                self.source, self.options, state["elastic"], epoch=self.epoch, **placement,
-                **allocate,
-            )  # fmt: skip
-        else:
-            stream = SliceStream(
-                self.source, self.options, epoch=self.epoch, **placement, **allocate
-            )
-        return stream, ring
-
-    def _start_stream(self, state: dict | None) -> tuple[Node[dict], SlotRing | None]:
-        """This process's stream, positioned at `state` (a stream state, a merged state, or
-        None for the epoch's start)."""
-        stream, ring = self._make_stream(state)
-        if state is not None and (
-            "elastic_mix" in state
-            or ("elastic" in state and "remainder" not in state and "batcher" not in state)
-        ):
-            state = None  # a merged state: this new slice starts at its beginning
-        stream.reset(state)
+        placement = self._placement()
+        if self._worker_slot is not None or get_worker_info() is not None:
+            self._in_workers.value = 1
+        stream = self.setup.stream(
+            placement,
+            epoch=self.epoch,
+            resume=state,
+            num_batches=(
+                None if self.mix is None else self._mix_batches_per_worker(placement.num_workers)
+            ),
+            **({"allocate": ring.allocate} if ring is not None else {}),
+        )
         self._stream = stream
         return stream, ring
 
@@ -216,20 +209,47 @@ class ShardStreamDataset(IterableDataset):
     # -- state ----------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """This worker's position: the epoch, its stream state (None before iterating) and the
-        fingerprint of the sources and options it belongs to."""
+        fingerprint of the sources and options it belongs to.
+
+        In the main process of a DataLoader whose workers stream this dataset it raises
+        ResumeStateError: the position lives in the workers (checkpoint the loader)."""
+        in_main = self._worker_slot is None and get_worker_info() is None
+        if (
+            in_main
+            and self._stream is None
+            and self._pending_state is None
+            and self._in_workers.value
+        ):
+            raise ResumeStateError(_WORKERS_HOLD_STATE)
         # Before the first batch, a state loaded but not yet used is still the position.
-        stream = self._pending_state if self._stream is None else self._stream.state_dict()
-        return self._state(stream, self._placement())
+        pending = self._pending_state
+        if self._stream is None and isinstance(pending, MergedState):
+            return pending.to_dict()
+        stream = pending if self._stream is None else self._stream.state_dict()
+        return self._state(stream, self._placement())  # type: ignore[arg-type]
 
     def _state(
-        self, stream: dict | None, placement: dict[str, int], epoch: int | None = None
+        self, stream: dict | None, placement: Placement | dict, epoch: int | None = None
     ) -> dict:
-        return {
-            "epoch": self.epoch if epoch is None else epoch,
-            "placement": placement,
-            "stream": stream,
-            "fingerprint": self.fingerprint,
-        }
+        if isinstance(placement, dict):
+            placement = Placement(**placement)
+        epoch = self.epoch if epoch is None else epoch
+        return WorkerState(epoch, placement, stream, self.fingerprint).to_dict()
+
+    def parse_state(self, state: dict, strict: bool | None = None) -> WorkerState | MergedState:
+        """`state` upgraded (a 0.1 state), checked, and checked against this dataset's sources
+        and options (refused unless `strict` is False)."""
+        if not is_enveloped(state):
+            state = upgrade_dataset_state(state, self.options, mixed=self.mix is not None)
+        saved = parse_saved(state)
+        check_fingerprint(
+            saved.fingerprint, self.fingerprint, strict=self.strict if strict is None else strict
+        )
+        return saved
+
+    def upgrade_state(self, state: dict) -> dict:
+        """`state` as this release writes it (a 0.1 state gains its envelope), checked."""
+        return self.parse_state(state, strict=False).to_dict()
 
     def load_state_dict(self, state: dict, strict: bool | None = None) -> None:
         """Continue from `state` at the next iteration: one worker's own state (same epoch,
@@ -237,21 +257,17 @@ class ShardStreamDataset(IterableDataset):
         finishes that epoch with this dataset's world size and DataLoader workers.
 
         A state saved for other sources or options is refused (ResumeStateError naming what
-        differs) unless `strict` (default: the constructor's) is False."""
-        check_fingerprint(
-            state.get("fingerprint"),
-            self.fingerprint,
-            strict=self.strict if strict is None else strict,
-        )
-        self.set_epoch(int(state["epoch"]))
-        if "elastic" in state:  # from merge_states: every new (rank, worker) takes its share
-            self._pending_state = {"elastic": state["elastic"]}
-        elif "elastic_mix" in state:  # the same, for a weighted mix
-            if self.mix is None:
+        differs) unless `strict` (default: the constructor's) is False. States written by
+        shardtok 0.1 are upgraded."""
+        saved = self.parse_state(state, strict)
+        self.set_epoch(saved.epoch)
+        if isinstance(saved, MergedState):
+            if saved.mixed and self.mix is None:
                 raise ResumeStateError("a merged state of a mix cannot resume a single dataset")
-            self._pending_state = {"elastic_mix": state["elastic_mix"]}
+            self._pending_state = saved
         else:
-            self._pending_state = state.get("stream")
+            self._pending_state = saved.stream
+        self._stream = None
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
@@ -259,11 +275,14 @@ class ShardStreamDataset(IterableDataset):
         state["_stream"] = None
         if get_spawning_popen() is None:  # a shared value only travels to a spawned child
             state["_epoch"] = int(self._epoch.value)
+            state["_in_workers"] = int(self._in_workers.value)
         return state
 
     def __setstate__(self, state: dict) -> None:
         if isinstance(state["_epoch"], int):
             state["_epoch"] = multiprocessing.RawValue("q", state["_epoch"])
+        if isinstance(state.get("_in_workers", 0), int):
+            state["_in_workers"] = multiprocessing.RawValue("b", state.get("_in_workers", 0))
         self.__dict__.update(state)
 
 

@@ -28,8 +28,8 @@ from shardtok.stream.batch import (
     assemble_contiguous_batch,
     build_batch,
 )
-from shardtok.stream.nodes.sequence import PackedSequence
-from shardtok.torch.loader.transport import SlotRing, to_tensors
+from shardtok.stream.sequence import PackedSequence
+from shardtok.torch.transport import SlotRing, to_tensors
 
 
 class MemmapTokenDataset(Dataset):

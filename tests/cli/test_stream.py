@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from shardtok.cli.stream import main
+from shardtok.cli.main import run as main
 from shardtok.format import DatasetWriter
 from shardtok.stream.nodes.base import take
 from shardtok.stream.options import StreamOptions

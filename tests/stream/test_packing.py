@@ -153,7 +153,7 @@ def test_batcher_save_restore_and_exact_count():
 
 def test_build_batch_worked_example():
     from shardtok.stream.batch import build_batch
-    from shardtok.stream.nodes.sequence import PackedSequence
+    from shardtok.stream.sequence import PackedSequence
 
     # Row 0: documents [10 11 12] [13 14] [15 16] (concat, all 7 slots real).
     # Row 1: documents [20 21] [22 23 24], then 2 padding slots (greedy, pad 0).

@@ -262,7 +262,7 @@ def test_an_elastic_mix_saves_and_restores(two_sources):
 def test_cli_finishes_an_epoch_with_another_layout(dataset, tmp_path, capsys):
     """Two ranks x 2 workers save after 5 batches each; one process (1 worker) continues from
     both files: every token at most once, and all but what does not fill a last batch."""
-    from shardtok.cli.stream import main
+    from shardtok.cli.main import run as main
 
     path, total = dataset
     common = ["stream", path, "--seq-len", "31", "--batch-size", "3", "--shuffle-buffer", "20",

@@ -12,7 +12,8 @@ from torch.utils.data import DataLoader
 from shardtok.stream.nodes.base import take
 from shardtok.stream.options import StreamOptions
 from shardtok.stream.slice_stream import SliceStream
-from shardtok.torch import ShardStreamDataset, data_parallel_rank
+from shardtok.torch import ShardStreamDataset
+from shardtok.torch.distributed import data_parallel_rank
 
 OPTIONS = dict(seq_len=63, batch_size=4, shuffle_buffer=40, seed=5)
 

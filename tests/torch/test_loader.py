@@ -13,14 +13,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from shardtok.errors import CorruptShardError, ResumeStateError
+from shardtok.stream import merge_states
 from shardtok.testing.synthetic import write_synthetic_dataset
-from shardtok.torch import (
-    LoaderWorkerError,
-    ShardLoader,
-    ShardStreamDataset,
-    dataset_states,
-    merge_states,
-)
+from shardtok.torch import LoaderWorkerError, ShardLoader, ShardStreamDataset, dataset_states
 from shardtok.torch.memmap_dataset import MemmapTokenDataset
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker")

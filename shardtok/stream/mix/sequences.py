@@ -22,12 +22,14 @@ from fractions import Fraction
 
 import numpy as np
 
-from shardtok.errors import ShardtokError
+from shardtok.errors import ResumeStateError, ShardtokError
 from shardtok.index import build_blending_indices
 from shardtok.storage.dataset import DatasetSource
+from shardtok.stream import state as envelope
 from shardtok.stream.build import document_stream, packer_for, plan_for
-from shardtok.stream.nodes.sequence import PackedSequence, Packer
+from shardtok.stream.nodes.packer import Packer
 from shardtok.stream.options import StreamOptions
+from shardtok.stream.sequence import PackedSequence
 
 MIX_SEED_STREAM = 3  # rng stream tag: per-source seeds derived from the mix seed
 
@@ -69,6 +71,15 @@ class SourceSequences(Packer):
 
     State: the source epoch, the packer's state inside it, and sequences served so far.
     """
+
+    KIND = "source_sequences"
+    FIELDS = {
+        "epoch": envelope.INT,
+        "sequences": envelope.INT,
+        "epoch_real_tokens": envelope.INT,
+        "remainder": envelope.BOOL,
+        "packer": envelope.STATE,
+    }
 
     def __init__(
         self,
@@ -130,11 +141,15 @@ class SourceSequences(Packer):
             self._packer = self._packer_for_phase()
             self._packer.reset(None)
         else:
-            self.epoch, self.sequences = int(state["epoch"]), int(state["sequences"])
-            self.epoch_real_tokens = int(state.get("epoch_real_tokens", 0))
-            self.in_remainder = bool(state.get("remainder", False))
+            state = self.parse_state(state)
+            self.epoch, self.sequences = state["epoch"], state["sequences"]
+            self.epoch_real_tokens = state["epoch_real_tokens"]
+            self.in_remainder = state["remainder"]
             if self.in_remainder and self.remainder is None:
-                raise ShardtokError("state of an elastic remainder, but this stream has none")
+                raise ResumeStateError(
+                    "source_sequences state: field 'remainder' is true, but this stream has no "
+                    "elastic remainder"
+                )
             self._packer = self._packer_for_phase()
             self._packer.reset(state["packer"])
 
@@ -142,13 +157,19 @@ class SourceSequences(Packer):
         if not self._started:
             self.reset(None)
         assert self._packer is not None
-        return {
-            "epoch": self.epoch,
-            "sequences": self.sequences,
-            "epoch_real_tokens": self.epoch_real_tokens,
-            "remainder": self.in_remainder,
-            "packer": self._packer.state_dict(),
-        }
+        return self._wrap(
+            epoch=self.epoch,
+            sequences=self.sequences,
+            epoch_real_tokens=self.epoch_real_tokens,
+            remainder=self.in_remainder,
+            packer=self._packer.state_dict(),
+        )
+
+    @classmethod
+    def progress(cls, state: dict) -> tuple[int, dict, int, bool]:
+        """(source epoch, packer state, real tokens served in it, inside a remainder)."""
+        state = cls.parse_state(state)
+        return state["epoch"], state["packer"], state["epoch_real_tokens"], state["remainder"]
 
     def next_into(self, out: np.ndarray) -> tuple[list[int], int]:
         if not self._started:
@@ -181,6 +202,9 @@ class SourceSequences(Packer):
 class MixedSequences(Packer):
     """Packed sequences drawn from several sources by the greedy weighted schedule."""
 
+    KIND = "mix_sequences"
+    FIELDS = {"step": envelope.INT, "sources": envelope.LIST}
+
     def __init__(self, sources: Sequence[SourceSequences], weights: Sequence[float | Fraction]):
         super().__init__()
         if len(sources) != len(weights) or not sources:
@@ -196,18 +220,24 @@ class MixedSequences(Packer):
             for source in self.sources:
                 source.reset(None)
             return
+        state = self.parse_state(state)
         if len(state["sources"]) != len(self.sources):
-            raise ShardtokError(
-                f"mix state has {len(state['sources'])} sources, this mix {len(self.sources)}"
+            raise ResumeStateError(
+                f"mix_sequences state: field 'sources' has {len(state['sources'])} entries, "
+                f"this mix {len(self.sources)}"
             )
-        self.step = int(state["step"])
+        self.step = state["step"]
         for source, source_state in zip(self.sources, state["sources"], strict=True):
             source.reset(source_state)
 
     def state_dict(self) -> dict:
         if not self._started:
             self.reset(None)
-        return {"step": self.step, "sources": [s.state_dict() for s in self.sources]}
+        return self._wrap(step=self.step, sources=[s.state_dict() for s in self.sources])
+
+    @classmethod
+    def source_states(cls, state: dict) -> list[dict]:
+        return cls.parse_state(state)["sources"]
 
     def next_into(self, out: np.ndarray) -> tuple[list[int], int]:
         if not self._started:

@@ -16,15 +16,13 @@ folder.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from shardtok.errors import ShardtokError
 from shardtok.storage.dataset import DatasetSource
-from shardtok.stream.options import StreamOptions
-
-OPTION_NAMES = {f.name for f in fields(StreamOptions)}
+from shardtok.stream.options import OPTION_NAMES
 
 
 @dataclass
@@ -39,17 +37,6 @@ class MixSpec:
     def shares(self) -> list[float]:
         total = float(sum(self.weights))
         return [float(w) / total for w in self.weights]
-
-
-def parse_source_arg(text: str) -> tuple[str, float | None]:
-    """``PATH:WEIGHT`` from the command line (the weight is optional; URLs keep their colons)."""
-    head, sep, tail = text.rpartition(":")
-    if sep and head:
-        try:
-            return head, float(tail)
-        except ValueError:
-            pass
-    return text, None
 
 
 def mix_spec(
@@ -81,22 +68,6 @@ def mix_spec(
         raise ShardtokError("a mix needs at least one dataset")
     sources = [source(p) for p in paths]
     return MixSpec(sources, [s.manifest.num_tokens for s in sources])
-
-
-def spec_from_args(sources: Sequence[str], storage_options: dict | None = None) -> MixSpec:
-    """``--source PATH[:WEIGHT]`` values: all weighted, or none (then proportional to size)."""
-    parsed = [parse_source_arg(s) for s in sources]
-    given = [w is not None for _, w in parsed]
-    if any(given) and not all(given):
-        raise ShardtokError("give a weight to every --source (PATH:WEIGHT) or to none")
-    if all(given):
-        mapping: dict[str, float] = {}
-        for path, weight in parsed:
-            if path in mapping:
-                raise ShardtokError(f"--source {path} given twice")
-            mapping[path] = weight  # type: ignore[assignment]
-        return mix_spec(mapping, storage_options)
-    return mix_spec([p for p, _ in parsed], storage_options)
 
 
 def load_mix_config(
@@ -139,7 +110,7 @@ def load_mix_config(
         raise ShardtokError(f"{where}: no dataset_path")
     spec = mix_spec(dataset["dataset_path"], storage_options, base)
     options = {k: v for k, v in {**section, **dataset}.items() if k in OPTION_NAMES}
-    unknown = set(dataset) - OPTION_NAMES - {"dataset_path"}
+    unknown = set(dataset) - set(OPTION_NAMES) - {"dataset_path"}
     if dataset is not section and unknown:  # a flat config may carry a trainer's other keys
         raise ShardtokError(f"{where}: unknown keys {sorted(unknown)} next to dataset_path")
     spec.options = options

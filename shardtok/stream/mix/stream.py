@@ -6,15 +6,14 @@ batches when given, else without end; every (rank, worker) can therefore yield t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
+from shardtok.stream import state as envelope
 from shardtok.stream.batch import Allocator, allocate_arrays
 from shardtok.stream.build import batcher_for
 from shardtok.stream.mix.sequences import MixedSequences, SourceSequences, with_source_seed
 from shardtok.stream.mix.spec import MixSpec
-from shardtok.stream.nodes.base import Node, PlacedStream
+from shardtok.stream.nodes.base import PlacedStream
 from shardtok.stream.options import StreamOptions
-from shardtok.stream.resume.elastic_mix import remainder_packers
+from shardtok.stream.resume.elastic_mix import check_mix_layout, remainder_packers
 
 
 class MixedStream(PlacedStream):
@@ -24,6 +23,12 @@ class MixedStream(PlacedStream):
     {"step", "sources": [{"epoch", "sequences", "packer"}, ...]}}}``.
     """
 
+    KIND = "mixed_stream"
+    FIELDS = {
+        **{k: envelope.INT for k in ("first_epoch", "rank", "world_size", "worker", "num_workers")},
+        "batcher": envelope.STATE,
+        "elastic": envelope.OPTIONAL_OBJECT,
+    }
     state_name = "mixed stream"
 
     def __init__(
@@ -43,6 +48,8 @@ class MixedStream(PlacedStream):
         """`elastic`: a merged state's ``elastic_mix`` (another layout's saved positions); every
         source then first finishes its old epochs' remainder (see ``elastic_mix``)."""
         super().__init__()
+        if elastic is not None:
+            elastic = check_mix_layout(elastic, len(spec.sources), "mixed stream elastic state")
         self.elastic = elastic
         self.spec, self.options = spec, options
         self.rank, self.world_size = rank, world_size
@@ -110,21 +117,7 @@ class MixedStream(PlacedStream):
         return self.num_batches
 
     def state_dict(self) -> dict:
-        state = {**self.identity, "batcher": self.batcher.state_dict()}
-        if self.elastic is not None:
-            state["elastic"] = self.elastic
-        return state
+        return self._wrap(**self.identity, batcher=self.batcher.state_dict(), elastic=self.elastic)
 
     def stats(self) -> dict:
         return {**self.batcher.stats(), "sources": self.mixer.shares()}
-
-
-def interleave_workers(streams: Sequence[Node[dict]]):
-    """Batches of several worker streams in the DataLoader's order (round-robin)."""
-    iterators = list(streams)
-    while True:
-        for it in iterators:
-            try:
-                yield next(it)
-            except StopIteration:
-                return

@@ -6,11 +6,15 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from shardtok.stream import state as envelope
 from shardtok.stream.nodes.base import DocumentNode
 
 
 class ArrayDocuments(DocumentNode):
     """Yields the given 1-D arrays in order; the state is the position."""
+
+    KIND = "array_documents"
+    FIELDS = {"position": envelope.INT}
 
     def __init__(self, documents: Sequence[np.ndarray]):
         super().__init__()
@@ -18,10 +22,16 @@ class ArrayDocuments(DocumentNode):
         self.position = 0
 
     def _reset(self, state: dict | None) -> None:
-        self.position = 0 if state is None else int(state["position"])
+        if state is None:
+            self.position = 0
+            return
+        position = self.parse_state(state)["position"]
+        self.position = envelope.check_range(
+            self.KIND, "position", position, 0, len(self.documents)
+        )
 
     def state_at(self, position: int) -> dict:
-        return {"position": int(position)}
+        return self._wrap(position=int(position))
 
     def _next(self) -> np.ndarray:
         if self.position >= len(self.documents):

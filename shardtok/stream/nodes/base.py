@@ -6,6 +6,10 @@ A node is an iterator with two more methods:
 * ``state_dict()``: a small JSON-able dict (positions, counters, seeds; never tokens) such that a
   fresh node given ``reset(state)`` yields exactly the items that would have followed.
 
+A state is an envelope (``shardtok.stream.state``): each node class names its ``KIND`` and its
+``FIELDS`` (the keys it owns, with their types), wraps what it saves with ``_wrap`` and checks
+what it is given with ``parse_state`` before using any of it.
+
 Nodes do no I/O when constructed; the first ``__next__`` (or ``reset``) opens what they need, so a
 pipeline can be built in the main process and run inside a DataLoader worker.
 
@@ -23,6 +27,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 
 from shardtok.errors import ResumeStateError
+from shardtok.stream import state as envelope
 
 T = TypeVar("T")
 
@@ -35,8 +40,19 @@ HISTORY = 1 << 16
 class Node(Iterator[T], Generic[T]):
     """Base class: subclasses implement ``_reset``, ``_next`` and ``state_dict``."""
 
+    KIND = "node"
+    FIELDS: dict[str, str] = {}
+
     def __init__(self) -> None:
         self._started = False
+
+    def _wrap(self, **fields: Any) -> dict:
+        return envelope.wrap(self.KIND, fields)
+
+    @classmethod
+    def parse_state(cls, state: object) -> dict:
+        """`state` checked against this node's kind and fields (ResumeStateError otherwise)."""
+        return envelope.parse(state, cls.KIND, cls.FIELDS)
 
     def __iter__(self) -> Node[T]:
         return self
@@ -92,6 +108,8 @@ class PlacedStream(Node[dict]):
     Subclasses set those five attributes; saved states carry them and are refused elsewhere.
     """
 
+    PLACEMENT = {k: envelope.INT for k in ("epoch", "rank", "world_size", "worker", "num_workers")}
+
     epoch: int
     rank: int
     world_size: int
@@ -119,8 +137,9 @@ class PlacedStream(Node[dict]):
         if state is None:
             self.batcher.reset(None)
             return
+        state = self.parse_state(state)
         mine = self.identity
-        theirs = {k: state.get(k) for k in mine}
+        theirs = {k: state[k] for k in mine}
         if theirs != mine:
             raise ResumeStateError(
                 f"{self.state_name} state belongs to {theirs}, this stream is {mine}: "

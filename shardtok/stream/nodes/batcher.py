@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from shardtok.errors import ShardtokError
+from shardtok.stream import state as envelope
 from shardtok.stream.batch import (
     Allocator,
     allocate_arrays,
@@ -12,7 +13,7 @@ from shardtok.stream.batch import (
     assemble_contiguous_batch,
 )
 from shardtok.stream.nodes.base import Node
-from shardtok.stream.nodes.sequence import Packer
+from shardtok.stream.nodes.packer import Packer
 
 
 class Batcher(Node[dict]):
@@ -23,6 +24,15 @@ class Batcher(Node[dict]):
     (which would hang a distributed job). The state is the packer's state at a batch boundary
     plus counters.
     """
+
+    KIND = "batcher"
+    FIELDS = {
+        "upstream": envelope.STATE,
+        "batches": envelope.INT,
+        "real_tokens": envelope.INT,
+        "sequences": envelope.INT,
+        "segments": envelope.INT,
+    }
 
     def __init__(
         self,
@@ -54,22 +64,32 @@ class Batcher(Node[dict]):
             self.upstream.reset(None)
             self.batches = self.real_tokens = self.sequences = self.segments = 0
         else:
+            state = self.parse_state(state)
+            limit = float("inf") if self.num_batches is None else self.num_batches
+            envelope.check_range(self.KIND, "batches", state["batches"], 0, limit)
             self.upstream.reset(state["upstream"])
-            self.batches = int(state["batches"])
-            self.real_tokens = int(state["real_tokens"])
-            self.sequences = int(state["sequences"])
-            self.segments = int(state["segments"])
+            self.batches = state["batches"]
+            self.real_tokens = state["real_tokens"]
+            self.sequences = state["sequences"]
+            self.segments = state["segments"]
 
     def state_dict(self) -> dict:
         if not self._started:
             self.reset(None)
-        return {
-            "upstream": self.upstream.state_dict(),
-            "batches": self.batches,
-            "real_tokens": self.real_tokens,
-            "sequences": self.sequences,
-            "segments": self.segments,
-        }
+        return self._wrap(
+            upstream=self.upstream.state_dict(),
+            batches=self.batches,
+            real_tokens=self.real_tokens,
+            sequences=self.sequences,
+            segments=self.segments,
+        )
+
+    @classmethod
+    def progress(cls, state: dict) -> tuple[dict, int]:
+        """The packer's state inside a batcher `state`, and the real tokens yielded by then
+        (what elastic resume needs)."""
+        state = cls.parse_state(state)
+        return state["upstream"], state["real_tokens"]
 
     def _next(self) -> dict:
         if self.num_batches is not None and self.batches >= self.num_batches:

@@ -17,11 +17,13 @@ T < L); the tail that does not fill a window is left unread (the epoch plan coun
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterator
 
 import numpy as np
 
+from shardtok.stream import state as envelope
 from shardtok.stream.nodes.base import DocumentNode
-from shardtok.stream.nodes.sequence import Packer
+from shardtok.stream.nodes.packer import Packer
 
 _PULL_RUN = 8  # documents pulled per upstream call
 
@@ -39,6 +41,9 @@ class ConcatPacker(Packer):
     State: the upstream state just before the document holding the next window's first token,
     the offset of that token in it, and the number of windows emitted.
     """
+
+    KIND = "concat"
+    FIELDS = {"upstream": envelope.STATE, "skip": envelope.INT, "emitted": envelope.INT}
 
     def __init__(self, upstream: DocumentNode, seq_len: int, stride: int | None = None):
         super().__init__()
@@ -66,9 +71,10 @@ class ConcatPacker(Packer):
             self._offset = 0
             self._emitted = 0
         else:
+            state = self.parse_state(state)
             self.upstream.reset(state["upstream"])
-            self._offset = int(state["skip"])
-            self._emitted = int(state["emitted"])
+            self._offset = state["skip"]
+            self._emitted = state["emitted"]
         self._next_position = self.upstream.position
         self._pull_many = self.upstream._next_many  # started by the reset above
 
@@ -76,11 +82,25 @@ class ConcatPacker(Packer):
         if not self._started:
             self.reset(None)
         first = self._pending[0][0] if self._pending else self._next_position
-        return {
-            "upstream": self.upstream.state_at(first),
-            "skip": self._offset,
-            "emitted": self._emitted,
-        }
+        return self._wrap(
+            upstream=self.upstream.state_at(first), skip=self._offset, emitted=self._emitted
+        )
+
+    # -- what elastic resume needs (shardtok.stream.resume.elastic) ---------------------
+    @classmethod
+    def residual_tokens(cls, state: dict, total: int, stride: int, real_tokens: int) -> int:
+        """Tokens of a `total`-token slice not in any window yielded before `state`."""
+        return max(0, total - cls.parse_state(state)["emitted"] * stride)
+
+    @classmethod
+    def residual_documents(cls, state: dict, documents: DocumentNode) -> Iterator[np.ndarray]:
+        """From `state` on, the tokens not yet in a yielded window, document by document."""
+        state = cls.parse_state(state)
+        documents.reset(state["upstream"])
+        first = next(documents, None)
+        if first is not None:
+            yield first[state["skip"] :]
+        yield from documents
 
     def _prepare(self) -> bool:
         return self._fill(self._offset + self.window)

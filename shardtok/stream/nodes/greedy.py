@@ -15,12 +15,14 @@ oldest of those documents. Restoring re-reads the documents from there and rebui
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterator
 
 import numpy as np
 
 from shardtok.errors import ResumeStateError
+from shardtok.stream import state as envelope
 from shardtok.stream.nodes.base import DocumentNode
-from shardtok.stream.nodes.sequence import Packer
+from shardtok.stream.nodes.packer import Packer
 
 # An open sequence whose first document is this many documents old is closed, so the state
 # never reaches further back than document nodes remember (node.HISTORY).
@@ -45,6 +47,17 @@ class _Bin:
 
 
 class GreedyPacker(Packer):
+    KIND = "greedy"
+    FIELDS = {
+        "upstream": envelope.STATE,
+        "position": envelope.INT,
+        "open": envelope.LIST,
+        "ready": envelope.LIST,
+        "long": envelope.ANY,
+        "emitted": envelope.INT,
+        "exhausted": envelope.BOOL,
+    }
+
     def __init__(
         self,
         upstream: DocumentNode,
@@ -80,15 +93,64 @@ class GreedyPacker(Packer):
             held.append(self._long[0])
         position = self.upstream.position
         oldest = min(held, default=position)
-        return {
-            "upstream": self.upstream.state_at(oldest),
-            "position": position,
-            "open": bins,
-            "ready": ready,
-            "long": None if self._long is None else [self._long[0], self._long[2]],
-            "emitted": self._emitted,
-            "exhausted": self._exhausted,
-        }
+        return self._wrap(
+            upstream=self.upstream.state_at(oldest),
+            position=position,
+            open=bins,
+            ready=ready,
+            long=None if self._long is None else [self._long[0], self._long[2]],
+            emitted=self._emitted,
+            exhausted=self._exhausted,
+        )
+
+    @classmethod
+    def parse_state(cls, state: object) -> dict:
+        state = super().parse_state(state)
+        for field in ("open", "ready"):
+            for refs in state[field]:
+                if not isinstance(refs, list):
+                    raise ResumeStateError(f"greedy state: field {field!r} must hold lists")
+                for ref in refs:
+                    envelope.non_negative_ints(cls.KIND, field, ref, 3)
+                    if not ref[0] < state["position"]:
+                        raise ResumeStateError(
+                            f"greedy state: field {field!r} names document {ref[0]}, at or "
+                            f"past the packer's position {state['position']}"
+                        )
+        if state["long"] is not None:
+            envelope.non_negative_ints(cls.KIND, "long", state["long"], 2)
+            if not state["long"][0] < state["position"]:
+                raise ResumeStateError(
+                    f"greedy state: field 'long' names document {state['long'][0]}, at or past "
+                    f"the packer's position {state['position']}"
+                )
+        return state
+
+    # -- what elastic resume needs (shardtok.stream.resume.elastic) ---------------------
+    @classmethod
+    def residual_tokens(cls, state: dict, total: int, stride: int, real_tokens: int) -> int:
+        """Tokens of a `total`-token slice not in a sequence yielded before `state`, of which
+        `real_tokens` were yielded."""
+        cls.parse_state(state)
+        return max(0, total - real_tokens)
+
+    @classmethod
+    def residual_documents(cls, state: dict, documents: DocumentNode) -> Iterator[np.ndarray]:
+        """The pieces held in open and unyielded sequences, then every later document."""
+        state = cls.parse_state(state)
+        documents.reset(state["upstream"])
+        wanted: dict[int, list[tuple[int, int | None]]] = {}
+        for sequence in (*state["open"], *state["ready"]):
+            for pos, start, stop in sequence:
+                wanted.setdefault(pos, []).append((start, stop))
+        if state["long"] is not None:
+            wanted.setdefault(state["long"][0], []).append((state["long"][1], None))
+        while documents.position < state["position"]:
+            pos = documents.position
+            doc = next(documents)
+            for start, stop in sorted(wanted.get(pos, []), key=lambda r: r[0]):
+                yield doc[start:stop]
+        yield from documents
 
     def _reset(self, state: dict | None) -> None:
         self._open = []
@@ -99,8 +161,9 @@ class GreedyPacker(Packer):
             self._emitted = 0
             self._exhausted = False
             return
+        state = self.parse_state(state)
         self.upstream.reset(state["upstream"])
-        self._emitted = int(state["emitted"])
+        self._emitted = state["emitted"]
         wanted: dict[int, list[tuple[_Bin, int, int]]] = {}
         open_bins = [_Bin() for _ in state["open"]]
         ready_bins = [_Bin() for _ in state["ready"]]

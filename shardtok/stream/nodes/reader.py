@@ -22,6 +22,7 @@ import numpy as np
 
 from shardtok.errors import CorruptShardError
 from shardtok.storage.dataset import DatasetSource
+from shardtok.stream import state as envelope
 from shardtok.stream.nodes.base import DocumentNode
 from shardtok.stream.plan import Piece
 
@@ -100,6 +101,9 @@ class _OpenPiece:
 
 
 class SliceReader(DocumentNode):
+    KIND = "reader"
+    FIELDS = {"group": envelope.INT, "ordinal": envelope.INT, "position": envelope.INT}
+
     def __init__(self, source: DatasetSource, pieces: Sequence[Piece], interleave: int = 4):
         super().__init__()
         if interleave < 1:
@@ -171,8 +175,10 @@ class SliceReader(DocumentNode):
             self.position = 0
             self._open_group(0, 0)
         else:
-            self.position = int(state["position"])
-            self._open_group(int(state["group"]), int(state["ordinal"]))
+            state = self.parse_state(state)
+            group = envelope.check_range(self.KIND, "group", state["group"], 0, self.num_groups)
+            self.position = state["position"]
+            self._open_group(group, state["ordinal"])
 
     def _next(self) -> np.ndarray:
         while True:
@@ -205,8 +211,8 @@ class SliceReader(DocumentNode):
             base = self._bases[group]
             if base <= position:
                 if position - base == self._counts[group]:  # the group's end: the next one
-                    return {"group": group + 1, "ordinal": 0, "position": position}
-                return {"group": group, "ordinal": position - base, "position": position}
+                    return self._wrap(group=group + 1, ordinal=0, position=position)
+                return self._wrap(group=group, ordinal=position - base, position=position)
         if position == self.position:  # past every group: the end of the slice
-            return {"group": self._group, "ordinal": self._ordinal, "position": position}
+            return self._wrap(group=self._group, ordinal=self._ordinal, position=position)
         raise ValueError(f"slice reader cannot describe position {position}")

@@ -28,6 +28,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from shardtok.errors import ResumeStateError
+from shardtok.stream import state as envelope
 from shardtok.stream.nodes.base import HISTORY, DocumentNode
 
 KEY_BLOCK = 4096
@@ -36,6 +38,9 @@ MIN_ROUND = 64
 
 
 class ShuffleBuffer(DocumentNode):
+    KIND = "shuffle"
+    FIELDS = {"position": envelope.INT, "read_from": envelope.INT, "upstream": envelope.STATE}
+
     """Shuffles documents within a window of `window` documents (leave the node out to disable
     shuffling).
 
@@ -177,7 +182,7 @@ class ShuffleBuffer(DocumentNode):
                 f"shuffle buffer cannot describe position {position}: it is more than "
                 f"{HISTORY} documents back or before the point this stream was restored to"
             )
-        return {"position": position, "read_from": base, "upstream": self._checkpoints[base]}
+        return self._wrap(position=position, read_from=base, upstream=self._checkpoints[base])
 
     def _reset(self, state: dict | None) -> None:
         self._keys = np.empty(0)
@@ -191,10 +196,12 @@ class ShuffleBuffer(DocumentNode):
             self.position = start = self.upstream.position  # ordinals are upstream positions
             self._checkpoints[start] = self.upstream.state_at(start)
             return
-        position, base = int(state["position"]), int(state["read_from"])
+        state = self.parse_state(state)
+        position, base = state["position"], state["read_from"]
+        envelope.check_range(self.KIND, "read_from", base, 0, position)
         self.upstream.reset(state["upstream"])
         if self.upstream.position != base:
-            raise ValueError(
+            raise ResumeStateError(
                 f"upstream restored to {self.upstream.position}, shuffle state expects {base}"
             )
         self._checkpoints[base] = state["upstream"]

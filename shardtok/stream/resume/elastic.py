@@ -33,52 +33,71 @@ import numpy as np
 from shardtok.errors import ResumeStateError, ShardtokError
 from shardtok.index.slices import cut_ranges
 from shardtok.storage.dataset import DatasetSource
+from shardtok.stream import state as envelope
 from shardtok.stream.batch import Allocator, allocate_arrays
-from shardtok.stream.build import batcher_for, document_stream, packer_for, plan_for
+from shardtok.stream.build import batcher_for, document_stream, packer_class, packer_for, plan_for
 from shardtok.stream.nodes.base import DocumentNode, PlacedStream
 from shardtok.stream.options import StreamOptions
 from shardtok.stream.plan import EpochPlan, sequence_count
 
 
-def residual_tokens(plan: EpochPlan, index: int, state: dict | None) -> int:
-    """Tokens of old slice `index` not in any sequence yielded before `state` (a batcher state)."""
+def slice_progress(packer: dict | None, real_tokens: int) -> dict:
+    """What elastic resume keeps of one old slice: its packer's state (None: not started) and
+    the real tokens it had yielded."""
+    return {"packer": packer, "real_tokens": real_tokens}
+
+
+def check_progress(progress: object, where: str) -> dict:
+    if (
+        not isinstance(progress, dict)
+        or set(progress) != {"packer", "real_tokens"}
+        or not (progress["packer"] is None or isinstance(progress["packer"], dict))
+        or not isinstance(progress["real_tokens"], int)
+        or progress["real_tokens"] < 0
+    ):
+        raise ResumeStateError(
+            f"{where}: each old slice must be {{'packer': state or null, 'real_tokens': n >= 0}}"
+        )
+    return progress
+
+
+def check_layout(elastic: object, where: str, per_slice=check_progress) -> dict:
+    """An old layout's saved positions: ``{"world_size", "num_workers", <slices or sources>}``."""
+    if not isinstance(elastic, dict):
+        raise ResumeStateError(f"{where}: the old layout must be an object")
+    for key in ("world_size", "num_workers"):
+        value = elastic.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ResumeStateError(f"{where}: field {key!r} must be a positive integer")
+    count = elastic["world_size"] * elastic["num_workers"]
+    slices = elastic.get("slices")
+    if not isinstance(slices, list) or len(slices) != count:
+        raise ResumeStateError(
+            f"{where}: field 'slices' must list all {count} old slices (world_size x num_workers)"
+        )
+    for entry in slices:
+        per_slice(entry, where)
+    return elastic
+
+
+def residual_tokens(plan: EpochPlan, index: int, progress: dict) -> int:
+    """Tokens of old slice `index` not in any sequence it yielded (see ``slice_progress``)."""
     total = plan.slices[index].num_tokens
-    if state is None:
+    if progress["packer"] is None:
         return total
-    if plan.packing == "concat":
-        return max(0, total - int(state["upstream"]["emitted"]) * plan.stride)
-    return total - int(state["real_tokens"])
+    packer = packer_class(plan.packing)
+    return packer.residual_tokens(progress["packer"], total, plan.stride, progress["real_tokens"])
 
 
 def residual_documents(
-    source: DatasetSource, options: StreamOptions, plan: EpochPlan, index: int, state: dict | None
+    source: DatasetSource, options: StreamOptions, plan: EpochPlan, index: int, progress: dict
 ) -> Iterator[np.ndarray]:
     """The residual stream of old slice `index` (module docstring), document by document."""
     documents = document_stream(source, plan.slices[index], options, plan.epoch)
-    if state is None:
+    if progress["packer"] is None:
         documents.reset(None)
-        yield from documents
-        return
-    packer = state["upstream"]
-    documents.reset(packer["upstream"])
-    if options.packing == "concat":
-        first = next(documents, None)
-        if first is not None:
-            yield first[int(packer["skip"]) :]
-        yield from documents
-        return
-    wanted: dict[int, list[tuple[int, int | None]]] = {}
-    for sequence in (*packer["open"], *packer["ready"]):
-        for pos, start, stop in sequence:
-            wanted.setdefault(int(pos), []).append((int(start), int(stop)))
-    if packer["long"] is not None:
-        wanted.setdefault(int(packer["long"][0]), []).append((int(packer["long"][1]), None))
-    while documents.position < int(packer["position"]):
-        pos = documents.position
-        doc = next(documents)
-        for start, stop in sorted(wanted.get(pos, []), key=lambda r: r[0]):
-            yield doc[start:stop]
-    yield from documents
+        return iter(documents)
+    return packer_class(options.packing).residual_documents(progress["packer"], documents)
 
 
 @dataclass(frozen=True)
@@ -93,7 +112,7 @@ class ElasticPlan:
 
 
 def elastic_plan(
-    old: EpochPlan, slices: list[dict | None], new_slices: int, options: StreamOptions
+    old: EpochPlan, slices: list[dict], new_slices: int, options: StreamOptions
 ) -> ElasticPlan:
     residuals = [residual_tokens(old, i, s) for i, s in enumerate(slices)]
     total = sum(residuals)
@@ -121,6 +140,9 @@ class RemainderDocuments(DocumentNode):
     State: documents emitted (restoring re-reads from the slice's start).
     """
 
+    KIND = "remainder_documents"
+    FIELDS = {"position": envelope.INT}
+
     def __init__(self, make_residual, segments: tuple[tuple[int, int, int], ...]):
         super().__init__()
         self.make_residual = make_residual
@@ -142,11 +164,12 @@ class RemainderDocuments(DocumentNode):
     def _reset(self, state: dict | None) -> None:
         self._docs = self._generate()
         self.position = 0
-        target = 0 if state is None else int(state["position"])
+        target = 0 if state is None else self.parse_state(state)["position"]
         for _ in range(target):
             if next(self._docs, None) is None:
                 raise ResumeStateError(
-                    f"remainder state at document {target}: the slice ends first"
+                    f"remainder_documents state: field 'position' is {target}, past the end of "
+                    "this slice"
                 )
             self.position += 1
 
@@ -156,12 +179,14 @@ class RemainderDocuments(DocumentNode):
         return doc
 
     def state_at(self, position: int) -> dict:
-        return {"position": position}
+        return self._wrap(position=position)
 
 
 class ElasticStream(PlacedStream):
     """One new (rank, worker)'s batches for the remainder of an epoch saved with another layout."""
 
+    KIND = "elastic_stream"
+    FIELDS = {**PlacedStream.PLACEMENT, "elastic": envelope.OBJECT, "remainder": envelope.STATE}
     state_name = "remainder"
     resume_hint = "an elastically resumed epoch resumes again with the same world size and workers"
     batcher_key = "remainder"
@@ -180,6 +205,7 @@ class ElasticStream(PlacedStream):
         allocate: Allocator = allocate_arrays,
     ):
         super().__init__()
+        elastic = check_layout(elastic, "elastic resume state")
         self.source, self.options, self.elastic = source, options, elastic
         self.epoch = epoch
         self.rank, self.world_size = rank, world_size
@@ -218,4 +244,6 @@ class ElasticStream(PlacedStream):
         return self.plan.batches_per_slice
 
     def state_dict(self) -> dict:
-        return {**self.identity, "elastic": self.elastic, "remainder": self.batcher.state_dict()}
+        return self._wrap(
+            **self.identity, elastic=self.elastic, remainder=self.batcher.state_dict()
+        )

@@ -19,44 +19,62 @@ from shardtok.errors import ResumeStateError
 from shardtok.index.slices import cut_ranges
 from shardtok.storage.dataset import DatasetSource
 from shardtok.stream.build import packer_for, plan_for
-from shardtok.stream.nodes.sequence import Packer
+from shardtok.stream.mix.sequences import MixedSequences, SourceSequences
+from shardtok.stream.nodes.batcher import Batcher
+from shardtok.stream.nodes.packer import Packer
 from shardtok.stream.options import StreamOptions
-from shardtok.stream.resume.elastic import RemainderDocuments, residual_documents, residual_tokens
+from shardtok.stream.resume.elastic import (
+    RemainderDocuments,
+    check_layout,
+    check_progress,
+    residual_documents,
+    residual_tokens,
+    slice_progress,
+)
 
 
 def merge_mixed_states(
-    states: list[dict], indices: list[int], world_size: int, num_workers: int, epoch: int
+    streams: list[dict | None], world_size: int, num_workers: int, epoch: int
 ) -> dict:
-    """Per source and old slice: the source epoch and a batcher-like state of that epoch."""
+    """Per source and old slice (in slice order): the source epoch and that epoch's progress."""
     count = world_size * num_workers
     sources: list[list[dict | None]] | None = None
-    for state, index in zip(states, indices, strict=True):
-        stream = state.get("stream")
+    for index, stream in enumerate(streams):
         if stream is None:
             continue
-        if "elastic" in stream:
-            raise ResumeStateError(
-                "merge_states: this mixed stream was itself resumed elastically; resume it "
-                "with the same world size and workers"
-            )
-        per_source = stream["batcher"]["upstream"]["sources"]
+        per_source = MixedSequences.source_states(Batcher.progress(stream["batcher"])[0])
         if sources is None:
             sources = [[None] * count for _ in per_source]
         for i, source_state in enumerate(per_source):
-            sources[i][index] = {
-                "epoch": int(source_state["epoch"]),
-                "state": {
-                    "upstream": source_state["packer"],
-                    "real_tokens": int(source_state["epoch_real_tokens"]),
-                },
-            }
+            source_epoch, packer, real_tokens, _ = SourceSequences.progress(source_state)
+            sources[i][index] = {"epoch": source_epoch, **slice_progress(packer, real_tokens)}
     if sources is None:
         raise ResumeStateError("merge_states: no worker of this mix had started")
     for per_slice in sources:  # workers that never started: their first epoch, untouched
         for index in range(count):
             if per_slice[index] is None:
-                per_slice[index] = {"epoch": epoch, "state": None}
+                per_slice[index] = {"epoch": epoch, **slice_progress(None, 0)}
     return {"world_size": world_size, "num_workers": num_workers, "sources": sources}
+
+
+def check_mix_layout(elastic: object, num_sources: int, where: str) -> dict:
+    """A merged mix layout: per source, every old slice's source epoch and progress."""
+    if not isinstance(elastic, dict) or set(elastic) != {"world_size", "num_workers", "sources"}:
+        raise ResumeStateError(f"{where}: expected world_size, num_workers and sources")
+    per_source = elastic["sources"]
+    if not isinstance(per_source, list) or len(per_source) != num_sources:
+        raise ResumeStateError(f"{where}: field 'sources' must have {num_sources} entries")
+    for slices in per_source:
+
+        def entry(value: object, at: str) -> None:
+            if not isinstance(value, dict) or not isinstance(value.get("epoch"), int):
+                raise ResumeStateError(f"{at}: each old slice needs its source 'epoch'")
+            if value["epoch"] < 0:
+                raise ResumeStateError(f"{at}: a source epoch must be >= 0")
+            check_progress({k: v for k, v in value.items() if k != "epoch"}, at)
+
+        check_layout({**elastic, "slices": slices}, where, per_slice=entry)
+    return elastic
 
 
 def remainder_packers(
@@ -78,14 +96,13 @@ def remainder_packers(
                 source, options, epoch=e, world_size=world_size, num_workers=num_workers
             )
     residuals = [
-        residual_tokens(plans[entry["epoch"]], s, entry["state"])
-        for s, entry in enumerate(per_slice)
+        residual_tokens(plans[entry["epoch"]], s, entry) for s, entry in enumerate(per_slice)
     ]
     segments = cut_ranges(residuals, new_slices)[new_index][2]
 
     def residual(s: int) -> Iterator[np.ndarray]:
         entry = per_slice[s]
-        return residual_documents(source, options, plans[entry["epoch"]], s, entry["state"])
+        return residual_documents(source, options, plans[entry["epoch"]], s, entry)
 
     def make() -> Packer:
         return packer_for(RemainderDocuments(residual, segments), options)

@@ -6,65 +6,79 @@ The rule it prepares is in ``elastic.py`` (one dataset) and ``elastic_mix.py`` (
 from __future__ import annotations
 
 from shardtok.errors import ResumeStateError
+from shardtok.stream.nodes.batcher import Batcher
+from shardtok.stream.resume.elastic import slice_progress
 from shardtok.stream.resume.elastic_mix import merge_mixed_states
+from shardtok.stream.resume.saved import MergedState, WorkerState, parse_saved
 
 
 def merge_states(states: list[dict]) -> dict:
     """One elastic resume state from the dataset states of every old (rank, worker).
 
     Each item is what ``ShardStreamDataset.state_dict()`` returned inside one worker of one rank
-    (``shardtok.torch.dataset_states`` digs them out of StatefulDataLoader states).
+    (``shardtok.torch.dataset_states`` digs them out of loader states).
     """
     if not states:
         raise ResumeStateError("merge_states: no states given")
-    epochs = {int(s["epoch"]) for s in states}
+    parsed = []
+    for state in states:
+        saved = parse_saved(state)
+        if isinstance(saved, MergedState):
+            raise ResumeStateError(
+                "merge_states: a merged state cannot be merged again; finish its epoch with the "
+                "layout it was loaded into"
+            )
+        parsed.append(saved)
+    return merge_worker_states(parsed).to_dict()
+
+
+def merge_worker_states(states: list[WorkerState]) -> MergedState:
+    epochs = {s.epoch for s in states}
     if len(epochs) != 1:
         raise ResumeStateError(f"merge_states: states of different epochs {sorted(epochs)}")
-    fingerprints = {repr(s.get("fingerprint")) for s in states}
-    if len(fingerprints) != 1:
+    if len({repr(s.fingerprint) for s in states}) != 1:
         raise ResumeStateError("merge_states: states of different sources or options")
-    if any(s.get("placement") is None for s in states):
-        raise ResumeStateError("merge_states: a state without its placement (rank, worker)")
-    placements: list[dict] = [s["placement"] for s in states]
-    world = {p["world_size"] for p in placements}
-    workers = {p["num_workers"] for p in placements}
-    if len(world) != 1 or len(workers) != 1:
+    layouts = {(s.placement.world_size, s.placement.num_workers) for s in states}
+    if len(layouts) != 1:
         raise ResumeStateError("merge_states: states from different world sizes or worker counts")
-    world_size, num_workers = world.pop(), workers.pop()
-    slices: list[dict | None] = [None] * (world_size * num_workers)
-    indices = []
-    mixed = False
-    for state, p in zip(states, placements, strict=True):
-        index = p["rank"] * num_workers + p["worker"]
-        if index in indices:
-            raise ResumeStateError(f"merge_states: rank {p['rank']} worker {p['worker']} twice")
-        indices.append(index)
-        stream = state.get("stream")
-        if stream is not None and "first_epoch" in stream:
-            mixed = True
-        elif stream is not None and ("batcher" not in stream or "epoch" not in stream):
+    world_size, num_workers = layouts.pop()
+    kinds = {s.stream["kind"] for s in states if s.stream is not None}
+    if kinds & {"elastic_stream"} or any(
+        s.stream is not None and s.stream.get("elastic") is not None for s in states
+    ):
+        raise ResumeStateError(
+            "merge_states: this state is of an elastically resumed epoch; finish that epoch "
+            "with the same world size and number of workers"
+        )
+    if len(kinds) > 1:
+        raise ResumeStateError(f"merge_states: states of different kinds {sorted(kinds)}")
+    by_index: dict[int, WorkerState] = {}
+    for s in states:
+        index = s.placement.index
+        if index in by_index:
             raise ResumeStateError(
-                "merge_states: this state is of an elastically resumed epoch; finish that epoch "
-                "with the same world size and number of workers"
+                f"merge_states: rank {s.placement.rank} worker {s.placement.worker} twice"
             )
-        else:
-            slices[index] = None if stream is None else stream["batcher"]
-    missing = [i for i in range(len(slices)) if i not in indices]
+        by_index[index] = s
+    count = world_size * num_workers
+    missing = [i for i in range(count) if i not in by_index]
     if missing:
         raise ResumeStateError(
             f"merge_states: the states of slices {missing[:8]} (rank * {num_workers} + worker) "
-            f"are missing; all {len(slices)} are needed"
+            f"are missing; all {count} are needed"
         )
-    if mixed:
-        return {
-            "epoch": epochs.pop(),
-            "fingerprint": states[0].get("fingerprint"),
-            "elastic_mix": merge_mixed_states(
-                states, indices, world_size, num_workers, int(states[0]["epoch"])
-            ),
-        }
-    return {
-        "epoch": epochs.pop(),
-        "fingerprint": states[0].get("fingerprint"),
-        "elastic": {"world_size": world_size, "num_workers": num_workers, "slices": slices},
-    }
+    epoch, fingerprint = epochs.pop(), states[0].fingerprint
+    ordered = [by_index[i] for i in range(count)]
+    if kinds == {"mixed_stream"}:
+        streams = [s.stream for s in ordered]
+        layout = merge_mixed_states(streams, world_size, num_workers, epoch)
+        return MergedState(epoch, fingerprint, layout, mixed=True)
+    slices = []
+    for s in ordered:
+        if s.stream is None:
+            slices.append(slice_progress(None, 0))
+        else:
+            packer, real_tokens = Batcher.progress(s.stream["batcher"])
+            slices.append(slice_progress(packer, real_tokens))
+    layout = {"world_size": world_size, "num_workers": num_workers, "slices": slices}
+    return MergedState(epoch, fingerprint, layout, mixed=False)

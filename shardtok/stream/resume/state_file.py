@@ -1,62 +1,78 @@
 """Saved stream positions on disk: one JSON file for the worker streams of one rank.
 
-The file holds every worker stream's state (small, positions and counters only), which worker
-the DataLoader's round robin serves next, how many batches were taken, and the fingerprint of
-the sources and options. It is written to a temporary name and renamed, so a job killed while
-saving leaves the previous file intact.
+The file is a state of kind ``stream_file``: every worker stream's state (positions and
+counters only), which worker the DataLoader's round robin serves next, how many batches were
+taken, and the fingerprint of the sources and options. It is written to a temporary name and
+renamed, so a job killed while saving leaves the previous file intact. A file written by
+shardtok 0.1 (format ``shardtok-stream-state``, version 1) is upgraded on load.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from shardtok.errors import ResumeStateError
+from shardtok.stream import state as envelope
+from shardtok.stream.options import StreamOptions
+from shardtok.stream.resume.legacy import LEGACY_FILE_FORMAT, upgrade_state_file
 
-STATE_FORMAT = "shardtok-stream-state"
-STATE_VERSION = 1
+KIND = "stream_file"
+FIELDS = {
+    "epoch": envelope.INT,
+    "rank": envelope.INT,
+    "world_size": envelope.INT,
+    "batches": envelope.INT,
+    "next_worker": envelope.INT,
+    "workers": envelope.LIST,
+    "fingerprint": envelope.OBJECT,
+}
 
 
-def save_state_file(
-    path: str | Path,
-    *,
-    fingerprint: dict,
-    workers: list[dict],
-    next_worker: int,
-    batches: int,
-    epoch: int,
-    rank: int = 0,
-    world_size: int = 1,
-) -> Path:
+@dataclass(frozen=True)
+class StateFile:
+    epoch: int
+    rank: int
+    world_size: int
+    batches: int
+    next_worker: int
+    workers: list  # one stream state (or None: not started) per worker
+    fingerprint: dict
+
+    def to_dict(self) -> dict:
+        return envelope.wrap(KIND, {k: getattr(self, k) for k in FIELDS})
+
+
+def save_state_file(path: str | Path, state: StateFile) -> Path:
     path = Path(path)
-    doc = {
-        "format": STATE_FORMAT,
-        "version": STATE_VERSION,
-        "epoch": epoch,
-        "rank": rank,
-        "world_size": world_size,
-        "batches": batches,
-        "next_worker": next_worker,
-        "workers": workers,
-        "fingerprint": fingerprint,
-    }
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    tmp.write_text(json.dumps(state.to_dict(), indent=1, sort_keys=True) + "\n")
     os.replace(tmp, path)
     return path
 
 
-def load_state_file(path: str | Path) -> dict:
+def load_state_file(path: str | Path, options: StreamOptions, *, mixed: bool) -> StateFile:
     path = Path(path)
     try:
         doc = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise ResumeStateError(f"{path}: cannot read the stream state: {exc}") from None
-    if not isinstance(doc, dict) or doc.get("format") != STATE_FORMAT:
+    if not isinstance(doc, dict):
         raise ResumeStateError(f"{path}: not a shardtok stream state file")
-    if doc.get("version") != STATE_VERSION:
-        raise ResumeStateError(
-            f"{path}: stream state version {doc.get('version')}, this shardtok reads {STATE_VERSION}"
-        )
-    return doc
+    try:
+        if doc.get("format") == LEGACY_FILE_FORMAT and doc.get("version") == 1:
+            doc = upgrade_state_file(doc, options, mixed=mixed)
+        s = envelope.parse(doc, KIND, FIELDS)
+        if s["world_size"] < 1 or s["rank"] >= s["world_size"]:
+            raise ResumeStateError(f"rank {s['rank']} of world size {s['world_size']}")
+        if not s["workers"]:
+            raise ResumeStateError("field 'workers' is empty")
+        envelope.check_range(KIND, "next_worker", s["next_worker"], 0, len(s["workers"]) - 1)
+        for w in s["workers"]:
+            if w is not None and not isinstance(w, dict):
+                raise ResumeStateError("field 'workers' must hold stream states or null")
+    except ResumeStateError as exc:
+        raise ResumeStateError(f"{path}: {exc}") from None
+    return StateFile(**{k: s[k] for k in FIELDS})

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from shardtok.stream.batch import allocate_arrays
-from shardtok.torch.loader.transport import SlotRing
+from shardtok.torch.transport import SlotRing
 
 
 def batch_count(num_samples: int, batch_size: int, drop_last: bool) -> int:

@@ -26,13 +26,14 @@ import torch
 from torch.utils.data import DataLoader, SequentialSampler
 
 from shardtok.errors import ResumeStateError, ShardtokError
-from shardtok.stream.resume.fingerprint import check_fingerprint
+from shardtok.stream.resume.saved import MergedState, Placement, WorkerState
 from shardtok.torch.dataset import ShardStreamDataset
 from shardtok.torch.distributed import data_parallel_rank
 from shardtok.torch.loader.memmap_batches import MemmapBatches, MemmapBatchSource
-from shardtok.torch.loader.transport import SlotRing, to_tensors
+from shardtok.torch.loader.saved import loader_state, memmap_loader_state, parse_loader_state
 from shardtok.torch.loader.worker_pool import LoaderWorkerError, WorkerPool
 from shardtok.torch.memmap_dataset import MemmapTokenDataset
+from shardtok.torch.transport import SlotRing, to_tensors
 
 DEFAULT_PREFETCH = 4
 
@@ -201,23 +202,18 @@ class ShardLoader(DataLoader):
         if self.num_workers == 0 or not self.lean:
             if self.num_workers:
                 raise ShardtokError(_NOT_LEAN)
-            return {"shardtok_loader": 1, "num_workers": 0, "workers": [dataset.state_dict()]}
+            return loader_state(0, 0, [dataset.state_dict()])
         epoch, streams, first = self._positions(dataset.epoch, dataset._pending_state)
         rank, world_size = data_parallel_rank(dataset.rank, dataset.world_size)
         workers = [
-            dataset._state(
-                stream,
-                dict(rank=rank, world_size=world_size, worker=w, num_workers=self.num_workers),
-                epoch=epoch,
+            stream.to_dict()  # a merged state not yet started: every worker starts from it
+            if isinstance(stream, MergedState)
+            else dataset._state(
+                stream, Placement(rank, world_size, w, self.num_workers), epoch=epoch
             )
             for w, stream in enumerate(streams)
         ]
-        return {
-            "shardtok_loader": 1,
-            "num_workers": self.num_workers,
-            "next_worker": first,
-            "workers": workers,
-        }
+        return loader_state(self.num_workers, first, workers)
 
     def _positions(self, epoch: int, fresh) -> tuple[int, list, int]:
         """(epoch, per-worker positions, next worker) after the last batch yielded: a loaded
@@ -250,21 +246,21 @@ class ShardLoader(DataLoader):
             taken, first = [{"taken": self._inline.taken if self._inline else 0}], 0
         else:
             _, taken, first = self._positions(0, {"taken": 0})
-        return {
-            "shardtok_loader": 1,
-            "num_workers": self.num_workers,
-            "next_worker": first,
-            "workers": [{"taken": int(t["taken"])} for t in taken],
-            "memmap": self._memmap_identity(),
-        }
+        return memmap_loader_state(
+            self.num_workers, first, [t["taken"] for t in taken], self._memmap_identity()
+        )
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from `state` (from ``state_dict()``) at the next ``iter()``; it must come
         from a loader with as many workers (for another layout, gather every rank's
         ``dataset_states`` and load ``merge_states(...)`` into the dataset)."""
         dataset: ShardStreamDataset = self.dataset  # type: ignore[assignment]
-        if "shardtok_loader" not in state:
-            raise ResumeStateError("not a ShardLoader state (no 'shardtok_loader' key)")
+        state = parse_loader_state(
+            state,
+            memmap=self._memmap,
+            options=None if self._memmap else dataset.options,
+            mixed=not self._memmap and dataset.mix is not None,
+        )
         workers = state["workers"]
         if self._memmap and state.get("memmap") != self._memmap_identity():
             raise ResumeStateError(
@@ -287,10 +283,17 @@ class ShardLoader(DataLoader):
             return
         if not self.lean:
             raise ShardtokError(_NOT_LEAN)
-        for saved in workers:
-            check_fingerprint(saved.get("fingerprint"), dataset.fingerprint, strict=dataset.strict)
-        dataset.set_epoch(int(workers[0]["epoch"]))
-        self._resume = ([w["stream"] for w in workers], int(state.get("next_worker", 0)))
+        saved = [dataset.parse_state(w) for w in workers]
+        for w, s in enumerate(saved):
+            if isinstance(s, WorkerState) and s.placement.worker != w:
+                raise ResumeStateError(
+                    f"loader state: workers[{w}] holds worker {s.placement.worker}'s position"
+                )
+        if len({s.epoch for s in saved}) != 1:
+            raise ResumeStateError("loader state: workers of different epochs")
+        dataset.set_epoch(saved[0].epoch)
+        positions = [s if isinstance(s, MergedState) else s.stream for s in saved]
+        self._resume = (positions, state["next_worker"])
 
     def __del__(self):
         workers = getattr(self, "_workers", None)

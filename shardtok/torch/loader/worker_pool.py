@@ -20,7 +20,7 @@ import torch
 
 from shardtok.errors import ShardtokError
 from shardtok.stream.batch import BATCH_KEYS
-from shardtok.torch.loader.transport import SlotRing, _slot_tensors, to_tensors
+from shardtok.torch.transport import SlotRing, _slot_tensors, to_tensors
 
 LIVENESS_S = 5.0  # how often a blocked side checks that the other side still exists
 

@@ -1,34 +1,11 @@
-"""A packed training sequence: what both packers yield and the batcher consumes."""
+"""The packer contract: a node yielding packed sequences of ``seq_len + 1`` slots."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import numpy as np
 
 from shardtok.stream.nodes.base import Node
-
-
-@dataclass(slots=True)
-class PackedSequence:
-    """``seq_len + 1`` tokens: inputs are ``tokens[:-1]``, targets are ``tokens[1:]``.
-
-    ``starts`` lists where document segments begin (``starts[0] == 0``; a window that begins
-    mid-document starts a segment too, since nothing before it is visible). Tokens from
-    ``length`` on are padding (greedy packing only).
-    """
-
-    tokens: np.ndarray
-    starts: list[int]
-    length: int
-
-    def __eq__(self, other: object) -> bool:
-        return (
-            isinstance(other, PackedSequence)
-            and self.length == other.length
-            and list(self.starts) == list(other.starts)
-            and np.array_equal(self.tokens, other.tokens)
-        )
+from shardtok.stream.sequence import PackedSequence
 
 
 class Packer(Node[PackedSequence]):

@@ -1,0 +1,123 @@
+"""The one place that decides which stream a (rank, worker) runs, for a start or a saved state.
+
+``StreamSetup`` is what a job streams: one dataset or a weighted mix, and the options. Its
+``stream(placement, epoch=..., resume=...)`` returns the placed stream, already positioned:
+
+=====================================  ================================================
+resume                                 stream
+=====================================  ================================================
+None                                   ``SliceStream`` (a dataset) / ``MixedStream`` (a mix)
+a ``slice_stream`` state               ``SliceStream`` restored to it
+a ``mixed_stream`` state               ``MixedStream`` (with its elastic layout) restored to it
+an ``elastic_stream`` state            ``ElasticStream`` restored to it
+a ``MergedState``                      ``ElasticStream`` / elastic ``MixedStream`` at its start
+=====================================  ================================================
+
+The torch adapter, the fast loader's workers and the CLI all build their streams here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from shardtok.errors import ResumeStateError
+from shardtok.storage.dataset import DatasetSource
+from shardtok.stream.batch import Allocator, allocate_arrays
+from shardtok.stream.build import plan_for
+from shardtok.stream.mix.spec import MixSpec
+from shardtok.stream.mix.stream import MixedStream
+from shardtok.stream.nodes.base import PlacedStream
+from shardtok.stream.options import StreamOptions
+from shardtok.stream.plan import EpochPlan
+from shardtok.stream.resume.elastic import ElasticStream
+from shardtok.stream.resume.fingerprint import stream_fingerprint
+from shardtok.stream.resume.saved import MergedState, Placement
+from shardtok.stream.slice_stream import SliceStream
+
+STREAM_KINDS = ("slice_stream", "elastic_stream", "mixed_stream")
+
+
+@dataclass
+class StreamSetup:
+    """One dataset (``mix`` None) or a weighted mix, streamed with ``options``."""
+
+    sources: Sequence[DatasetSource]
+    options: StreamOptions
+    mix: MixSpec | None = None
+    _fingerprint: dict | None = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def single(cls, source: DatasetSource, options: StreamOptions) -> StreamSetup:
+        return cls([source], options)
+
+    @classmethod
+    def mixed(cls, spec: MixSpec, options: StreamOptions) -> StreamSetup:
+        return cls(list(spec.sources), options, spec)
+
+    @property
+    def fingerprint(self) -> dict:
+        if self._fingerprint is None:
+            weights = self.mix.weights if self.mix is not None else None
+            self._fingerprint = stream_fingerprint(self.sources, weights, self.options)
+        return self._fingerprint
+
+    def plan(self, *, epoch: int, world_size: int, num_workers: int) -> EpochPlan:
+        """The epoch plan of a single dataset."""
+        return plan_for(
+            self.sources[0], self.options, epoch=epoch, world_size=world_size,
+            num_workers=num_workers,
+        )  # fmt: skip
+
+    def stream(
+        self,
+        placement: Placement,
+        *,
+        epoch: int,
+        resume: dict | MergedState | None = None,
+        num_batches: int | None = None,
+        allocate: Allocator = allocate_arrays,
+    ) -> PlacedStream:
+        """The stream of `placement`, positioned at `resume` (see the module docstring).
+
+        `num_batches`: batches per worker of a mix (a mix has no epoch end)."""
+        where = dict(
+            rank=placement.rank,
+            world_size=placement.world_size,
+            worker=placement.worker,
+            num_workers=placement.num_workers,
+        )
+        merged = resume if isinstance(resume, MergedState) else None
+        state = resume if isinstance(resume, dict) else None
+        kind = None if state is None else state.get("kind")
+        if state is not None and kind not in STREAM_KINDS:
+            raise ResumeStateError(
+                f"expected a stream state ({', '.join(STREAM_KINDS)}), got a {kind!r} state"
+            )
+        stream: PlacedStream
+        if self.mix is not None:
+            if kind in ("slice_stream", "elastic_stream") or (merged and not merged.mixed):
+                raise ResumeStateError("a state of a single dataset cannot resume a mix")
+            elastic = merged.layout if merged is not None else None
+            if state is not None:
+                elastic = MixedStream.parse_state(state)["elastic"]
+            stream = MixedStream(
+                self.mix, self.options, num_batches=num_batches, first_epoch=epoch,
+                elastic=elastic, allocate=allocate, **where,
+            )  # fmt: skip
+        elif kind == "mixed_stream" or (merged is not None and merged.mixed):
+            raise ResumeStateError("a state of a mix cannot resume a single dataset")
+        elif merged is not None or kind == "elastic_stream":
+            if merged is not None:
+                layout = merged.layout
+            else:
+                layout = ElasticStream.parse_state(state)["elastic"]
+            stream = ElasticStream(
+                self.sources[0], self.options, layout, epoch=epoch, allocate=allocate, **where
+            )
+        else:
+            stream = SliceStream(
+                self.sources[0], self.options, epoch=epoch, allocate=allocate, **where
+            )
+        stream.reset(state)  # a merged state: every new slice starts at its beginning
+        return stream

@@ -1,0 +1,114 @@
+"""The states a user saves and hands back, as typed objects.
+
+* ``WorkerState`` (kind ``dataset``): one (rank, worker)'s position, what
+  ``ShardStreamDataset.state_dict()`` returns inside a worker and what a loader keeps per worker.
+* ``MergedState`` (kinds ``merged`` and ``merged_mix``): ``merge_states`` of every old
+  (rank, worker), which finishes an epoch with another layout.
+
+``parse_saved`` is the one place a dict becomes one of these (after ``legacy`` upgraded a 0.1
+state); nothing downstream looks at keys to tell them apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shardtok.errors import ResumeStateError
+from shardtok.stream import state as envelope
+
+PLACEMENT_KEYS = ("rank", "world_size", "worker", "num_workers")
+
+
+@dataclass(frozen=True)
+class Placement:
+    rank: int
+    world_size: int
+    worker: int
+    num_workers: int
+
+    @property
+    def index(self) -> int:
+        """The slice index: rank-major, as the epoch plan numbers slices."""
+        return self.rank * self.num_workers + self.worker
+
+    def to_dict(self) -> dict:
+        return {k: getattr(self, k) for k in PLACEMENT_KEYS}
+
+    @classmethod
+    def parse(cls, value: object, where: str) -> Placement:
+        if not isinstance(value, dict) or set(value) != set(PLACEMENT_KEYS):
+            raise ResumeStateError(f"{where}: field 'placement' must hold {PLACEMENT_KEYS}")
+        for key in PLACEMENT_KEYS:
+            v = value[key]
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ResumeStateError(f"{where}: placement {key!r} must be >= 0, got {v!r}")
+        p = cls(**value)
+        if p.world_size < 1 or p.num_workers < 1 or p.rank >= p.world_size:
+            raise ResumeStateError(f"{where}: placement {value} is not a valid layout")
+        if p.worker >= p.num_workers:
+            raise ResumeStateError(f"{where}: placement {value} is not a valid layout")
+        return p
+
+
+@dataclass(frozen=True)
+class WorkerState:
+    epoch: int
+    placement: Placement
+    stream: dict | None  # the placed stream's own state; None before its first batch
+    fingerprint: dict
+
+    KIND = "dataset"
+    FIELDS = {
+        "epoch": envelope.INT,
+        "placement": envelope.OBJECT,
+        "stream": envelope.OPTIONAL_STATE,
+        "fingerprint": envelope.OBJECT,
+    }
+
+    def to_dict(self) -> dict:
+        return envelope.wrap(
+            self.KIND,
+            {
+                "epoch": self.epoch,
+                "placement": self.placement.to_dict(),
+                "stream": self.stream,
+                "fingerprint": self.fingerprint,
+            },
+        )
+
+
+@dataclass(frozen=True)
+class MergedState:
+    epoch: int
+    fingerprint: dict
+    layout: dict  # the old layout's positions: {"world_size", "num_workers", slices/sources}
+    mixed: bool
+
+    FIELDS = {"epoch": envelope.INT, "fingerprint": envelope.OBJECT}
+
+    @property
+    def kind(self) -> str:
+        return "merged_mix" if self.mixed else "merged"
+
+    @property
+    def layout_key(self) -> str:
+        return "elastic_mix" if self.mixed else "elastic"
+
+    def to_dict(self) -> dict:
+        return envelope.wrap(
+            self.kind,
+            {"epoch": self.epoch, "fingerprint": self.fingerprint, self.layout_key: self.layout},
+        )
+
+
+def parse_saved(state: object) -> WorkerState | MergedState:
+    """A worker state or a merged state, checked field by field."""
+    if isinstance(state, dict) and state.get("kind") in ("merged", "merged_mix"):
+        mixed = state["kind"] == "merged_mix"
+        key = "elastic_mix" if mixed else "elastic"
+        fields = {**MergedState.FIELDS, key: envelope.OBJECT}
+        s = envelope.parse(state, state["kind"], fields)
+        return MergedState(s["epoch"], s["fingerprint"], s[key], mixed)
+    s = envelope.parse(state, ("dataset", "merged", "merged_mix"), WorkerState.FIELDS)
+    placement = Placement.parse(s["placement"], "dataset state")
+    return WorkerState(s["epoch"], placement, s["stream"], s["fingerprint"])
