@@ -15,7 +15,7 @@ from typing import Any
 from shardtok.errors import CorruptShardError
 from shardtok.format.manifest import MANIFEST_NAME, Manifest
 from shardtok.format.shard_reader import ShardReader, ShardStreamReader
-from shardtok.storage.base import ObjectNotFoundError
+from shardtok.storage.base import ByteSource, ObjectNotFoundError
 from shardtok.storage.cache import LocalCache
 from shardtok.storage.location import Location
 from shardtok.storage.prefetch import Prefetcher
@@ -95,6 +95,14 @@ class DatasetSource:
         """The OS path of a local shard, or its URL (credentials included: open, never print)."""
         return str(self.root.join(name))
 
+    def where_of(self, name: str) -> str:
+        """How to name file `name` in messages (a URL without credentials)."""
+        return self.root.join(name).display
+
+    def open_file(self, name: str) -> ByteSource:
+        """File `name` of the dataset as a ``ByteSource``; nothing is read yet."""
+        return self._opener().source(self.path_of(name))
+
     def _missing(self, where: str, exc: ObjectNotFoundError, what: str) -> Exception:
         # A local folder without its files is a damaged dataset, reported as before; a remote
         # 404 keeps its storage error, which names the URL safely.
@@ -108,7 +116,7 @@ class DatasetSource:
             try:
                 data = read_bytes(target, self.storage_options or None, self.retry)
             except ObjectNotFoundError as exc:
-                what = "no dataset manifest here (is this a shardtok dataset?)"
+                what = "no dataset manifest here (is this a shardtok dataset folder?)"
                 raise self._missing(where, exc, what) from None
             self._manifest = Manifest.from_bytes(data, where)
         return self._manifest

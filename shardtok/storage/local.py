@@ -46,10 +46,14 @@ class LocalSource(ByteSource):
     def _error(self, exc: OSError, offset: int | None = None) -> StorageError:
         reason = f"{type(exc).__name__}: {exc.strerror or exc}"
         if isinstance(exc, FileNotFoundError):
-            return ObjectNotFoundError(self.url, offset, "not found")
-        if isinstance(exc, PermissionError):
-            return AccessDeniedError(self.url, offset, reason)
-        return StorageError(self.url, offset, reason)
+            error: StorageError = ObjectNotFoundError(self.url, offset, "not found")
+        elif isinstance(exc, PermissionError):
+            error = AccessDeniedError(self.url, offset, reason)
+        else:
+            return StorageError(self.url, offset, reason)
+        # Also an OSError: keep the OS's words for callers that report them (shardtok verify).
+        error.strerror = exc.strerror  # not errno: with it, str() would drop the path
+        return error
 
     def _descriptor(self) -> int:
         with self._lock:

@@ -13,6 +13,7 @@ import os
 import re
 import urllib.parse
 from dataclasses import dataclass, field
+from pathlib import Path
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
 
@@ -125,7 +126,8 @@ class Location:
             name = os.fspath(name)
             if _SCHEME.match(name):
                 return Location(name)
-            return Location(os.path.join(self._path, name) if self._path else name)
+            # Path joining, as the stream always did: "./ds/" and "ds" give the same names.
+            return Location(str(Path(self._path) / name))
         return Location(join_url(self.url, name))
 
     def __str__(self) -> str:
