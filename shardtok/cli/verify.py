@@ -24,12 +24,26 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from shardtok.format.verify import VerifyReport, verify_dataset, verify_shard
+    from shardtok.storage import Location, open_source
+    from shardtok.storage.dataset import DatasetSource
 
-    path = Path(args.path)
-    if path.is_dir():
-        report = verify_dataset(path)
+    def opener(target: Location):
+        # The stream keeps what it reads from (a file, or the remote source), so the source
+        # object itself need not outlive this call.
+        return lambda: open_source(target).open_stream()
+
+    where = Location.of(args.path)
+    local_dir = where.is_local and Path(where.local_path).is_dir()
+    if local_dir or (not where.is_local and not where.name.endswith(".tar")):
+        dataset = DatasetSource(where.url)
+        report = verify_dataset(
+            lambda: dataset.manifest,
+            lambda name: opener(dataset.root.join(name)),
+            dataset.where_of,
+        )
     else:
-        report = VerifyReport(shards=[verify_shard(path)])
+        label = str(Path(where.local_path)) if where.is_local else where.display
+        report = VerifyReport(shards=[verify_shard(opener(where), label)])
     for error in report.errors:
         print(f"BAD  {error}")
     for shard in report.shards:

@@ -20,12 +20,25 @@ from pathlib import Path
 from shardtok.convert.workdir import WORK_DIR_NAME, WorkDir
 from shardtok.errors import ShardtokError
 from shardtok.format.manifest import MANIFEST_NAME, Manifest, load_manifest
+from shardtok.storage.location import Location
 
 REJECTS_NAME = "rejects.jsonl"
 
 
 class OutputDirError(ShardtokError):
     """The output folder holds something this conversion must not silently replace."""
+
+
+def resolve_output(output: str) -> str:
+    """The OS path of --output (a path or ``file://`` URL). Shards are written with local
+    renames and fsyncs, which object stores do not offer, so a remote URL is refused."""
+    where = Location.of(output)
+    if not where.is_local:
+        raise OutputDirError(
+            f"--output {where.display}: only a local folder (or file:// URL) can be written; "
+            "convert locally, then upload the folder"
+        )
+    return where.local_path
 
 
 def _ours(name: str, dataset_name: str) -> bool:

@@ -16,6 +16,7 @@ half-finished output.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import multiprocessing
 import os
@@ -28,7 +29,12 @@ from pathlib import Path
 import numpy as np
 
 from shardtok.convert.inputs import InputFile, discover
-from shardtok.convert.output_dir import RejectsFile, prepare_output, remove_stale_shards
+from shardtok.convert.output_dir import (
+    RejectsFile,
+    prepare_output,
+    remove_stale_shards,
+    resolve_output,
+)
 from shardtok.convert.progress import ConvertProgress, ConvertResult
 from shardtok.convert.tokenizer import TokenizerSpec
 from shardtok.convert.units import Unit, auto_unit_size, plan_units
@@ -45,6 +51,7 @@ from shardtok.format.dataset_writer import DEFAULT_SHARD_SIZE, DatasetWriter
 from shardtok.format.frames import DEFAULT_FRAME_SIZE, FrameBuilder
 from shardtok.format.manifest import Manifest
 from shardtok.format.shard_reader import ShardReader
+from shardtok.storage.source import open_source
 
 _PLAN_FORMAT = 1
 
@@ -107,7 +114,7 @@ def _plan(opts: ConvertOptions, files: list[InputFile], unit_size: int) -> dict:
 def _stored_token_bytes(out: Path, manifest: Manifest) -> int:
     """Bytes of the shards' bin members, read from each shard's json (the head of the tar)."""
     return sum(
-        sum(f.compressed_size for f in ShardReader(out / shard.file).meta.frames)
+        sum(f.compressed_size for f in ShardReader(open_source(out / shard.file)).meta.frames)
         for shard in manifest.shards
     )
 
@@ -224,6 +231,7 @@ class _Assembler:
 def convert(opts: ConvertOptions) -> ConvertResult:
     """Run (or resume, or recognise as done) the conversion described by `opts`."""
     started = time.monotonic()
+    opts = dataclasses.replace(opts, output=resolve_output(opts.output))
     files = discover(list(opts.inputs), exclude_dir=opts.output)
     out = Path(opts.output)
     total_bytes = sum(f.size for f in files)

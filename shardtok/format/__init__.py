@@ -8,13 +8,13 @@ from shardtok.format.manifest import MANIFEST_NAME, Manifest, ShardEntry, load_m
 from shardtok.format.megatron import MegatronPair, write_megatron_pair
 from shardtok.format.mmidx import MMIndex, decode_idx, dtype_for_vocab, encode_idx
 from shardtok.format.shard_meta import Frame, ShardMeta
-from shardtok.format.shard_reader import LocalFile, ShardReader, ShardStreamReader
+from shardtok.format.shard_reader import RangeSource, ShardReader, ShardStreamReader
 
 __all__ = [
     "MANIFEST_NAME",
     "DatasetWriter",
     "Frame",
-    "LocalFile",
+    "RangeSource",
     "MMIndex",
     "Manifest",
     "MegatronPair",

@@ -1,24 +1,30 @@
-"""Summaries of shards and datasets for `shardtok inspect` (reads heads only, never the tokens)."""
+"""Summaries of shards and datasets for `shardtok inspect` (reads heads only, never the tokens).
+
+The format layer does not know where bytes live: callers hand in sources they opened (a path or
+URL goes through ``shardtok.storage``; ``shardtok inspect`` does that), so the same summary
+serves local folders and remote prefixes.
+"""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
+from collections.abc import Callable
 
 import numpy as np
 
-from shardtok.format.manifest import MANIFEST_NAME, load_manifest
-from shardtok.format.shard_reader import LocalFile, ShardHead, read_head
+from shardtok.format.manifest import MANIFEST_NAME, Manifest
+from shardtok.format.shard_reader import RangeSource, ShardHead, read_source_head
 
 PERCENTILES = (0, 10, 50, 90, 99, 100)
 
 
-def _read_local_head(path: Path) -> ShardHead:
-    source = LocalFile(path)
+def _head_of(source: RangeSource, where: str) -> ShardHead:
     try:
-        return read_head(source.read_range, str(path))
+        return read_source_head(source, where)
     finally:
-        source.close()
+        close = getattr(source, "close", None)
+        if close is not None:
+            close()
 
 
 def _length_stats(sizes: np.ndarray) -> dict:
@@ -30,20 +36,13 @@ def _length_stats(sizes: np.ndarray) -> dict:
     }
 
 
-def inspect_path(path: str | Path) -> dict:
-    """A JSON-able summary of a dataset folder or a single shard file."""
-    path = Path(path)
-    if path.is_dir():
-        return _inspect_dataset(path)
-    return _inspect_shard(path)
-
-
-def _inspect_shard(path: Path) -> dict:
-    head = _read_local_head(path)
+def inspect_shard(source: RangeSource, where: str) -> dict:
+    """A JSON-able summary of one shard; `source` is closed when done."""
+    head = _head_of(source, where)
     meta = head.meta
     return {
         "kind": "shard",
-        "path": str(path),
+        "path": where,
         "key": meta.key,
         "dtype": meta.dtype.name,
         "vocab_size": meta.vocab_size,
@@ -61,12 +60,18 @@ def _inspect_shard(path: Path) -> dict:
     }
 
 
-def _inspect_dataset(folder: Path) -> dict:
-    manifest = load_manifest(folder)
+def inspect_dataset(
+    manifest: Manifest,
+    open_shard: Callable[[str], RangeSource],
+    where: str,
+    where_of: Callable[[str], str],
+) -> dict:
+    """A JSON-able summary of a dataset: `open_shard(file)` opens each shard the manifest lists,
+    `where_of(file)` names it in errors, `where` names the dataset."""
     sizes, frames, token_bytes, stored = [], 0, 0, 0
     compression = set()
     for entry in manifest.shards:
-        head = _read_local_head(folder / entry.file)
+        head = _head_of(open_shard(entry.file), where_of(entry.file))
         sizes.append(np.asarray(head.index.sizes))
         frames += len(head.meta.frames)
         token_bytes += head.meta.bin_nbytes
@@ -75,7 +80,7 @@ def _inspect_dataset(folder: Path) -> dict:
     all_sizes = np.concatenate(sizes) if sizes else np.zeros(0, dtype=np.int32)
     return {
         "kind": "dataset",
-        "path": str(folder),
+        "path": where,
         "manifest": MANIFEST_NAME,
         "name": manifest.name,
         "dtype": manifest.dtype.name,

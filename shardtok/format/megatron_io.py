@@ -10,7 +10,7 @@ import numpy as np
 from shardtok.format.dataset_writer import DatasetWriter
 from shardtok.format.manifest import Manifest, load_manifest
 from shardtok.format.megatron import MegatronPair, write_megatron_pair
-from shardtok.format.shard_reader import ShardReader
+from shardtok.format.shard_reader import ShardStreamReader
 
 
 def import_megatron(
@@ -47,7 +47,11 @@ def iter_dataset_documents(
     folder = Path(folder)
     manifest = manifest or load_manifest(folder)
     for entry in manifest.shards:
-        yield from ShardReader(folder / entry.file).documents()
+        # Read front to back: export is a local, sequential job, and the stream reader checks
+        # every frame as it goes (this layer opens its own local files, as the writers do).
+        path = folder / entry.file
+        with open(path, "rb") as raw:
+            yield from ShardStreamReader(raw, str(path)).documents()
 
 
 def export_megatron(folder: str | Path, out_prefix: str | Path) -> tuple[int, int]:

@@ -12,7 +12,6 @@ import hashlib
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Protocol
 
 import numpy as np
@@ -27,29 +26,13 @@ MAX_JSON_BYTES = 64 << 20
 
 
 class RangeSource(Protocol):
-    size: int
+    """What random access needs: a size and exact range reads. The caller opens it (for a
+    path or URL, ``shardtok.storage.open_source``): this layer never decides where bytes live."""
+
+    @property
+    def size(self) -> int: ...
 
     def read_range(self, offset: int, length: int) -> bytes: ...
-
-
-class LocalFile:
-    """A local file as a RangeSource (os.pread: no shared file position, fork-safe)."""
-
-    def __init__(self, path: str | Path):
-        self.path = str(path)
-        self._fd = os.open(self.path, os.O_RDONLY)
-        self.size = os.fstat(self._fd).st_size
-
-    def read_range(self, offset: int, length: int) -> bytes:
-        return os.pread(self._fd, length, offset)
-
-    def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-
-    def __del__(self) -> None:
-        self.close()
 
 
 @dataclass(frozen=True)
@@ -129,6 +112,17 @@ def read_head(read_exact: Callable[[int, int], bytes], where: str) -> ShardHead:
     return ShardHead(meta, index, bin_header)
 
 
+def read_source_head(source: RangeSource, where: str) -> ShardHead:
+    """``read_head`` over a RangeSource; reads past the end come back short, so a truncated
+    file is reported as a corrupt shard rather than as a failed read."""
+    size = source.size
+
+    def read_upto(offset: int, n: int) -> bytes:
+        return source.read_range(offset, max(0, min(n, size - offset)))
+
+    return read_head(read_upto, where)
+
+
 def _exact(read_exact, offset: int, n: int, where: str, member: str) -> bytes:
     data = read_exact(offset, n)
     if len(data) != n:
@@ -169,12 +163,17 @@ def _frame_range(meta: ShardMeta, start: int, stop: int) -> range:
 class ShardReader:
     """Random access to the documents of one shard, reading only the frames it needs."""
 
-    def __init__(self, source: str | Path | RangeSource, name: str | None = None):
-        self.source: RangeSource = LocalFile(source) if isinstance(source, (str, Path)) else source
+    def __init__(self, source: RangeSource, name: str | None = None):
+        if isinstance(source, (str, os.PathLike)):
+            raise TypeError(
+                "ShardReader reads a RangeSource; open a path or URL with "
+                "shardtok.storage.open_source first"
+            )
+        self.source = source
         self.where = name or str(
             getattr(self.source, "path", None) or getattr(self.source, "url", "shard")
         )
-        head = read_head(self.source.read_range, self.where)
+        head = read_source_head(self.source, self.where)
         self.head = head
         self.meta = head.meta
         self.sizes = head.index.sizes
@@ -347,4 +346,11 @@ class ShardStreamReader:
             )
 
 
-__all__ = ["LocalFile", "RangeSource", "ShardHead", "ShardReader", "ShardStreamReader", "read_head"]
+__all__ = [
+    "RangeSource",
+    "ShardHead",
+    "ShardReader",
+    "ShardStreamReader",
+    "read_head",
+    "read_source_head",
+]

@@ -1,14 +1,24 @@
-"""Full integrity check of shards and datasets: every checksum, frame and index invariant."""
+"""Full integrity check of shards and datasets: every checksum, frame and index invariant.
+
+Callers open the bytes (``open_stream`` callables; ``shardtok verify`` builds them with
+``shardtok.storage``): this layer checks a shard wherever it lives without deciding how to
+reach it. Opening happens inside the check, so a file that cannot be read is reported for that
+shard instead of stopping the run.
+"""
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import Any
 
-from shardtok.errors import CorruptShardError
-from shardtok.format.manifest import MANIFEST_NAME, ShardEntry, load_manifest
+from shardtok.errors import CorruptShardError, StorageError
+from shardtok.format.manifest import MANIFEST_NAME, Manifest, ShardEntry
 from shardtok.format.shard_reader import ShardStreamReader
+
+# Opens a binary stream of one shard from its first byte (closed by the check).
+OpenStream = Callable[[], Any]
 
 
 class _HashingReader:
@@ -55,32 +65,38 @@ class VerifyReport:
         return [s for s in self.shards if not s.ok]
 
 
-def verify_shard(path: str | Path, entry: ShardEntry | None = None) -> ShardReport:
-    """Decode every frame and compare every checksum; with `entry`, also the manifest's claims."""
-    path = Path(path)
-    report = ShardReport(path.name, ok=False)
+def verify_shard(
+    open_stream: OpenStream, where: str, entry: ShardEntry | None = None
+) -> ShardReport:
+    """Decode every frame and compare every checksum; with `entry`, also the manifest's claims.
+
+    `where` names the shard in messages (a path, or a URL without credentials)."""
+    report = ShardReport(where.rstrip("/").rsplit("/", 1)[-1], ok=False)
     try:
-        with open(path, "rb") as raw:
+        with open_stream() as raw:
             stream = _HashingReader(raw)
-            reader = ShardStreamReader(stream, str(path), full_checks=True)
+            reader = ShardStreamReader(stream, where, full_checks=True)
             for _ in reader.documents():
                 pass
             stream.drain()  # trailing bytes (none in shards we write) still count towards the file hash
         report.num_documents, report.num_tokens = reader.meta.num_documents, reader.meta.num_tokens
         if entry is not None:
-            _check_entry(path, entry, reader, stream)
+            _check_entry(where, entry, reader, stream)
     except CorruptShardError as exc:
         report.error = str(exc)
         return report
-    except OSError as exc:
-        report.error = f"{path}: cannot read ({exc.strerror or exc})"
+    except (OSError, StorageError) as exc:
+        if isinstance(exc, StorageError) and not getattr(exc, "strerror", None):
+            report.error = str(exc)  # a remote read that failed for good: names URL and offset
+        else:
+            report.error = f"{where}: cannot read ({exc.strerror or exc})"
         return report
     report.ok = True
     return report
 
 
 def _check_entry(
-    path: Path, entry: ShardEntry, reader: ShardStreamReader, stream: _HashingReader
+    where: str, entry: ShardEntry, reader: ShardStreamReader, stream: _HashingReader
 ) -> None:
     claims = (
         ("byte size", entry.bytes, stream.nbytes),
@@ -91,22 +107,27 @@ def _check_entry(
     for what, manifest_says, shard_has in claims:
         if manifest_says != shard_has:
             raise CorruptShardError(
-                str(path),
+                where,
                 None,
                 None,
                 f"manifest {MANIFEST_NAME} says {what} {manifest_says}, the shard has {shard_has}",
             )
 
 
-def verify_dataset(folder: str | Path) -> VerifyReport:
-    folder = Path(folder)
+def verify_dataset(
+    load_manifest: Callable[[], Manifest],
+    open_shard: Callable[[str], OpenStream],
+    where_of: Callable[[str], str],
+) -> VerifyReport:
+    """Verify every shard the manifest lists: `open_shard(file)` gives the shard's opener and
+    `where_of(file)` its name in messages."""
     report = VerifyReport()
     try:
-        manifest = load_manifest(folder)
+        manifest = load_manifest()
     except CorruptShardError as exc:
         report.errors.append(str(exc))
         return report
     for entry in manifest.shards:
-        shard_report = verify_shard(folder / entry.file, entry)
+        shard_report = verify_shard(open_shard(entry.file), where_of(entry.file), entry)
         report.shards.append(shard_report)
     return report

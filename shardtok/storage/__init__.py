@@ -17,22 +17,31 @@ from shardtok.storage.base import (
     ObjectNotFoundError,
     ReadStream,
 )
-from shardtok.storage.cache import LocalCache
+from shardtok.storage.cache import CachedSource, LocalCache
 from shardtok.storage.local import LocalSource
+from shardtok.storage.location import (
+    Location,
+    display_url,
+    is_local,
+    join_url,
+    local_path,
+    protocol_of,
+)
 from shardtok.storage.prefetch import Prefetcher
 from shardtok.storage.readahead import BlockStream
 from shardtok.storage.remote import RemoteSource
 from shardtok.storage.retry import RetryPolicy
 from shardtok.storage.source import exists, open_source, read_bytes
-from shardtok.storage.urls import display_url, is_local, join_url, local_path
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE",
     "AccessDeniedError",
     "BlockStream",
     "ByteSource",
+    "CachedSource",
     "LocalCache",
     "LocalSource",
+    "Location",
     "ObjectNotFoundError",
     "Prefetcher",
     "ReadStream",
@@ -44,5 +53,6 @@ __all__ = [
     "join_url",
     "local_path",
     "open_source",
+    "protocol_of",
     "read_bytes",
 ]

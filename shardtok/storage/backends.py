@@ -18,6 +18,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from shardtok.storage.location import protocol_of
 from shardtok.storage.retry import FatalStorageIssue, RetryPolicy, TruncatedBody
 
 CHUNK = 1 << 20  # largest piece read from a response body at once
@@ -101,7 +102,6 @@ class Backend:
     """Reads ``[start, end)`` of one object through an fsspec filesystem."""
 
     def __init__(self, url: str, storage_options: dict | None, policy: RetryPolicy):
-        from shardtok.storage.urls import protocol_of
 
         self.url = url
         self.protocol = protocol_of(url)

@@ -42,6 +42,15 @@ class ReadStream(Protocol):
     def __exit__(self, *exc: Any) -> Any: ...
 
 
+class BlockFetcher(Protocol):
+    """What read-ahead needs of a source: its size and exact range reads that can be abandoned."""
+
+    @property
+    def size(self) -> int: ...
+
+    def fetch(self, offset: int, length: int, cancel: Any = None) -> bytes: ...
+
+
 class ByteSource(ABC):
     """One object, read by range (``read_range``) or sequentially (``open_stream``)."""
 
@@ -69,6 +78,11 @@ class ByteSource(ABC):
     def retries(self) -> int:
         """How many times a request of this source was retried (0 for local files)."""
         return 0
+
+    def cache_identity(self) -> str:
+        """What names this object in a cache (no credentials). Sources whose object can change
+        in place add a version (ETag) so that a changed object gets a new entry."""
+        return f"{self.url}\0{self.size}"
 
     def close(self) -> None:  # noqa: B027 - nothing to release by default
         """Release file descriptors and prefetched blocks."""

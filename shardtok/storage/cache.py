@@ -1,4 +1,8 @@
-"""``LocalCache``: whole-object copies of remote objects in a local folder, bounded in size.
+"""``LocalCache``: whole-object copies of remote objects in a local folder, bounded in size, and
+``CachedSource``, which reads any ``ByteSource`` through such a cache.
+
+The cache wraps a source rather than a source owning a cache, so the remote source knows
+nothing of caching and this module needs nothing but the ``ByteSource`` interface.
 
 Layout of the folder::
 
@@ -12,7 +16,7 @@ least recently used objects (access time is recorded in each file's mtime) are d
 new one is committed, so the cache holds at most ``max_bytes``, or a single object if that one
 is larger. Readers keep an open descriptor, so an object evicted while it is read stays
 readable to them. Several processes on one node may share a folder: the locks are ``flock``s.
-Local paths are never cached (``open_source`` does not pass them here).
+Local paths are never cached (``open_source`` wraps remote sources only).
 """
 
 from __future__ import annotations
@@ -23,24 +27,22 @@ import fcntl
 import hashlib
 import os
 import re
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from shardtok._process import process_alive
 from shardtok.errors import StorageError
+from shardtok.storage.base import ByteSource, ReadStream
 from shardtok.storage.local import LocalSource
-from shardtok.storage.readahead import BlockStream
-
-if TYPE_CHECKING:
-    from shardtok.storage.remote import RemoteSource
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 # A .part no one wrote to for this long is abandoned; sooner if its process is gone (the pid
 # check alone could misjudge a process in another container sharing the folder).
 _ABANDONED_SECONDS = 3600.0
 _ABANDONED_DEAD_PID_SECONDS = 600.0
+_COPY_CHUNK = 8 << 20
 
 
 class LocalCache:
@@ -59,7 +61,7 @@ class LocalCache:
         return f"LocalCache({str(self.folder)!r}, max_bytes={self.max_bytes})"
 
     # -- public ----------------------------------------------------------------------------
-    def open(self, source: RemoteSource) -> LocalSource:
+    def open(self, source: ByteSource) -> LocalSource:
         """A local copy of ``source``, downloading it first if it is not cached."""
         digest = hashlib.sha256(source.cache_identity().encode()).hexdigest()[:32]
         name = _UNSAFE.sub("_", source.url.rstrip("/").rsplit("/", 1)[-1])[-80:]
@@ -94,11 +96,11 @@ class LocalCache:
             _touch(path)
         return LocalSource(path, fd=fd, label=label)
 
-    def _download(self, source: RemoteSource, path: Path, size: int, label: str) -> LocalSource:
+    def _download(self, source: ByteSource, path: Path, size: int, label: str) -> LocalSource:
         tmp = self._tmp / f"{path.name}.{os.getpid()}.{time.monotonic_ns()}.part"
         try:
-            with open(tmp, "wb") as out, BlockStream(source, 0, source.block_size) as stream:
-                while chunk := stream.read(source.block_size):
+            with open(tmp, "wb") as out, source.open_stream(0) as stream:
+                while chunk := stream.read(_COPY_CHUNK):
                     out.write(chunk)
                 out.flush()
                 os.fsync(out.fileno())  # never commit a file whose bytes are not on disk
@@ -156,6 +158,71 @@ class LocalCache:
                 if idle > _ABANDONED_SECONDS or (dead and idle > _ABANDONED_DEAD_PID_SECONDS):
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(entry.path)
+
+
+class CachedSource(ByteSource):
+    """``source`` read through ``cache``: the first read (or ``prefetch``) copies the whole
+    object into the cache; every read is then a local one."""
+
+    def __init__(self, source: ByteSource, cache: LocalCache):
+        self.source = source
+        self.cache = cache
+        self.url = source.url
+        self._copy: LocalSource | None = None
+        self._lock = threading.Lock()
+        self._prefetching = False
+
+    @property
+    def size(self) -> int:
+        return self.source.size
+
+    @property
+    def retries(self) -> int:
+        return self.source.retries
+
+    def cache_identity(self) -> str:
+        return self.source.cache_identity()
+
+    def _local(self) -> LocalSource:
+        with self._lock:
+            if self._copy is None:
+                self._copy = self.cache.open(self.source)
+            return self._copy
+
+    def read_range(self, offset: int, length: int) -> bytes:
+        self._check_range(offset, length)
+        return self._local().read_range(offset, length)
+
+    def open_stream(self, offset: int = 0) -> ReadStream:
+        return self._local().open_stream(offset)
+
+    def prefetch(self, offset: int = 0) -> None:
+        """Download the whole object into the cache in the background."""
+        with self._lock:
+            if self._prefetching or self._copy is not None:
+                return
+            self._prefetching = True
+
+        def run() -> None:
+            # A failed download leaves nothing behind; the next read tries again and raises.
+            with contextlib.suppress(Exception):
+                self._local()
+
+        threading.Thread(target=run, name="shardtok-cache-fill", daemon=True).start()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._copy is not None:
+                self._copy.close()
+                self._copy = None
+        self.source.close()
+
+    def __getstate__(self) -> dict:
+        # The local copy's descriptor stays behind; the receiving process opens the cache again.
+        return {"source": self.source, "cache": self.cache}
+
+    def __setstate__(self, state: dict) -> None:
+        CachedSource.__init__(self, state["source"], state["cache"])
 
 
 def _touch(path: Path) -> None:

@@ -1,8 +1,10 @@
 """Where the stream gets its bytes: one small seam between the stream and storage.
 
-A dataset is a folder or URL prefix holding ``index.json`` and the shards. Local paths (and
-``file://`` URLs) are read with plain files; any other URL goes through ``shardtok.storage``
-(``open_source`` / ``read_bytes`` / ``join_url``), imported only when such a URL is used.
+A dataset is a folder or URL prefix holding ``index.json`` and the shards. The location is
+parsed once (``Location``: local path, ``file://``, or a remote URL) and every file is opened
+through ``open_source``, so local and remote datasets take the same path; local files are
+still read with plain OS files and ``os.pread``, because that is what ``open_source`` gives
+for them.
 """
 
 from __future__ import annotations
@@ -10,32 +12,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from shardtok.errors import CorruptShardError, StorageError
+from shardtok.errors import CorruptShardError
 from shardtok.format.manifest import MANIFEST_NAME, Manifest
 from shardtok.format.shard_reader import ShardReader, ShardStreamReader
+from shardtok.storage.base import ByteSource, ObjectNotFoundError
+from shardtok.storage.cache import LocalCache
+from shardtok.storage.location import Location
+from shardtok.storage.prefetch import Prefetcher
+from shardtok.storage.source import read_bytes
 
-STREAM_BUFFER = 1 << 20
 PREFETCH_DEPTH = 8  # first blocks of the next shard group kept ready (2 groups of 4)
-
-
-def _is_local(location: str) -> bool:
-    return "://" not in location or location.startswith("file://")
-
-
-def _local_path(location: str) -> Path:
-    return Path(location[len("file://") :] if location.startswith("file://") else location)
-
-
-def _storage():
-    try:
-        from shardtok import storage
-    except ImportError as exc:  # pragma: no cover - the package ships with shardtok
-        raise StorageError("shardtok.storage", None, f"cannot import: {exc}") from None
-    if not hasattr(storage, "open_source"):
-        raise StorageError(
-            "shardtok.storage", None, "this build has no object storage support (open_source)"
-        )
-    return storage
 
 
 class DatasetSource:
@@ -48,22 +34,24 @@ class DatasetSource:
 
     def __init__(
         self,
-        location: str | Path,
+        location: str | Path | Location,
         storage_options: dict[str, Any] | None = None,
         *,
         retry: Any = None,
         cache_dir: str | Path | None = None,
         cache_bytes: int | None = None,
     ):
-        self.location = str(location).rstrip("/") or "/"
+        # `location` is kept as given (less trailing slashes): resume fingerprints record it.
+        self.location = str(Location.of(location).url).rstrip("/") or "/"
         self.storage_options = dict(storage_options or {})
         self.retry = retry
         self.cache_dir = None if cache_dir is None else str(cache_dir)
         self.cache_bytes = cache_bytes
         if self.cache_dir is not None and not cache_bytes:
             raise ValueError("cache_dir needs cache_bytes, the cache's size limit")
+        self.root = Location(self.location)
         self._manifest: Manifest | None = None
-        self._prefetcher: Any = None
+        self._prefetcher: Prefetcher | None = None
 
     def __getstate__(self) -> dict:
         return {
@@ -76,65 +64,71 @@ class DatasetSource:
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
+        self.root = Location(self.location)
         self._manifest = None
         self._prefetcher = None
 
-    def _remote(self):
-        """The process's prefetcher: opens remote shards, starting on the next ones early."""
+    def _opener(self) -> Prefetcher:
+        """The process's prefetcher: opens shards, starting on the next remote ones early."""
         if self._prefetcher is None:
-            storage = _storage()
             cache = None
             if self.cache_dir is not None:
-                cache = storage.LocalCache(self.cache_dir, self.cache_bytes)
-            self._prefetcher = storage.Prefetcher(
+                cache = LocalCache(self.cache_dir, self.cache_bytes)
+            self._prefetcher = Prefetcher(
                 self.storage_options or None, self.retry, cache, depth=PREFETCH_DEPTH
             )
         return self._prefetcher
 
     def prefetch(self, names: list[str]) -> None:
-        """Start fetching the first block of each shard in `names` (remote datasets only)."""
+        """Start fetching the first block of each shard in `names` (remote datasets only:
+        the page cache already serves local files well, and a hint would hold descriptors)."""
         if self.is_local:
             return
         for name in names:
-            self._remote().prefetch(self.path_of(name))
+            self._opener().prefetch(self.path_of(name))
 
     @property
     def is_local(self) -> bool:
-        return _is_local(self.location)
+        return self.root.is_local
 
     def path_of(self, name: str) -> str:
-        if self.is_local:
-            return str(_local_path(self.location) / name)
-        return _storage().join_url(self.location, name)
+        """The OS path of a local shard, or its URL (credentials included: open, never print)."""
+        return str(self.root.join(name))
+
+    def where_of(self, name: str) -> str:
+        """How to name file `name` in messages (a URL without credentials)."""
+        return self.root.join(name).display
+
+    def open_file(self, name: str) -> ByteSource:
+        """File `name` of the dataset as a ``ByteSource``; nothing is read yet."""
+        return self._opener().source(self.path_of(name))
+
+    def _missing(self, where: str, exc: ObjectNotFoundError, what: str) -> Exception:
+        # A local folder without its files is a damaged dataset, reported as before; a remote
+        # 404 keeps its storage error, which names the URL safely.
+        return CorruptShardError(where, None, None, what) if self.is_local else exc
 
     @property
     def manifest(self) -> Manifest:
         if self._manifest is None:
-            where = self.path_of(MANIFEST_NAME)
-            if self.is_local:
-                try:
-                    data = Path(where).read_bytes()
-                except FileNotFoundError:
-                    raise CorruptShardError(
-                        where, None, None, "no dataset manifest here (is this a shardtok dataset?)"
-                    ) from None
-            else:
-                data = _storage().read_bytes(where, self.storage_options or None, self.retry)
+            target = self.root.join(MANIFEST_NAME)
+            where = target.display
+            try:
+                data = read_bytes(target, self.storage_options or None, self.retry)
+            except ObjectNotFoundError as exc:
+                what = "no dataset manifest here (is this a shardtok dataset folder?)"
+                raise self._missing(where, exc, what) from None
             self._manifest = Manifest.from_bytes(data, where)
         return self._manifest
 
     def open_stream(self, name: str) -> tuple[ShardStreamReader, Any]:
         """A sequential reader of shard `name` and the file object to close when done."""
-        where = self.path_of(name)
-        if self.is_local:
-            try:
-                fileobj = open(where, "rb", buffering=STREAM_BUFFER)  # noqa: SIM115 - caller closes
-            except FileNotFoundError:
-                raise CorruptShardError(
-                    where, None, None, "shard listed in the manifest is missing"
-                ) from None
-        else:
-            fileobj = self._remote().open_stream(where)
+        target = self.root.join(name)
+        where = target.display
+        try:
+            fileobj = self._opener().open_stream(str(target))
+        except ObjectNotFoundError as exc:
+            raise self._missing(where, exc, "shard listed in the manifest is missing") from None
         try:
             return ShardStreamReader(fileobj, where), fileobj
         except BaseException:
@@ -143,11 +137,11 @@ class DatasetSource:
 
     def open_random(self, name: str) -> ShardReader:
         """A random-access reader of shard `name` (range reads)."""
-        where = self.path_of(name)
-        if self.is_local:
-            if not Path(where).exists():
-                raise CorruptShardError(
-                    where, None, None, "shard listed in the manifest is missing"
-                )
-            return ShardReader(where)
-        return ShardReader(self._remote().source(where), where)
+        target = self.root.join(name)
+        where = target.display
+        source = self._opener().source(str(target))
+        try:
+            source.size  # noqa: B018 - a missing file fails here, with its name
+        except ObjectNotFoundError as exc:
+            raise self._missing(where, exc, "shard listed in the manifest is missing") from None
+        return ShardReader(source, where)

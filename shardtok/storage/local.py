@@ -16,6 +16,9 @@ from shardtok.storage.base import (
     ReadStream,
 )
 
+# Shard heads are read in 512-byte pieces; a large buffer turns them into few system calls.
+_STREAM_BUFFER = 1 << 20
+
 
 class LocalSource(ByteSource):
     """A local file, read with ``os.pread`` and plain ``open``. Never copied or deleted.
@@ -43,10 +46,14 @@ class LocalSource(ByteSource):
     def _error(self, exc: OSError, offset: int | None = None) -> StorageError:
         reason = f"{type(exc).__name__}: {exc.strerror or exc}"
         if isinstance(exc, FileNotFoundError):
-            return ObjectNotFoundError(self.url, offset, "not found")
-        if isinstance(exc, PermissionError):
-            return AccessDeniedError(self.url, offset, reason)
-        return StorageError(self.url, offset, reason)
+            error: StorageError = ObjectNotFoundError(self.url, offset, "not found")
+        elif isinstance(exc, PermissionError):
+            error = AccessDeniedError(self.url, offset, reason)
+        else:
+            return StorageError(self.url, offset, reason)
+        # Also an OSError: keep the OS's words for callers that report them (shardtok verify).
+        error.strerror = exc.strerror  # not errno: with it, str() would drop the path
+        return error
 
     def _descriptor(self) -> int:
         with self._lock:
@@ -85,9 +92,10 @@ class LocalSource(ByteSource):
         if not 0 <= offset <= self.size:
             raise StorageError(self.url, offset, f"offset past the end ({self.size} bytes)")
         if not self._owns_path:
-            return io.BufferedReader(_PreadStream(self._descriptor(), offset), 1 << 20)
+            raw = _PreadStream(self._descriptor(), offset, self)
+            return io.BufferedReader(raw, _STREAM_BUFFER)
         try:
-            f = open(self.local_path, "rb")  # noqa: SIM115 - returned to the caller
+            f = open(self.local_path, "rb", buffering=_STREAM_BUFFER)  # noqa: SIM115 - returned
         except OSError as exc:
             raise self._error(exc, offset) from None
         f.seek(offset)
@@ -108,6 +116,11 @@ class LocalSource(ByteSource):
                 os.close(self._fd)
             self._fd = None
 
+    def __del__(self) -> None:
+        # Readers made for random access are often dropped rather than closed.
+        with contextlib.suppress(Exception):
+            self.close()
+
     def __getstate__(self) -> dict:
         # A descriptor does not cross processes: the copy reopens the file by its path.
         return {"path": self.local_path, "label": self.url}
@@ -119,8 +132,9 @@ class LocalSource(ByteSource):
 class _PreadStream(io.RawIOBase):
     """Sequential reads on a shared descriptor without touching its file offset."""
 
-    def __init__(self, fd: int, offset: int):
+    def __init__(self, fd: int, offset: int, owner: LocalSource):
         super().__init__()
+        self._owner = owner  # the descriptor is closed when its source is collected
         self._fd = fd
         self._pos = offset
 

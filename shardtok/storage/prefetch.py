@@ -9,14 +9,11 @@ import io
 import os
 import threading
 from collections import OrderedDict
-from typing import TYPE_CHECKING
 
 from shardtok.storage.base import DEFAULT_BLOCK_SIZE, ByteSource, ReadStream
+from shardtok.storage.cache import LocalCache
 from shardtok.storage.retry import RetryPolicy
 from shardtok.storage.source import open_source
-
-if TYPE_CHECKING:
-    from shardtok.storage.cache import LocalCache
 
 
 class Prefetcher:

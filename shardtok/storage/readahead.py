@@ -10,25 +10,21 @@ import io
 import queue
 import threading
 from concurrent.futures import Future
-from typing import TYPE_CHECKING
 
-from shardtok.storage.base import FIRST_BLOCK_SIZE, Cancelled
-
-if TYPE_CHECKING:
-    from shardtok.storage.remote import RemoteSource
+from shardtok.storage.base import FIRST_BLOCK_SIZE, BlockFetcher, Cancelled
 
 _END = object()  # queued after the last block
 
 
 class BlockStream(io.RawIOBase):
-    """Sequential reader over a ``RemoteSource`` with one background fetcher thread.
+    """Sequential reader over a ``BlockFetcher`` (a ``RemoteSource``) with one background fetcher thread.
 
     ``read(n)`` returns exactly ``n`` bytes until the end of the object, then ``b""``. A read
     error is raised where it happened, after every byte before it was returned.
     """
 
     def __init__(
-        self, source: RemoteSource, offset: int, block_size: int, first: Future | None = None
+        self, source: BlockFetcher, offset: int, block_size: int, first: Future | None = None
     ):
         super().__init__()
         self._source = source

@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 from shardtok.errors import StorageError
 from shardtok.storage.backends import Backend, ObjectInfo, Progress
@@ -24,13 +24,9 @@ from shardtok.storage.base import (
     ObjectNotFoundError,
     ReadStream,
 )
-from shardtok.storage.local import LocalSource
+from shardtok.storage.location import display_url
 from shardtok.storage.readahead import BlockStream
 from shardtok.storage.retry import Redactor, RetryPolicy, classify
-from shardtok.storage.urls import display_url
-
-if TYPE_CHECKING:
-    from shardtok.storage.cache import LocalCache
 
 logger = logging.getLogger("shardtok.storage")
 T = TypeVar("T")
@@ -44,14 +40,12 @@ class RemoteSource(ByteSource):
         url: str,
         storage_options: dict | None = None,
         retry: RetryPolicy | None = None,
-        cache: LocalCache | None = None,
         block_size: int = DEFAULT_BLOCK_SIZE,
     ):
         if block_size <= 0:
             raise ValueError(f"block_size must be > 0, got {block_size}")
         self.url = display_url(url)
         self.retry = retry or RetryPolicy()
-        self.cache = cache
         self.block_size = block_size
         self.endpoint = str((storage_options or {}).get("endpoint_url") or "")
         self._backend = Backend(url, storage_options, self.retry)
@@ -61,8 +55,6 @@ class RemoteSource(ByteSource):
         self._lock = threading.Lock()
         self._retries = 0
         self._prefetched: tuple[int, Future] | None = None
-        self._cached: LocalSource | None = None
-        self._cache_lock = threading.Lock()
 
     # -- metadata --------------------------------------------------------------------------
     def info(self) -> ObjectInfo:
@@ -83,13 +75,9 @@ class RemoteSource(ByteSource):
     # -- reading ---------------------------------------------------------------------------
     def read_range(self, offset: int, length: int) -> bytes:
         self._check_range(offset, length)
-        if self.cache is not None:
-            return self._cached_copy().read_range(offset, length)
         return self.fetch(offset, length)
 
     def open_stream(self, offset: int = 0) -> ReadStream:
-        if self.cache is not None:
-            return self._cached_copy().open_stream(offset)
         if not 0 <= offset <= self.size:
             raise StorageError(self.url, offset, f"offset past the end ({self.size} bytes)")
         first = None
@@ -100,8 +88,7 @@ class RemoteSource(ByteSource):
         return BlockStream(self, offset, self.block_size, first)
 
     def prefetch(self, offset: int = 0) -> None:
-        """Without a cache: fetch the first block from ``offset`` for the next ``open_stream``.
-        With a cache: download the whole object into the cache."""
+        """Fetch the first block from ``offset`` in the background for the next ``open_stream``."""
         with self._lock:
             if self._prefetched is not None:
                 return
@@ -110,12 +97,8 @@ class RemoteSource(ByteSource):
 
         def run() -> None:
             try:
-                if self.cache is not None:
-                    result: object = self._cached_copy()
-                else:
-                    length = min(FIRST_BLOCK_SIZE, self.block_size, max(self.size - offset, 0))
-                    result = self.fetch(offset, length)
-                future.set_result(result)
+                length = min(FIRST_BLOCK_SIZE, self.block_size, max(self.size - offset, 0))
+                future.set_result(self.fetch(offset, length))
             except BaseException as exc:  # handed to whoever uses the block
                 future.set_exception(exc)
 
@@ -142,13 +125,6 @@ class RemoteSource(ByteSource):
 
         self._with_retries(attempt, lambda: offset + received, cancel, lambda: received == length)
         return b"".join(parts)
-
-    def _cached_copy(self) -> LocalSource:
-        with self._cache_lock:
-            if self._cached is None:
-                assert self.cache is not None
-                self._cached = self.cache.open(self)
-            return self._cached
 
     def cache_identity(self) -> str:
         """What names this object in a cache: URL, endpoint, size and ETag (no credentials)."""
@@ -212,24 +188,18 @@ class RemoteSource(ByteSource):
     def close(self) -> None:
         with self._lock:
             self._prefetched = None
-        with self._cache_lock:
-            if self._cached is not None:
-                self._cached.close()
-                self._cached = None
 
     def __getstate__(self) -> dict:
         # Threads, locks and futures stay behind; a worker process re-fetches what it needs.
         state = self.__dict__.copy()
-        for name in ("_lock", "_cache_lock", "_info_lock"):
+        for name in ("_lock", "_info_lock"):
             del state[name]
         state["_prefetched"] = None
-        state["_cached"] = None
         return state
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
-        self._cache_lock = threading.Lock()
         self._info_lock = threading.Lock()
 
 

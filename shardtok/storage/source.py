@@ -10,20 +10,17 @@ exact byte where the last good one ended, so a read returns every byte once, in 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
 
 from shardtok.storage.base import DEFAULT_BLOCK_SIZE, ByteSource, ObjectNotFoundError
+from shardtok.storage.cache import CachedSource, LocalCache
 from shardtok.storage.local import LocalSource
+from shardtok.storage.location import Location
 from shardtok.storage.remote import RemoteSource
 from shardtok.storage.retry import RetryPolicy
-from shardtok.storage.urls import is_local, local_path
-
-if TYPE_CHECKING:
-    from shardtok.storage.cache import LocalCache
 
 
 def open_source(
-    url: str | os.PathLike,
+    url: str | os.PathLike | Location,
     storage_options: dict | None = None,
     retry: RetryPolicy | None = None,
     cache: LocalCache | None = None,
@@ -34,16 +31,19 @@ def open_source(
     ``storage_options`` go to the fsspec backend (e.g. s3fs ``key``/``secret``/
     ``endpoint_url``/``client_kwargs``); without them the backend's standard configuration
     applies (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, profiles, ...). ``cache`` applies to
-    remote URLs only.
+    remote URLs only: it wraps the remote source (``CachedSource``).
     """
-    url = os.fspath(url)
-    if is_local(url):
-        return LocalSource(local_path(url))
-    return RemoteSource(url, storage_options, retry, cache, block_size)
+    where = Location.of(url)
+    if where.is_local:
+        return LocalSource(where.local_path)
+    source = RemoteSource(where.url, storage_options, retry, block_size)
+    return source if cache is None else CachedSource(source, cache)
 
 
 def read_bytes(
-    url: str | os.PathLike, storage_options: dict | None = None, retry: RetryPolicy | None = None
+    url: str | os.PathLike | Location,
+    storage_options: dict | None = None,
+    retry: RetryPolicy | None = None,
 ) -> bytes:
     """The whole object (for small ones such as ``index.json``)."""
     with open_source(url, storage_options, retry) as source:
@@ -51,12 +51,14 @@ def read_bytes(
 
 
 def exists(
-    url: str | os.PathLike, storage_options: dict | None = None, retry: RetryPolicy | None = None
+    url: str | os.PathLike | Location,
+    storage_options: dict | None = None,
+    retry: RetryPolicy | None = None,
 ) -> bool:
     """True if the file or object exists; other failures (e.g. access denied) still raise."""
-    url = os.fspath(url)
-    if is_local(url):
-        return os.path.isfile(local_path(url))
+    where = Location.of(url)
+    if where.is_local:
+        return os.path.isfile(where.local_path)
     try:
         with open_source(url, storage_options, retry) as source:
             return source.size >= 0

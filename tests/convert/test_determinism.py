@@ -23,6 +23,7 @@ from shardtok.convert.units import plan_units
 from shardtok.convert.workdir import WORK_DIR_NAME
 from shardtok.format.manifest import load_manifest
 from shardtok.format.shard_reader import ShardReader
+from shardtok.storage import open_source
 
 UNIT = "32KiB"
 SHARD = ("--shard-size", "64KiB", "--frame-size", "16KiB")
@@ -91,7 +92,7 @@ def _documents(out: Path) -> list[list[int]]:
     manifest = load_manifest(out)
     docs = []
     for shard in manifest.shards:
-        reader = ShardReader(out / shard.file)
+        reader = ShardReader(open_source(out / shard.file))
         docs += [reader.document(i).tolist() for i in range(reader.meta.num_documents)]
     return docs
 
@@ -117,7 +118,7 @@ def test_frames_end_at_unit_boundaries_so_unit_size_only_moves_frames(corpus, tm
     frame_sizes = [
         f.uncompressed_size
         for shard in load_manifest(small).shards
-        for f in ShardReader(small / shard.file).meta.frames
+        for f in ShardReader(open_source(small / shard.file)).meta.frames
     ]
     assert min(frame_sizes[:-1]) < (16 << 10) // 2
     assert tree_digest(small) != tree_digest(large)

@@ -14,6 +14,7 @@ from shardtok.convert import ConvertOptions, convert, load_tokenizer
 from shardtok.errors import ShardtokError
 from shardtok.format.manifest import load_manifest
 from shardtok.format.shard_reader import ShardReader
+from shardtok.storage import open_source
 
 TEXTS = [
     "Hello, world.",
@@ -52,7 +53,7 @@ def documents(out: Path) -> list[np.ndarray]:
     manifest = load_manifest(out)
     docs = []
     for shard in manifest.shards:
-        docs.extend(ShardReader(out / shard.file).documents())
+        docs.extend(ShardReader(open_source(out / shard.file)).documents())
     return docs
 
 
@@ -105,7 +106,7 @@ def test_provenance_names_file_lines_across_units(tmp_path, spec):
     assert result.units_total > 3
     provenance = []
     for shard in load_manifest(tmp_path / "out").shards:
-        provenance.extend(ShardReader(tmp_path / "out" / shard.file).meta.provenance)
+        provenance.extend(ShardReader(open_source(tmp_path / "out" / shard.file)).meta.provenance)
     expected_lines = [1, 2, 3] + list(range(6, 6 + len(TEXTS) - 3))
     covered = [n for p in provenance for n in range(p["first_record"], p["last_record"] + 1)]
     assert covered == expected_lines

@@ -13,6 +13,7 @@ from shardtok.convert import ConvertOptions, convert, load_tokenizer
 from shardtok.convert.tokenizer import BUNDLED_PATH, BatchEncoder, TokenizerLoadError
 from shardtok.format.manifest import load_manifest
 from shardtok.format.shard_reader import ShardReader
+from shardtok.storage import open_source
 
 
 def word_level(folder: Path, vocab_size: int, eos: str | None = "<|endoftext|>") -> Path:
@@ -48,7 +49,7 @@ def test_dtype_switches_at_the_vocabulary_boundary(tmp_path, vocab_size, dtype):
     )
     manifest = load_manifest(out)
     assert manifest.dtype == np.dtype(dtype) and manifest.vocab_size == vocab_size
-    reader = ShardReader(out / manifest.shards[0].file)
+    reader = ShardReader(open_source(out / manifest.shards[0].file))
     assert reader.meta.dtype == np.dtype(dtype)
     assert reader.document(0).tolist() == [0, 1, vocab_size - 2, 7, vocab_size - 1]
 

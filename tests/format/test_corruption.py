@@ -10,11 +10,12 @@ from shardtok.errors import CorruptShardError
 from shardtok.format import ShardReader, ShardStreamReader, load_manifest
 from shardtok.format.manifest import MANIFEST_NAME
 from shardtok.format.tar import BLOCK
+from shardtok.storage import open_source
 from tests.helpers.format_data import random_documents, write_dataset
 
 
 def _members(path):
-    reader = ShardReader(path)
+    reader = ShardReader(open_source(path))
     head = reader.head
     json_data = BLOCK
     idx_header = json_data + (len(head.meta.to_json_bytes()) + BLOCK - 1) // BLOCK * BLOCK
@@ -31,7 +32,7 @@ def _members(path):
 
 
 def _read_all(path):
-    reader = ShardReader(path)
+    reader = ShardReader(open_source(path))
     out = list(reader.documents())
     with open(path, "rb") as f:
         out += list(ShardStreamReader(f, str(path)).documents())
@@ -104,7 +105,7 @@ def test_error_names_member_and_offset(dataset):
     data[offset] ^= 0xFF
     path.write_bytes(bytes(data))
     with pytest.raises(CorruptShardError) as info:
-        list(ShardReader(path).documents())
+        list(ShardReader(open_source(path)).documents())
     assert info.value.member is not None and info.value.member.startswith(
         entry.file.removesuffix(".tar") + ".bin"
     )

@@ -17,6 +17,7 @@ from shardtok.format.dataset_writer import DatasetWriter
 from shardtok.format.frames import FrameBuilder
 from shardtok.format.manifest import load_manifest
 from shardtok.format.shard_reader import ShardReader
+from shardtok.storage import open_source
 
 FRAME = 4 << 10
 SHARD = 12 << 10
@@ -76,7 +77,7 @@ def test_blocks_start_new_frames_and_shards_roll_over_between_frames(tmp_path):
     starts, read = [], []
     base = 0
     for shard in manifest.shards:
-        reader = ShardReader(tmp_path / "out" / shard.file)
+        reader = ShardReader(open_source(tmp_path / "out" / shard.file))
         starts += [base + f.first_document for f in reader.meta.frames]
         read += [reader.document(i) for i in range(reader.meta.num_documents)]
         base += reader.meta.num_documents

@@ -13,6 +13,7 @@ from shardtok.format.mmidx import decode_idx, dtype_for_vocab, encode_idx
 from shardtok.format.shard_reader import ShardReader
 from shardtok.format.shard_writer import ShardBuilder
 from shardtok.format.tar import encode_header
+from shardtok.storage import open_source
 
 GOLDEN = Path(__file__).parent / "golden"
 # Reference note 000: documents [a,b,c], [d,e,f,g], [h,i]; here a..i are token ids 1..9.
@@ -93,7 +94,7 @@ def test_uncompressed_shard_is_byte_identical_to_golden(tmp_path):
                 0o644,
                 {},
             )
-    reader = ShardReader(path)
+    reader = ShardReader(open_source(path))
     assert [d.tolist() for d in reader.documents()] == THREE_DOCS
     assert reader.memmap_tokens().tolist() == sum(THREE_DOCS, [])
 

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from shardtok.format import DatasetWriter, ShardReader, ShardStreamReader, load_manifest
 from shardtok.format.megatron_io import iter_dataset_documents
+from shardtok.storage import open_source
 
 LIMITS = {np.dtype(np.uint16): 65500, np.dtype(np.int32): 2**31 - 1}
 
@@ -52,7 +53,7 @@ def test_all_read_paths_return_the_written_tokens(tmp_path_factory, corpus):
 
     random_access, streamed, mapped = [], [], []
     for entry in manifest.shards:
-        reader = ShardReader(folder / entry.file)
+        reader = ShardReader(open_source(folder / entry.file))
         random_access += [reader.document(i) for i in reversed(range(len(reader)))][::-1]
         with open(folder / entry.file, "rb") as f:
             streamed += [d.copy() for d in ShardStreamReader(f, entry.file).documents()]
@@ -88,7 +89,7 @@ def test_document_ranges_agree(tmp_path_factory, corpus, data):
     (entry,) = load_manifest(folder).shards
     start = data.draw(st.integers(0, len(docs)))
     stop = data.draw(st.integers(start, len(docs)))
-    reader = ShardReader(folder / entry.file)
+    reader = ShardReader(open_source(folder / entry.file))
     with open(folder / entry.file, "rb") as f:
         streamed = list(ShardStreamReader(f, entry.file).documents(start, stop))
     ranged = list(reader.documents(start, stop))

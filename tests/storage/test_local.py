@@ -24,7 +24,7 @@ from shardtok.storage import (
     open_source,
     read_bytes,
 )
-from shardtok.storage.urls import protocol_of
+from shardtok.storage.location import protocol_of
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ from torch.utils.data import DataLoader
 from shardtok.format import write_megatron_pair
 from shardtok.memmap.samples import GPTSamples
 from shardtok.memmap.tokens import ConcatTokens, open_local_tokens
+from shardtok.storage import open_source
 from shardtok.stream.batch import build_batch
 from shardtok.testing.synthetic import write_synthetic_dataset
 from shardtok.torch.memmap_dataset import MemmapTokenDataset
@@ -55,7 +56,11 @@ def test_shards_read_as_one_token_array(plain):
     assert isinstance(tokens, ConcatTokens) and int(sizes.sum()) == len(tokens)
     from shardtok.format import ShardReader, load_manifest
 
-    docs = [d for e in load_manifest(plain).shards for d in ShardReader(plain / e.file).documents()]
+    docs = [
+        d
+        for e in load_manifest(plain).shards
+        for d in ShardReader(open_source(plain / e.file)).documents()
+    ]
     assert np.array_equal(tokens[0 : len(tokens)], np.concatenate(docs))
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from shardtok.errors import ShardtokError
 from shardtok.storage.dataset import DatasetSource
+from shardtok.storage.location import Location
 from shardtok.stream.options import OPTION_NAMES
 
 
@@ -48,8 +49,10 @@ def mix_spec(
 
     def source(path: str | Path) -> DatasetSource:
         text = str(path)
-        if base is not None and "://" not in text and not Path(text).is_absolute():
-            text = str(base / text)
+        where = Location(text)
+        # Relative paths in a config file are relative to that file; URLs never are.
+        if base is not None and where.is_local and not Path(where.local_path).is_absolute():
+            text = str(base / where.local_path)
         return DatasetSource(text, storage_options)
 
     if isinstance(dataset_path, (str, Path)):
