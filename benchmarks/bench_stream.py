@@ -173,10 +173,12 @@ def child(args) -> None:
                     yield ring.package(batch, local=torch.utils.data.get_worker_info() is None)
 
         loader = DataLoader(Idle(), batch_size=None, num_workers=workers, **extra)
-    else:
+    elif args.kind == "plain":
         ds = PlainWindows(BENCH / "megatron" / "tokens")
         loader = DataLoader(ds, batch_size=BATCH, shuffle=True, num_workers=workers, **extra,
                             generator=torch.Generator().manual_seed(0))  # fmt: skip
+    else:
+        raise SystemExit(f"bench_stream: unknown kind {args.kind!r}")
     built = time.perf_counter()
     it = iter(loader)
     next(it)
@@ -214,7 +216,7 @@ def child(args) -> None:
 
 
 def run_child(**kw) -> dict:
-    cmd = [sys.executable, __file__, "_child"]
+    cmd = [sys.executable, __file__, "--dir", str(BENCH), "_child"]
     for key, value in kw.items():
         cmd += [f"--{key.replace('_', '-')}", str(value)]
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
@@ -236,6 +238,22 @@ LABELS = {
 }
 
 
+def kinds(text: str) -> list[str]:
+    """--kinds, checked before any run: an unknown kind used to fall through to the plain windows
+    loader in the child and only fail at the report, after every measurement."""
+    chosen = text.split(",")
+    unknown = [k for k in chosen if k not in LABELS]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown kind {', '.join(map(repr, unknown))}; kinds: {', '.join(LABELS)} "
+            "(the plain memmap window reference is 'plain')"
+        )
+    return chosen
+
+
+KINDS_HELP = "comma-separated loaders: " + "; ".join(f"{k}: {v}" for k, v in LABELS.items())
+
+
 def capacity(r: dict) -> float:
     """M tokens/s the measured CPU per batch allows with two cores to ourselves (main + workers
     share them; in process, one core). Contention inflates the CPU figures, so this is low."""
@@ -246,7 +264,7 @@ def capacity(r: dict) -> float:
 
 def throughput(args) -> None:
     rows = []
-    kinds = args.kinds.split(",")
+    kinds = args.kinds
     for rep in range(args.repeat):
         for kind in kinds:
             for workers in args.workers:
@@ -364,7 +382,7 @@ def memory(args) -> None:
     print("\n| dataset | shuffle buffer | worker | batches | peak RSS: VmRSS / anon / file / shmem (MiB) | load |")  # fmt: skip
     print("|---|---|---|---|---|---|")
     runs = [("idle", "zstd", 0, 2000)]
-    for kind in args.kinds.split(","):
+    for kind in args.kinds:
         for shuffle in (0, args.shuffle_buffer):
             runs += [
                 (kind, "zstd", shuffle, args.batches_small),
@@ -387,15 +405,19 @@ def memory(args) -> None:
 
 
 def main() -> None:
+    global BENCH
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--dir", type=Path, default=BENCH, help=f"where the data lives (default {BENCH})"
     )
     sub = parser.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("prepare")
     p.add_argument("--tokens", type=float, default=52.5e6)
     p = sub.add_parser("throughput")
     p.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--kinds", default="lean,memlean,zstd,memmap,plain")
+    p.add_argument("--kinds", type=kinds, default="lean,memlean,zstd,memmap,plain", help=KINDS_HELP)
     p.add_argument("--batches", type=int, default=3000)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--prefetch", type=int, default=4)
@@ -404,7 +426,9 @@ def main() -> None:
     p.add_argument("--batches", type=int, default=1500)
     p = sub.add_parser("memory")
     p.add_argument("--big-gb", type=float, default=5.0)
-    p.add_argument("--kinds", default="lean,zstd", help="loaders to measure: lean, zstd")
+    p.add_argument(
+        "--kinds", type=kinds, default="lean,zstd", help="loaders to measure: lean, zstd"
+    )
     p.add_argument("--batches-small", type=int, default=3000)
     p.add_argument("--batches-big", type=int, default=12000)
     p.add_argument("--shuffle-buffer", type=int, default=4096)
@@ -417,6 +441,7 @@ def main() -> None:
     p.add_argument("--prefetch", type=int, default=4)
     p.add_argument("--shuffle-buffer", type=int, default=4096)
     args = parser.parse_args()
+    BENCH = args.dir
     {"prepare": prepare, "throughput": throughput, "stages": stages, "memory": memory,
      "_child": child}[args.cmd](args)  # fmt: skip
 

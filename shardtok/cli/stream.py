@@ -155,7 +155,7 @@ def real_tokens(batch: dict) -> int:
 def _decode(args, manifest, batches: list[dict]) -> None:
     from shardtok.convert.tokenizer import BUNDLED, load_tokenizer
 
-    spec = load_tokenizer(args.tokenizer or BUNDLED)
+    spec = load_tokenizer(args.tokenizer or BUNDLED, backend="hf")  # decoding: no tiktoken gate
     recorded = (manifest.tokenizer or {}).get("fingerprint")
     if recorded and recorded != spec.fingerprint:
         message = (

@@ -31,8 +31,9 @@ position in tiktoken. No text was found where that state is reached (Llama 3 has
 pairs; 36k adversarial strings and a 16 MB corpus encode identically), so it is left to the
 probe below and the convert canary, which re-encode text with HF and stop on any difference.
 
-The merge checks cost ~1 s for a 128k vocabulary, so their verdict is cached on disk by
-tokenizer fingerprint. The gate runs once, in the main process; forked workers inherit the
+The merge checks cost ~1 s for a 128k vocabulary, so their verdict can be cached on disk by
+tokenizer fingerprint, in a cache folder the caller names (nothing is cached without one). The
+gate runs once, in the main process; forked workers inherit the
 built encoding.
 """
 
@@ -215,16 +216,13 @@ def _added_tokens(spec: dict) -> dict[str, int]:
     return {t["content"]: int(t["id"]) for t in added}
 
 
-def _cache_path(fingerprint: str) -> Path:
-    root = os.environ.get("SHARDTOK_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "shardtok"
-    )
-    return Path(root) / "tiktoken-gate" / (fingerprint.replace(":", "-") + ".json")
+def _cache_path(cache_dir: str | os.PathLike, fingerprint: str) -> Path:
+    return Path(cache_dir) / "tiktoken-gate" / (fingerprint.replace(":", "-") + ".json")
 
 
-def _cached_merge_verdict(fingerprint: str) -> tuple[bool, str | None] | None:
+def _cached_merge_verdict(path: Path, fingerprint: str) -> tuple[bool, str | None] | None:
     try:
-        data = json.loads(_cache_path(fingerprint).read_text())
+        data = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
     if data.get("gate_version") != GATE_VERSION or data.get("fingerprint") != fingerprint:
@@ -232,8 +230,7 @@ def _cached_merge_verdict(fingerprint: str) -> tuple[bool, str | None] | None:
     return data["ok"], data.get("reason")
 
 
-def _store_merge_verdict(fingerprint: str, ok: bool, reason: str | None) -> None:
-    path = _cache_path(fingerprint)
+def _store_merge_verdict(path: Path, fingerprint: str, ok: bool, reason: str | None) -> None:
     record = {"gate_version": GATE_VERSION, "fingerprint": fingerprint, "ok": ok, "reason": reason}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -241,13 +238,19 @@ def _store_merge_verdict(fingerprint: str, ok: bool, reason: str | None) -> None
         tmp.write_text(json.dumps(record))
         os.replace(tmp, path)
     except OSError:
-        pass  # a read-only home only costs the check next time
+        pass  # a read-only cache folder only costs the check next time
 
 
-def check(backend_json: str, fingerprint: str | None = None) -> TiktokenParts:
+def check(
+    backend_json: str,
+    fingerprint: str | None = None,
+    *,
+    cache_dir: str | os.PathLike | None = None,
+) -> TiktokenParts:
     """The tiktoken construction for this serialized HF tokenizer, or NotEquivalent(reason).
 
-    With a fingerprint, the verdict of the slow merge checks is cached on disk under it.
+    With a fingerprint and a cache_dir, the verdict of the slow merge checks is kept in
+    CACHE_DIR/tiktoken-gate/ under the fingerprint and read back next time.
     """
     spec = json.loads(backend_json)
     if spec.get("normalizer") is not None:
@@ -275,7 +278,8 @@ def check(backend_json: str, fingerprint: str | None = None) -> TiktokenParts:
         raise NotEquivalent(f"{len(missing)} of the 256 bytes have no token (first: {missing[0]})")
     specials = _added_tokens(spec)
 
-    verdict = _cached_merge_verdict(fingerprint) if fingerprint else None
+    cache = _cache_path(cache_dir, fingerprint) if fingerprint and cache_dir else None
+    verdict = _cached_merge_verdict(cache, fingerprint) if cache else None
     if verdict is None:
         try:
             _check_merges(model, vocab)
@@ -284,8 +288,8 @@ def check(backend_json: str, fingerprint: str | None = None) -> TiktokenParts:
             verdict = (True, None)
         except NotEquivalent as exc:
             verdict = (False, str(exc))
-        if fingerprint:
-            _store_merge_verdict(fingerprint, *verdict)
+        if cache:
+            _store_merge_verdict(cache, fingerprint, *verdict)
     if not verdict[0]:
         raise NotEquivalent(verdict[1])
     return TiktokenParts(pattern, ranks, specials)

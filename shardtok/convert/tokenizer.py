@@ -3,10 +3,11 @@
 Loading goes through ``transformers`` (it knows tokenizer folders, added tokens and special-token
 maps for 4.x and 5.x), but the workers only need the Rust ``tokenizers`` backend: the spec handed
 to them is the backend's serialized JSON, which is also what the fingerprint hashes. Encoding with
-the backend's ``encode_batch_fast`` skips the offsets and Python dicts that
-``tokenizer(texts)["input_ids"]`` builds (benchmarks/bench_convert.py measures the difference).
+the backend directly skips the Python dicts that ``tokenizer(texts)["input_ids"]`` builds
+(benchmarks/bench_convert.py measures the difference).
 
-Nothing here downloads: transformers is told to stay offline and to read local files only.
+Nothing here downloads: every transformers call is given ``local_files_only=True`` or a file
+path, so no environment variable has to be set in the caller's process (none is read or written).
 """
 
 from __future__ import annotations
@@ -76,8 +77,6 @@ class TokenizerSpec:
 
 
 def _load_transformers_tokenizer(path: Path):
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     from transformers import PreTrainedTokenizerFast  # 1 s import: only here
 
     try:
@@ -91,7 +90,7 @@ def _load_transformers_tokenizer(path: Path):
 
             tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True, use_fast=True)
         else:
-            tok = PreTrainedTokenizerFast(tokenizer_file=str(path))
+            tok = PreTrainedTokenizerFast(tokenizer_file=str(path))  # a file: no hub lookup
     except Exception as exc:  # transformers raises many types (OSError, ValueError, KeyError...)
         raise TokenizerLoadError(f"cannot load tokenizer from {path}: {exc}") from exc
     if not getattr(tok, "is_fast", False) or getattr(tok, "backend_tokenizer", None) is None:
@@ -130,11 +129,14 @@ def load_tokenizer(
     eos_token: str | None = None,
     bos_token: str | None = None,
     backend: str = "auto",
+    cache_dir: str | os.PathLike | None = None,
 ) -> TokenizerSpec:
     """Load `source` ("bundled", a tokenizer folder or a tokenizer.json) into a worker spec.
 
     `backend`: "hf" encodes with tokenizers; "tiktoken" with tiktoken, or TokenizerLoadError
     naming the condition the tokenizer fails; "auto" takes tiktoken when it qualifies.
+    `cache_dir`: where the tiktoken gate keeps its verdicts by fingerprint
+    (CACHE_DIR/tiktoken-gate/); None keeps nothing on disk and runs the merge checks every time.
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
@@ -165,7 +167,9 @@ def load_tokenizer(
         name = BUNDLED_NAME
     else:
         name = path.name if path.is_dir() else (path.parent.name or path.name)
-    chosen, note = _choose_backend(backend, tok.backend_tokenizer, backend_json, fingerprint)
+    chosen, note = _choose_backend(
+        backend, tok.backend_tokenizer, backend_json, fingerprint, cache_dir
+    )
     return TokenizerSpec(
         name=name,
         backend_json=backend_json,
@@ -181,13 +185,13 @@ def load_tokenizer(
 
 
 def _choose_backend(
-    requested: str, hf_backend, backend_json: str, fingerprint: str
+    requested: str, hf_backend, backend_json: str, fingerprint: str, cache_dir=None
 ) -> tuple[str, str]:
     """Run the tiktoken gate (once, here in the main process) and return (backend, note)."""
     if requested == "hf":
         return "hf", "requested with --tokenizer-backend hf"
     try:
-        encoding = tiktoken_encoding(hf_backend, backend_json, fingerprint)
+        encoding = tiktoken_encoding(hf_backend, backend_json, fingerprint, cache_dir)
     except TokenizerLoadError as exc:
         if requested == "tiktoken":
             raise TokenizerLoadError(
@@ -198,8 +202,11 @@ def _choose_backend(
     return "tiktoken", "same ids as tokenizers: equivalence gate passed, canary on every unit"
 
 
-def tiktoken_encoding(hf_backend, backend_json: str, fingerprint: str):
-    """A tiktoken Encoding giving hf_backend's ids, or TokenizerLoadError saying why not."""
+def tiktoken_encoding(hf_backend, backend_json: str, fingerprint: str, cache_dir=None):
+    """A tiktoken Encoding giving hf_backend's ids, or TokenizerLoadError saying why not.
+
+    `cache_dir` as in :func:`load_tokenizer`.
+    """
     from shardtok.convert import tiktoken_backend as tb
 
     try:
@@ -207,7 +214,7 @@ def tiktoken_encoding(hf_backend, backend_json: str, fingerprint: str):
     except ImportError:
         raise TokenizerLoadError("tiktoken is not installed") from None
     try:
-        parts = tb.check(backend_json, fingerprint)
+        parts = tb.check(backend_json, fingerprint, cache_dir=cache_dir)
     except tb.NotEquivalent as exc:
         raise TokenizerLoadError(str(exc)) from None
     encoding = parts.build(fingerprint)
@@ -244,13 +251,11 @@ def describe_mismatch(hf_ids: list[int], tiktoken_ids: list[int], context: int =
 class BatchEncoder:
     """Encodes lists of texts into one flat token array plus per-document sizes.
 
-    Built from a :class:`TokenizerSpec` inside each worker; never uses the Rust thread pool
-    (each worker process is one core's worth of work, and the pool would oversubscribe). With
-    the tiktoken backend, :meth:`canary` re-encodes a text with tokenizers to compare.
+    Built from a :class:`TokenizerSpec` inside each worker. With the tiktoken backend,
+    :meth:`canary` re-encodes a text with tokenizers to compare.
     """
 
     def __init__(self, spec: TokenizerSpec):
-        os.environ["TOKENIZERS_PARALLELISM"] = "false"
         from tokenizers import Tokenizer
 
         self.spec = spec
@@ -259,8 +264,7 @@ class BatchEncoder:
         self._tokenizer = (
             inherited if inherited is not None else Tokenizer.from_str(spec.backend_json)
         )
-        encode = getattr(self._tokenizer, "encode_batch_fast", None)  # tokenizers >= 0.20
-        self._hf_encode = encode or self._tokenizer.encode_batch
+        self._hf_encode = self._tokenizer.encode
         self._encode_ids = self._hf_ids
         if spec.backend == "tiktoken":
             self._init_tiktoken(spec)
@@ -304,7 +308,14 @@ class BatchEncoder:
         return self._encode_ids(texts)
 
     def _hf_ids(self, texts: list[str]) -> list[list[int]]:
-        return [enc.ids for enc in self._hf_encode(texts, add_special_tokens=False)]
+        # One text per call, never encode_batch(_fast): the batch calls start tokenizers' Rust
+        # thread pool (one thread per core in every worker: cores x workers threads, and a pool
+        # that a later fork of this process must not inherit). Its only off switch is the
+        # TOKENIZERS_PARALLELISM environment variable, which is the caller's, not ours. Single
+        # calls stay on this thread; they cost ~9% more CPU than a serial encode_batch_fast
+        # (they compute offsets), on the hf backend only.
+        encode = self._hf_encode
+        return [encode(text, add_special_tokens=False).ids for text in texts]
 
     def _tiktoken_ids(self, texts: list[str]) -> list[list[int]]:
         return list(map(self._encode_one, texts))

@@ -74,6 +74,18 @@ def test_defaults():
         ["convert", "in.jsonl", "-o", "out", "--no-append-eos", "--compression-level", "none"]
     )
     assert args.append_eos is False and args.compression_level is None
+    assert args.cache_dir is None, "nothing is cached unless asked"
+
+
+def test_cache_dir_keeps_the_gate_verdict(tmp_path):
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"text": "a few words"}\n')
+    cache = tmp_path / "cache"
+    argv = ["convert", str(corpus), "-o", str(tmp_path / "out"), "-q", "--workers", "1"]
+    args = parser().parse_args([*argv, "--cache-dir", str(cache)])
+    assert args.run(args) == 0
+    # The bundled tokenizer fails the merge checks; the refusal is what gets cached.
+    assert len(list((cache / "tiktoken-gate").glob("sha256-*.json"))) == 1
 
 
 def test_sample_corpus_then_convert_through_run(tmp_path, capsys):

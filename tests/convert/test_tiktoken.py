@@ -163,20 +163,30 @@ def test_gate_without_ignore_merges_checks_every_token_encodes_to_itself(tmp_pat
         assert "ignore_merges is false" in str(exc)
 
 
-def test_merge_verdict_is_cached_by_fingerprint(tt_path, tmp_path, monkeypatch):
-    monkeypatch.setenv("SHARDTOK_CACHE_DIR", str(tmp_path / "cache"))
+def test_merge_verdict_is_cached_by_fingerprint(tt_path, tmp_path):
     text = tt_path.read_text()
-    tb.check(text, "sha256:abc")
+    cache = tmp_path / "cache"
+    tb.check(text, "sha256:abc")  # no cache_dir: nothing is kept
+    assert not cache.exists()
+    tb.check(text, "sha256:abc", cache_dir=cache)
     cached = tmp_path / "cache" / "tiktoken-gate" / "sha256-abc.json"
     record = json.loads(cached.read_text())
     assert record["ok"] is True and record["gate_version"] == tb.GATE_VERSION
     # The cache is what is consulted next time: a stored refusal is honoured...
     cached.write_text(json.dumps(dict(record, ok=False, reason="stored refusal")))
     with pytest.raises(tb.NotEquivalent, match="stored refusal"):
-        tb.check(text, "sha256:abc")
+        tb.check(text, "sha256:abc", cache_dir=cache)
+    tb.check(text, "sha256:abc")  # and only when asked for
     # ...but not one written by another gate version.
     cached.write_text(json.dumps(dict(record, ok=False, reason="old", gate_version=0)))
-    tb.check(text, "sha256:abc")
+    tb.check(text, "sha256:abc", cache_dir=cache)
+
+
+def test_load_tokenizer_passes_the_cache_dir_to_the_gate(tt_path, tmp_path):
+    spec = load_tokenizer(str(tt_path), cache_dir=tmp_path / "cache")
+    gate = tmp_path / "cache" / "tiktoken-gate"
+    assert spec.backend == "tiktoken"
+    assert [p.name for p in gate.iterdir()] == [spec.fingerprint.replace(":", "-") + ".json"]
 
 
 @pytest.mark.parametrize("bos_eos", [(False, True), (True, True), (False, False)])

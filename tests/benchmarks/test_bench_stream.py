@@ -1,0 +1,38 @@
+"""benchmarks/bench_stream.py on a tiny dataset, every loader kind, so the script does not rot when
+modules move. No figure is asserted."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "benchmarks" / "bench_stream.py"
+
+
+def _bench(data: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), "--dir", str(data), *args],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)  # fmt: skip
+
+
+def test_every_throughput_kind_runs(tmp_path):
+    sys.path.insert(0, str(REPO))
+    try:
+        from benchmarks.bench_stream import LABELS
+    finally:
+        sys.path.remove(str(REPO))
+    data = tmp_path / "stream"
+    done = _bench(data, "prepare", "--tokens", "1e6")
+    assert done.returncode == 0, done.stderr[-4000:]
+    done = _bench(data, "throughput", "--kinds", ",".join(LABELS), "--workers", "0",
+                  "--batches", "20", "--repeat", "1")  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    for label in LABELS.values():
+        assert f"| {label} | 0 |" in done.stdout
+
+
+def test_an_unknown_kind_stops_before_measuring(tmp_path):
+    done = _bench(tmp_path, "throughput", "--kinds", "lean,window")
+    assert done.returncode == 2 and "KeyError" not in done.stderr
+    assert "unknown kind 'window'" in done.stderr and "'plain'" in done.stderr
