@@ -132,6 +132,10 @@ def child(args) -> None:
     t0 = time.perf_counter()
     workers = args.workers
     extra = {"prefetch_factor": args.prefetch} if workers else {}
+    # ShardLoader's start method; the DataLoader kinds keep the default (fork on Linux <3.14).
+    context = (
+        {"multiprocessing_context": args.start_method} if workers and args.start_method else {}
+    )
     if args.kind == "zstd":
         from shardtok.torch import ShardStreamDataset
 
@@ -143,14 +147,15 @@ def child(args) -> None:
 
         ds = ShardStreamDataset(BENCH / args.data, seq_len=SEQ_LEN, batch_size=BATCH,
                                 shuffle_buffer=args.shuffle_buffer)  # fmt: skip
-        loader = ShardLoader(ds, num_workers=workers, prefetch=args.prefetch)
+        loader = ShardLoader(ds, num_workers=workers, prefetch=args.prefetch, **context)
     elif args.kind == "memlean":
         from shardtok.torch import ShardLoader
         from shardtok.torch.memmap_dataset import MemmapTokenDataset
 
         ds = MemmapTokenDataset(BENCH / "plain", seq_len=SEQ_LEN, num_samples=args.batches * BATCH,
                                 seed=1234, cache_dir=BENCH / "index-cache")  # fmt: skip
-        loader = ShardLoader(ds, batch_size=BATCH, num_workers=workers, prefetch=args.prefetch)
+        loader = ShardLoader(ds, batch_size=BATCH, num_workers=workers, prefetch=args.prefetch,
+                             **context)  # fmt: skip
     elif args.kind == "memmap":
         from shardtok.torch.memmap_dataset import MemmapTokenDataset
 
@@ -268,9 +273,10 @@ def throughput(args) -> None:
     for rep in range(args.repeat):
         for kind in kinds:
             for workers in args.workers:
+                method = {"start_method": args.start_method} if args.start_method else {}
                 r = run_child(kind=kind, workers=workers, batches=args.batches,
                               prefetch=args.prefetch, shuffle_buffer=args.shuffle_buffer,
-                              data="zstd")  # fmt: skip
+                              data="zstd", **method)  # fmt: skip
                 rows.append(r)
                 print(f"[{rep}] {kind:7s} workers={workers}: {r['tokens_per_s'] / 1e6:6.1f} M tok/s, "
                       f"first batch {r['first_batch_s']:.3f} s, main {r['main_cpu_us_per_batch']:.0f} us/b, "
@@ -422,6 +428,8 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--prefetch", type=int, default=4)
     p.add_argument("--shuffle-buffer", type=int, default=4096)
+    p.add_argument("--start-method", choices=["fork", "forkserver", "spawn"],
+                   help="ShardLoader's multiprocessing start method (lean, memlean)")  # fmt: skip
     p = sub.add_parser("stages")
     p.add_argument("--batches", type=int, default=1500)
     p = sub.add_parser("memory")
@@ -440,6 +448,7 @@ def main() -> None:
     p.add_argument("--batches", type=int, required=True)
     p.add_argument("--prefetch", type=int, default=4)
     p.add_argument("--shuffle-buffer", type=int, default=4096)
+    p.add_argument("--start-method", default=None)
     args = parser.parse_args()
     BENCH = args.dir
     {"prepare": prepare, "throughput": throughput, "stages": stages, "memory": memory,

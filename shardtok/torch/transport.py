@@ -48,14 +48,18 @@ def _layout(batch_size: int, seq_len: int) -> tuple[list[tuple[str, int, np.dtyp
 class SlotRing:
     """Worker side: the ring, its allocator, and the packaging of finished batches."""
 
-    def __init__(self, batch_size: int, seq_len: int, slots: int = DEFAULT_SLOTS):
+    def __init__(
+        self, batch_size: int, seq_len: int, slots: int = DEFAULT_SLOTS, fd: int | None = None
+    ):
         if not 1 <= slots < _ACK:
             raise ValueError(f"slots must lie in [1, {_ACK - 1}]")
         self.batch_size, self.seq_len, self.slots = batch_size, seq_len, slots
         self.fields, self.slot_bytes = _layout(batch_size, seq_len)
         self.size = _HEADER + slots * self.slot_bytes
-        self.fd = os.memfd_create("shardtok-batches", os.MFD_CLOEXEC)
-        os.ftruncate(self.fd, self.size)
+        if fd is None:
+            fd = os.memfd_create("shardtok-batches", os.MFD_CLOEXEC)
+            os.ftruncate(fd, self.size)
+        self.fd = fd
         self.mm = mmap.mmap(self.fd, self.size)
         self.control = np.frombuffer(self.mm, dtype=np.uint8, count=_HEADER)
         self.name = os.urandom(12).hex()  # identifies this ring in the main process's cache
@@ -66,6 +70,13 @@ class SlotRing:
     @staticmethod
     def supported() -> bool:
         return hasattr(os, "memfd_create")
+
+    def __reduce__(self):
+        # A ShardLoader makes its workers' rings before starting them. A forked worker inherits
+        # the mapping; a spawned or forkserver one gets this pickle, and DupFd is how the
+        # standard library hands a descriptor to a child it starts (as for its Connections
+        # and shared ctypes): the child maps the same memory.
+        return _attach_ring, (self.batch_size, self.seq_len, self.slots, DupFd(self.fd))
 
     def allocate(self, batch_size: int, seq_len: int) -> dict[str, np.ndarray]:
         """The batcher's allocator: arrays in a free slot, or ordinary arrays if none is free."""
@@ -107,6 +118,12 @@ class SlotRing:
 
     def release(self, slot: int) -> None:
         self.control[slot] = FREE
+
+
+def _attach_ring(batch_size: int, seq_len: int, slots: int, fd) -> SlotRing:
+    received = fd.detach()
+    os.set_inheritable(received, False)  # spawn passed it inheritable; the ring's own is not
+    return SlotRing(batch_size, seq_len, slots, fd=received)
 
 
 class _SlotBatch:

@@ -7,11 +7,19 @@ feeder thread, locks and pickling. With workers that do nothing at all it costs 
 8 x 2048 batches, which leaves the workers too little CPU to build them.
 
 How (``worker_pool.py``): each worker builds batches in a shared-memory slot ring created before
-the fork and sends one small message per batch through its own pipe: the slot and its position
-after that batch. A worker runs at most `prefetch` batches ahead of what the main process has
-taken from it. Here: batches are taken round-robin from the workers that still have batches,
-which is the DataLoader's order, so both loaders yield the same stream, and ``state_dict()`` is
-the position of the last batch taken from each worker.
+the worker starts and sends one small message per batch through its own pipe: the slot and its
+position after that batch (the whole batch, pickled, without shared memory). It runs under every
+start method: the ring, pipes and semaphores come from the loader's multiprocessing context and
+reach a spawned or forkserver worker as its arguments. A worker runs at most `prefetch` batches
+ahead of what the main process has taken from it. Here: batches are taken round-robin from the
+workers that still have batches, which is the DataLoader's order, so both loaders yield the same
+stream, and ``state_dict()`` is the position of the last batch taken from each worker.
+
+Private DataLoader attributes used: none. The loader is a DataLoader subclass only so that code
+checking ``isinstance(loader, DataLoader)`` accepts it; it reads the public attributes the
+constructor sets (``num_workers``, ``batch_size``, ``sampler``, ``drop_last``, ``pin_memory``,
+``timeout``, ``persistent_workers``, ``multiprocessing_context``), never calls the DataLoader's
+iterator, and keeps its own workers and positions, so no private hook is needed.
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, SequentialSampler
 
-from shardtok.errors import ResumeStateError, ShardtokError
+from shardtok.errors import ResumeStateError
 from shardtok.stream.resume.saved import MergedState, Placement, WorkerState
 from shardtok.torch.dataset import ShardStreamDataset
 from shardtok.torch.distributed import data_parallel_rank
@@ -38,12 +46,6 @@ from shardtok.torch.transport import SlotRing, to_tensors
 DEFAULT_PREFETCH = 4
 
 
-_NOT_LEAN = (
-    "this ShardLoader runs the DataLoader's own workers (a start method other than fork, or "
-    "shared_memory=False): checkpoint it with torchdata's StatefulDataLoader instead"
-)
-
-
 class ShardLoader(DataLoader):
     """``DataLoader(dataset, batch_size=None, ...)`` for a ``ShardStreamDataset``, or
     ``DataLoader(dataset, batch_size=B, sampler=..., collate_fn=dataset.collate, ...)`` for a
@@ -53,8 +55,9 @@ class ShardLoader(DataLoader):
     `prefetch` is how many batches each worker may build ahead (the DataLoader's
     ``prefetch_factor``). ``state_dict()``/``load_state_dict()`` save and restore the position
     of every worker (what ``StatefulDataLoader`` does for a plain DataLoader); the saved state
-    is plain data. With another start method than ``fork``, with ``shared_memory=False`` or
-    without ``memfd`` the DataLoader's own worker machinery runs instead (same batches).
+    is plain data. Every start method (``multiprocessing_context``: fork, forkserver, spawn)
+    runs the same workers and resumes the same way; with ``shared_memory=False`` or without
+    ``memfd`` the batches travel pickled through the workers' pipes (slower, same states).
     """
 
     def __init__(
@@ -113,14 +116,13 @@ class ShardLoader(DataLoader):
 
     @property
     def lean(self) -> bool:
-        """Whether batches come through shardtok's hand-over (else the DataLoader's queues)."""
-        context = self.multiprocessing_context or multiprocessing.get_context()
-        return (
-            self.num_workers > 0
-            and context.get_start_method() == "fork"
-            and self.dataset.shared_memory  # type: ignore[attr-defined]
-            and SlotRing.supported()
-        )
+        """Whether batches come through shardtok's own workers (always, when there are any)."""
+        return self.num_workers > 0
+
+    @property
+    def zero_copy(self) -> bool:
+        """Whether workers hand batches over in shared memory (else pickled through a pipe)."""
+        return self.dataset.shared_memory and SlotRing.supported()  # type: ignore[attr-defined]
 
     # -- iteration ------------------------------------------------------------------------
     def __iter__(self):
@@ -129,8 +131,6 @@ class ShardLoader(DataLoader):
         dataset: ShardStreamDataset = self.dataset  # type: ignore[assignment]
         if self.num_workers == 0:
             return self._pinned(iter(dataset))
-        if not self.lean:
-            return super().__iter__()
         options = dataset.options
         states, first = self._resume or ([None] * self.num_workers, 0)
         if self._resume is None and dataset._pending_state is not None:
@@ -140,8 +140,6 @@ class ShardLoader(DataLoader):
 
     def _iter_memmap(self):
         dataset: MemmapTokenDataset = self.dataset  # type: ignore[assignment]
-        if self.num_workers and not self.lean:
-            return super().__iter__()
         order = self._epoch_order()  # the sampler is drawn once per epoch, as by a DataLoader
         taken, first = self._resume or ([{"taken": 0}] * max(self.num_workers, 1), 0)
         states = [{"order": order, "taken": t["taken"]} for t in taken]
@@ -153,7 +151,7 @@ class ShardLoader(DataLoader):
 
     def _memmap_in_process(self, source: MemmapBatchSource, state: dict):
         ring = None
-        if self.dataset.shared_memory and SlotRing.supported():  # type: ignore[attr-defined]
+        if self.zero_copy:
             if self._inline_ring is None:  # one per loader, kept across epochs
                 self._inline_ring = SlotRing(self.batch_size, source.dataset.seq_len)  # type: ignore[arg-type]
             ring = source._ring = self._inline_ring
@@ -173,8 +171,9 @@ class ShardLoader(DataLoader):
         if self._workers is None or not self._workers.alive():
             context = self.multiprocessing_context or multiprocessing.get_context()
             self._workers = WorkerPool(
-                source, self.num_workers, self.prefetch, context, batch_size, seq_len
-            )
+                source, self.num_workers, self.prefetch, context, batch_size, seq_len,
+                shared=self.zero_copy,
+            )  # fmt: skip
         self._resume = None
         self._active = _LeanIterator(self, self._workers, states, first)
         return self._active
@@ -199,9 +198,7 @@ class ShardLoader(DataLoader):
         if self._memmap:
             return self._memmap_state()
         dataset: ShardStreamDataset = self.dataset  # type: ignore[assignment]
-        if self.num_workers == 0 or not self.lean:
-            if self.num_workers:
-                raise ShardtokError(_NOT_LEAN)
+        if self.num_workers == 0:
             return loader_state(0, 0, [dataset.state_dict()])
         epoch, streams, first = self._positions(dataset.epoch, dataset._pending_state)
         rank, world_size = data_parallel_rank(dataset.rank, dataset.world_size)
@@ -240,8 +237,6 @@ class ShardLoader(DataLoader):
     def _memmap_state(self) -> dict:
         """Per worker, how many of its batches were taken (the epoch's order is the sampler's,
         rebuilt on resume: call the sampler's ``set_epoch`` as before)."""
-        if self.num_workers and not self.lean:
-            raise ShardtokError(_NOT_LEAN)
         if self.num_workers == 0 and self._resume is None:
             taken, first = [{"taken": self._inline.taken if self._inline else 0}], 0
         else:
@@ -274,15 +269,11 @@ class ShardLoader(DataLoader):
                 "load merge_states(...) into the dataset to change the layout"
             )
         if self._memmap:
-            if self.num_workers and not self.lean:
-                raise ShardtokError(_NOT_LEAN)
             self._resume = ([{"taken": int(w["taken"])} for w in workers], state["next_worker"])
             return
         if self.num_workers == 0:
             dataset.load_state_dict(workers[0])
             return
-        if not self.lean:
-            raise ShardtokError(_NOT_LEAN)
         saved = [dataset.parse_state(w) for w in workers]
         for w, s in enumerate(saved):
             if isinstance(s, WorkerState) and s.placement.worker != w:

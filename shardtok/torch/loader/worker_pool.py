@@ -1,12 +1,18 @@
 """The worker side of ``ShardLoader``: worker processes and the hand-over protocol.
 
-Per worker: a slot ring (shared memory made before the fork), a result pipe (worker -> main:
+Per worker: a slot ring (shared memory made before the worker starts, None without shared
+memory), a result pipe (worker -> main:
 ``("slot", slot, cu_len, extras, position)``, ``("arrays", batch, position)`` when every slot is
 held, ``("end", position)``, ``("stopped",)``, ``("error", pickled exception, traceback)``), a
 command pipe (main -> worker: ``("start", state)``, ``("exit", None)``), a semaphore of credits
 (one per batch the worker may build ahead) and a stop flag. A worker serves any source with
 ``_worker_slot``, ``_ring`` and ``_start_stream(state) -> (stream, ring)``: a
 ``ShardStreamDataset`` or a ``MemmapBatchSource``.
+
+Every piece is made from the loader's multiprocessing context and travels to the worker as a
+``Process`` argument, so the protocol is the same under ``fork``, ``forkserver`` and ``spawn``:
+a forked worker inherits the objects; a spawned or forkserver one gets them pickled (the source
+by value, the ring, pipes, semaphore and flag as descriptors or names of the same memory).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import traceback
 import numpy as np
 import torch
 
+from shardtok._process import process_alive
 from shardtok.errors import ShardtokError
 from shardtok.stream.batch import BATCH_KEYS
 from shardtok.torch.transport import SlotRing, _slot_tensors, to_tensors
@@ -32,17 +39,30 @@ class LoaderWorkerError(ShardtokError):
 class WorkerPool:
     """The worker processes of one loader: their rings, pipes, credits and stop flags."""
 
-    def __init__(self, source, count: int, prefetch: int, context, batch_size: int, seq_len: int):
+    def __init__(
+        self,
+        source,
+        count: int,
+        prefetch: int,
+        context,
+        batch_size: int,
+        seq_len: int,
+        shared: bool = True,
+    ):
         slots = min(2 * prefetch + 2, 62)  # room for the batches a caller still holds
-        self.rings = [SlotRing(batch_size, seq_len, slots) for _ in range(count)]
+        # Without shared memory (shared_memory=False, or no memfd) every batch travels pickled
+        # through the worker's pipe: slower, but the same protocol, positions and states.
+        self.rings: list[SlotRing | None] = [
+            SlotRing(batch_size, seq_len, slots) if shared else None for _ in range(count)
+        ]
         self.prefetch = prefetch
         self.credits = [context.Semaphore(0) for _ in range(count)]
         self.stops = [context.RawValue("b", 0) for _ in range(count)]
         self.results, self.commands, self.processes = [], [], []
         self.owner = parent = os.getpid()
         for w in range(count):
-            # Made just before this worker's fork and closed here right after it, a result
-            # pipe's sending end lives in its worker alone: the worker's death is an EOF.
+            # Made just before this worker starts and closed here right after, a result pipe's
+            # sending end lives in its worker alone: the worker's death is an EOF.
             result_in, result_out = context.Pipe(duplex=False)
             command_in, command_out = context.Pipe(duplex=False)
             process = context.Process(
@@ -110,7 +130,9 @@ class WorkerPool:
             return None, message[1]
         if kind == "slot":
             _, slot, cu_len, extras, position = message
-            batch = _slot_tensors(self.rings[worker], slot, cu_len, extras)
+            ring = self.rings[worker]
+            assert ring is not None  # a worker sends slots only when it has a ring
+            batch = _slot_tensors(ring, slot, cu_len, extras)
         else:
             _, arrays, position = message
             batch = to_tensors(arrays)
@@ -126,7 +148,7 @@ class WorkerPool:
         while True:
             message = self.receive(worker, timeout)
             if message[0] == "slot":
-                self.rings[worker].release(message[1])
+                self.rings[worker].release(message[1])  # type: ignore[union-attr]
             elif message[0] != "arrays":
                 return
 
@@ -176,7 +198,7 @@ def _worker_main(
     dataset,
     worker: int,
     count: int,
-    ring: SlotRing,
+    ring: SlotRing | None,
     out,
     commands,
     credits,
@@ -186,25 +208,33 @@ def _worker_main(
     torch.set_num_threads(1)
     dataset._worker_slot = (worker, count)
     dataset._ring = ring
+    # The main process is `parent`, but a forkserver worker's parent is the fork server: the
+    # main process is gone when its pid is, or when this worker was handed to init (a fork or
+    # spawn worker whose main process exited; a fork server exits with its main process).
+    ppid = os.getppid()
+
+    def orphaned() -> bool:
+        return os.getppid() != ppid or not process_alive(parent)
+
     try:
         while True:
             while not commands.poll(LIVENESS_S):
-                if os.getppid() != parent:
+                if orphaned():
                     return
             kind, state = commands.recv()
             if kind == "exit":
                 return
-            _run_epoch(dataset, ring, state, out, credits, stop, parent)
+            _run_epoch(dataset, ring, state, out, credits, stop, orphaned)
     except (KeyboardInterrupt, EOFError, BrokenPipeError):
         return
 
 
-def _run_epoch(dataset, ring: SlotRing, state, out, credits, stop, parent: int) -> None:
+def _run_epoch(dataset, ring: SlotRing | None, state, out, credits, stop, orphaned) -> None:
     try:
         stream, _ = dataset._start_stream(state)
         while True:
             while not credits.acquire(timeout=LIVENESS_S):
-                if os.getppid() != parent:
+                if orphaned():
                     return
             if stop.value:
                 out.send(("stopped",))
@@ -214,7 +244,7 @@ def _run_epoch(dataset, ring: SlotRing, state, out, credits, stop, parent: int) 
             except StopIteration:
                 out.send(("end", stream.state_dict()))
                 return
-            slot = ring.take_slot()
+            slot = ring.take_slot() if ring is not None else None
             position = stream.state_dict()
             if slot is None:  # every slot still held by the caller: ordinary memory, pickled
                 out.send(("arrays", {k: np.asarray(v) for k, v in batch.items()}, position))

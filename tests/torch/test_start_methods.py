@@ -1,0 +1,156 @@
+"""ShardLoader under every start method: fork, forkserver and spawn give the DataLoader's batches
+and resume exactly from a saved state.
+
+Spawned and forkserver workers import this module's objects by reference, so the datasets here
+are made from paths and plain arguments only. Each method's runs share module-scoped data.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+from torch.utils.data.distributed import DistributedSampler
+
+from shardtok.testing.synthetic import write_synthetic_dataset
+from shardtok.torch import ShardLoader, ShardStreamDataset
+from shardtok.torch.memmap_dataset import MemmapTokenDataset
+
+METHODS = ["fork", "forkserver", "spawn"]
+OPTIONS = dict(seq_len=63, batch_size=4, shuffle_buffer=40, seed=5)
+
+
+def copies(batches):
+    """Batches detached from their shared-memory slots."""
+    return [{k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in b.items()} for b in batches]  # fmt: skip
+
+
+def assert_same(got, want):
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        assert set(a) == set(b)
+        for key in b:
+            if isinstance(b[key], torch.Tensor):
+                assert a[key].dtype == b[key].dtype and torch.equal(a[key], b[key]), key
+            else:
+                assert a[key] == b[key], key
+
+
+def resumed_run(make_loader, stop_at: int):
+    """The first `stop_at` batches, then the rest from a new loader given the saved state."""
+    loader = make_loader()
+    it = iter(loader)
+    first = copies(next(it) for _ in range(stop_at))
+    state = json.loads(json.dumps(loader.state_dict()))  # plain data
+    it.close()
+    resumed = make_loader()
+    resumed.load_state_dict(state)
+    return first + copies(resumed), state
+
+
+# -- the streaming path ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def stream_reference(torch_stream_dataset):
+    """Epochs 0 and 1 as a forked DataLoader with two workers yields them."""
+    out = {}
+    for epoch in (0, 1):
+        ds = ShardStreamDataset(torch_stream_dataset, **OPTIONS)
+        ds.set_epoch(epoch)
+        out[epoch] = copies(DataLoader(ds, batch_size=None, num_workers=2))
+    return out
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_the_dataloader_batches_under_each_start_method(torch_stream_dataset, method):
+    def batches(loader_type, **kwargs):
+        ds = ShardStreamDataset(torch_stream_dataset, **OPTIONS)
+        return copies(loader_type(ds, num_workers=2, multiprocessing_context=method, **kwargs))
+
+    want = batches(DataLoader, batch_size=None)
+    assert len(want) > 20
+    assert_same(batches(ShardLoader), want)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_state_dict_resumes_exactly_under_each_start_method(
+    torch_stream_dataset, stream_reference, method
+):
+    def make():
+        ds = ShardStreamDataset(torch_stream_dataset, **OPTIONS)
+        return ShardLoader(ds, num_workers=2, multiprocessing_context=method)
+
+    got, state = resumed_run(make, stop_at=7)
+    assert state["num_workers"] == 2 and state["next_worker"] == 1
+    assert_same(got, stream_reference[0])
+
+
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_persistent_workers_follow_set_epoch_under_each_start_method(
+    torch_stream_dataset, stream_reference, method
+):
+    """The epoch lives in shared memory that a spawned worker receives at its start."""
+    ds = ShardStreamDataset(torch_stream_dataset, **OPTIONS)
+    loader = ShardLoader(ds, num_workers=2, persistent_workers=True,
+                         multiprocessing_context=method)  # fmt: skip
+    assert_same(copies(loader), stream_reference[0])
+    pids = [p.pid for p in loader._workers.processes]
+    ds.set_epoch(1)
+    assert_same(copies(loader), stream_reference[1])
+    assert [p.pid for p in loader._workers.processes] == pids
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_without_shared_memory_batches_are_pickled_and_still_resume(
+    torch_stream_dataset, stream_reference, method
+):
+    def make():
+        ds = ShardStreamDataset(torch_stream_dataset, **OPTIONS, shared_memory=False)
+        return ShardLoader(ds, num_workers=2, multiprocessing_context=method)
+
+    assert not make().zero_copy
+    got, _ = resumed_run(make, stop_at=5)
+    assert_same(got, stream_reference[0])
+
+
+# -- the memmap path -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory):
+    path = tmp_path_factory.mktemp("plain-start-methods")
+    write_synthetic_dataset(
+        path, num_tokens=40_000, vocab_size=100_000, mean_length=120, shard_size=9000,
+        frame_size=3000, compression_level=None,
+    )  # fmt: skip
+    return path
+
+
+def memmap_loader(path, num_workers: int, method: str | None = None) -> ShardLoader:
+    ds = MemmapTokenDataset(path, seq_len=31, num_samples=203, seed=2)
+    sampler = DistributedSampler(ds, num_replicas=2, rank=1, shuffle=True, seed=3)
+    sampler.set_epoch(4)
+    return ShardLoader(ds, batch_size=4, sampler=sampler, num_workers=num_workers,
+                       multiprocessing_context=method)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def memmap_reference(plain):
+    """In process: the memmap batches do not depend on the number of workers."""
+    ds = MemmapTokenDataset(plain, seq_len=31, num_samples=203, seed=2)
+    sampler = DistributedSampler(ds, num_replicas=2, rank=1, shuffle=True, seed=3)
+    sampler.set_epoch(4)
+    want = copies(DataLoader(ds, batch_size=4, sampler=sampler, collate_fn=ds.collate))
+    assert_same(copies(memmap_loader(plain, 0)), want)
+    return want
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_memmap_batches_and_resume_under_each_start_method(plain, memmap_reference, method):
+    assert_same(copies(memmap_loader(plain, 2, method)), memmap_reference)
+    got, state = resumed_run(lambda: memmap_loader(plain, 2, method), stop_at=7)
+    assert state["workers"] == [{"taken": 4}, {"taken": 3}] and state["next_worker"] == 1
+    assert_same(got, memmap_reference)
