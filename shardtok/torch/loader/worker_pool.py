@@ -59,6 +59,7 @@ class WorkerPool:
         self.credits = [context.Semaphore(0) for _ in range(count)]
         self.stops = [context.RawValue("b", 0) for _ in range(count)]
         self.results, self.commands, self.processes = [], [], []
+        self._shut_down = False
         self.owner = parent = os.getpid()
         for w in range(count):
             # Made just before this worker starts and closed here right after, a result pipe's
@@ -159,8 +160,12 @@ class WorkerPool:
         self.shutdown()
 
     def shutdown(self) -> None:
-        if os.getpid() != self.owner:  # a forked copy (collected in a child): not ours to end
+        # Once only: a collection during shutdown can run an iterator's or a loader's __del__
+        # that shuts this pool down again, and a pipe closed twice closes whatever descriptor
+        # took its number meanwhile.
+        if os.getpid() != self.owner or self._shut_down:  # not ours (a forked copy), or done
             return
+        self._shut_down = True
         for w, process in enumerate(self.processes):
             if process.is_alive():
                 try:
@@ -176,7 +181,7 @@ class WorkerPool:
                 process.join()
         for conn in self.results + self.commands:
             conn.close()
-        self.processes = []
+        self.processes, self.results, self.commands = [], [], []
 
 
 def raise_worker_error(worker: int, message: tuple) -> None:
