@@ -9,6 +9,7 @@ from shardtok.errors import (
     ResumeStateError,
     ShardtokError,
     StorageError,
+    TokenizerMismatchError,
 )
 
 __version__ = "0.1.0"
@@ -19,5 +20,6 @@ __all__ = [
     "ResumeStateError",
     "ShardtokError",
     "StorageError",
+    "TokenizerMismatchError",
     "__version__",
 ]

@@ -35,6 +35,32 @@ class RangeSource(Protocol):
     def read_range(self, offset: int, length: int) -> bytes: ...
 
 
+class PathSource:
+    """A local file path as a ``RangeSource``, for ``ShardReader(path)``.
+
+    Only a plain path: where bytes live (``file://``, URLs, percent-decoding, caching) is decided
+    in ``shardtok.storage.location``, which this layer does not import."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = os.fspath(path)
+        if "://" in self.path:
+            raise ValueError(
+                f"{self.path}: a URL, not a local path; open it with "
+                "shardtok.storage.open_source(url) and pass that"
+            )
+        self._file = open(self.path, "rb")  # noqa: SIM115 - kept open; missing: the OS error
+        self.size = os.fstat(self._file.fileno()).st_size
+
+    def read_range(self, offset: int, length: int) -> bytes:
+        return os.pread(self._file.fileno(), length, offset)  # no shared file offset to move
+
+    def __getstate__(self) -> dict:
+        return {"path": self.path}  # an open file does not cross processes: reopen by path
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["path"])
+
+
 @dataclass(frozen=True)
 class ShardHead:
     meta: ShardMeta
@@ -163,12 +189,11 @@ def _frame_range(meta: ShardMeta, start: int, stop: int) -> range:
 class ShardReader:
     """Random access to the documents of one shard, reading only the frames it needs."""
 
-    def __init__(self, source: RangeSource, name: str | None = None):
+    def __init__(self, source: RangeSource | str | os.PathLike, name: str | None = None):
+        """`source`: a local file path, or any ``RangeSource`` (for a URL or a cached file,
+        ``shardtok.storage.open_source(url)``)."""
         if isinstance(source, (str, os.PathLike)):
-            raise TypeError(
-                "ShardReader reads a RangeSource; open a path or URL with "
-                "shardtok.storage.open_source first"
-            )
+            source = PathSource(source)
         self.source = source
         self.where = name or str(
             getattr(self.source, "path", None) or getattr(self.source, "url", "shard")

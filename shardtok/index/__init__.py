@@ -6,31 +6,16 @@
   and the Nanoset epoch order.
 """
 
-from shardtok.index.blending import (
-    build_blending_indices,
-    exact_weights,
-    nanoset_blended_order,
-)
-from shardtok.index.cache import cached_gpt_indices, gpt_indices_cache_key
-from shardtok.index.gpt import (
-    GptIndices,
-    build_document_index,
-    build_gpt_indices,
-    build_sample_idx,
-    build_shuffle_index,
-    num_epochs_for,
-)
+from shardtok.index.blending import build_blending_indices, exact_weights, nanoset_blended_order
+from shardtok.index.cache import cached_gpt_indices
+from shardtok.index.gpt import GptIndices, build_gpt_indices, build_sample_idx
 
 __all__ = [
     "GptIndices",
     "build_blending_indices",
-    "build_document_index",
     "build_gpt_indices",
     "build_sample_idx",
-    "build_shuffle_index",
     "cached_gpt_indices",
     "exact_weights",
-    "gpt_indices_cache_key",
     "nanoset_blended_order",
-    "num_epochs_for",
 ]

@@ -10,49 +10,21 @@ streams or byte ranges, with retries that lose no byte, and an optional bounded 
 See docs/STORAGE.md. This layer knows nothing of shards.
 """
 
-from shardtok.storage.base import (
-    DEFAULT_BLOCK_SIZE,
-    AccessDeniedError,
-    ByteSource,
-    ObjectNotFoundError,
-    ReadStream,
-)
+from shardtok.storage.base import AccessDeniedError, ByteSource, ObjectNotFoundError
 from shardtok.storage.cache import CachedSource, LocalCache
-from shardtok.storage.local import LocalSource
-from shardtok.storage.location import (
-    Location,
-    display_url,
-    is_local,
-    join_url,
-    local_path,
-    protocol_of,
-)
-from shardtok.storage.prefetch import Prefetcher
-from shardtok.storage.readahead import BlockStream
-from shardtok.storage.remote import RemoteSource
+from shardtok.storage.location import Location
 from shardtok.storage.retry import RetryPolicy
 from shardtok.storage.source import exists, open_source, read_bytes
 
 __all__ = [
-    "DEFAULT_BLOCK_SIZE",
     "AccessDeniedError",
-    "BlockStream",
     "ByteSource",
     "CachedSource",
     "LocalCache",
-    "LocalSource",
     "Location",
     "ObjectNotFoundError",
-    "Prefetcher",
-    "ReadStream",
-    "RemoteSource",
     "RetryPolicy",
-    "display_url",
     "exists",
-    "is_local",
-    "join_url",
-    "local_path",
     "open_source",
-    "protocol_of",
     "read_bytes",
 ]

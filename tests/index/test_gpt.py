@@ -12,16 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardtok.errors import CorruptShardError
-from shardtok.index import (
-    build_document_index,
-    build_gpt_indices,
-    build_sample_idx,
-    build_shuffle_index,
-    cached_gpt_indices,
-    gpt_indices_cache_key,
-)
+from shardtok.index import build_gpt_indices, build_sample_idx, cached_gpt_indices
 from shardtok.index import cache as cache_module
 from shardtok.index import gpt as gpt_module
+from shardtok.index.cache import gpt_indices_cache_key
+from shardtok.index.gpt import build_document_index, build_shuffle_index
 from tests.helpers.index_data import megatron_gpt_dataset, random_sizes, write_megatron_pair
 
 with warnings.catch_warnings():

@@ -13,18 +13,9 @@ import fsspec
 import pytest
 
 from shardtok.errors import StorageError
-from shardtok.storage import (
-    LocalSource,
-    ObjectNotFoundError,
-    RetryPolicy,
-    display_url,
-    exists,
-    join_url,
-    local_path,
-    open_source,
-    read_bytes,
-)
-from shardtok.storage.location import protocol_of
+from shardtok.storage import ObjectNotFoundError, RetryPolicy, exists, open_source, read_bytes
+from shardtok.storage.local import LocalSource
+from shardtok.storage.location import display_url, join_url, local_path, protocol_of
 
 
 @pytest.fixture

@@ -13,13 +13,13 @@ from shardtok.errors import StorageError
 from shardtok.storage import (
     AccessDeniedError,
     ObjectNotFoundError,
-    Prefetcher,
-    RemoteSource,
     RetryPolicy,
     exists,
     open_source,
     read_bytes,
 )
+from shardtok.storage.prefetch import Prefetcher
+from shardtok.storage.remote import RemoteSource
 from tests.helpers.fault_proxy import fault_proxy  # noqa: F401
 from tests.helpers.servers import Nginx, SeaweedS3, http_server, s3_server  # noqa: F401
 

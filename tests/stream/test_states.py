@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from shardtok.errors import ResumeStateError
-from shardtok.stream import merge_states, state as envelope
+from shardtok.stream import merge_states
+from shardtok.stream import state as envelope
 from shardtok.stream.nodes import ArrayDocuments, Batcher, ConcatPacker, GreedyPacker
 from shardtok.stream.nodes.base import take
 from shardtok.stream.resume.saved import parse_saved

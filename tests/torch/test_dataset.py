@@ -161,3 +161,29 @@ def test_rank_comes_from_torch_distributed_when_initialised(dataset):
         assert ds.plan(2).world_size == 1
     finally:
         torch.distributed.destroy_process_group()
+
+
+@pytest.mark.parametrize("loader", ["dataloader", "shardloader"])
+def test_dataset_state_in_the_main_process_while_workers_stream_is_refused(dataset, loader):
+    """Lightning-style `ds.state_dict()` with workers: never a silent restart at batch 0."""
+    from shardtok.errors import ResumeStateError
+    from shardtok.torch import ShardLoader
+
+    ds = ShardStreamDataset(dataset, **OPTIONS)
+    if loader == "dataloader":
+        it = iter(DataLoader(ds, batch_size=None, num_workers=2))
+    else:
+        it = iter(ShardLoader(ds, num_workers=2))
+    next(it)
+    with pytest.raises(ResumeStateError, match="position lives in the workers. Checkpoint the"):
+        ds.state_dict()
+    del it
+    # in process the dataset holds its own position, and a state loaded in the main process
+    # is its position until the next iteration
+    single = ShardStreamDataset(dataset, **OPTIONS)
+    batches = iter(single)
+    next(batches)
+    state = single.state_dict()
+    assert state["kind"] == "dataset" and state["stream"]["batcher"]["batches"] == 1
+    ds.load_state_dict(state)
+    assert ds.state_dict() == state

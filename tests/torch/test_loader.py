@@ -17,6 +17,7 @@ from shardtok.stream import merge_states
 from shardtok.testing.synthetic import write_synthetic_dataset
 from shardtok.torch import LoaderWorkerError, ShardLoader, ShardStreamDataset, dataset_states
 from shardtok.torch.memmap_dataset import MemmapTokenDataset
+from tests.helpers.batches import assert_same, copies
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker")
 OPTIONS = dict(seq_len=63, batch_size=4, shuffle_buffer=40, seed=5)
@@ -27,26 +28,10 @@ def dataset(torch_stream_dataset):
     return torch_stream_dataset
 
 
-def copies(batches):
-    """Batches detached from their shared-memory slots."""
-    return [{k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in b.items()} for b in batches]  # fmt: skip
-
-
 def reference(path, num_workers, epoch=0, **overrides):
     ds = ShardStreamDataset(path, **{**OPTIONS, **overrides})
     ds.set_epoch(epoch)
     return copies(DataLoader(ds, batch_size=None, num_workers=num_workers))
-
-
-def assert_same(got, want):
-    assert len(got) == len(want)
-    for a, b in zip(got, want):
-        assert set(a) == set(b)
-        for key in b:
-            if isinstance(b[key], torch.Tensor):
-                assert a[key].dtype == b[key].dtype and torch.equal(a[key], b[key]), key
-            else:
-                assert a[key] == b[key], key
 
 
 @pytest.mark.parametrize("num_workers", [0, 1, 2, 3])

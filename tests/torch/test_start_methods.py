@@ -10,32 +10,16 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
 from shardtok.testing.synthetic import write_synthetic_dataset
 from shardtok.torch import ShardLoader, ShardStreamDataset
 from shardtok.torch.memmap_dataset import MemmapTokenDataset
+from tests.helpers.batches import assert_same, copies
 
 METHODS = ["fork", "forkserver", "spawn"]
 OPTIONS = dict(seq_len=63, batch_size=4, shuffle_buffer=40, seed=5)
-
-
-def copies(batches):
-    """Batches detached from their shared-memory slots."""
-    return [{k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in b.items()} for b in batches]  # fmt: skip
-
-
-def assert_same(got, want):
-    assert len(got) == len(want)
-    for a, b in zip(got, want):
-        assert set(a) == set(b)
-        for key in b:
-            if isinstance(b[key], torch.Tensor):
-                assert a[key].dtype == b[key].dtype and torch.equal(a[key], b[key]), key
-            else:
-                assert a[key] == b[key], key
 
 
 def resumed_run(make_loader, stop_at: int):
