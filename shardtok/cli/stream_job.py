@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from shardtok.cli.stream_args import mix_from, options_from
 from shardtok.errors import ShardtokError
 from shardtok.storage.dataset import DatasetSource
-from shardtok.stream.factory import StreamSetup
+from shardtok.stream.factory import StreamSetup, check_stream_state
 from shardtok.stream.nodes.base import PlacedStream
 from shardtok.stream.resume.fingerprint import check_fingerprint
 from shardtok.stream.resume.merge import merge_worker_states
@@ -54,7 +54,10 @@ class StreamJob:
         """Continue from one rank's state file in the same layout (exact), or from the files of
         ALL ranks of another layout (elastic: merge_states, see docs/STREAMING.md)."""
         mixed = self.mix is not None
-        saved = [load_state_file(path, self.options, mixed=mixed) for path in paths]
+        saved = [
+            load_state_file(path, self.options, mixed=mixed, check_state=check_stream_state)
+            for path in paths
+        ]
         for path, doc in zip(paths, saved, strict=True):
             problems = check_fingerprint(doc.fingerprint, self.fingerprint, strict=strict)
             for problem in problems:

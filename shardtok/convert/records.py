@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from shardtok.convert.inputs import InputFile
-from shardtok.convert.units import Piece
+from shardtok.convert.units import InputRange
 
 # Reject reasons (stable names: they appear in rejects.jsonl and the manifest).
 INVALID_JSON = "invalid_json"
@@ -47,7 +47,7 @@ def _open_stream(file: InputFile):
     return raw
 
 
-def _lines(file: InputFile, piece: Piece) -> Iterator[bytes]:
+def _lines(file: InputFile, piece: InputRange) -> Iterator[bytes]:
     """The raw lines of the piece, without their line terminator."""
     if file.compression is None:
         with open(file.path, "rb") as f:
@@ -95,10 +95,10 @@ def _lookup(obj, key_path: tuple[str, ...]):
     return True, obj
 
 
-class PieceReader:
+class RangeReader:
     """Iterates (record number, text or Reject) over one piece; `.records` spans the piece."""
 
-    def __init__(self, file: InputFile, piece: Piece, text_key: str, txt_mode: str):
+    def __init__(self, file: InputFile, piece: InputRange, text_key: str, txt_mode: str):
         self.file = file
         self.piece = piece
         self.text_key = text_key

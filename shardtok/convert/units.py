@@ -19,7 +19,7 @@ _SCAN_CHUNK = 64 << 10
 
 
 @dataclass(frozen=True)
-class Piece:
+class InputRange:
     input_index: int  # position of the file in the discovered input list
     start: int = 0  # byte range [start, end) for splittable files; whole file otherwise
     end: int = 0
@@ -32,7 +32,7 @@ class Piece:
 @dataclass(frozen=True)
 class Unit:
     index: int
-    pieces: tuple[Piece, ...]
+    pieces: tuple[InputRange, ...]
     nbytes: int  # input bytes, for the progress bar's ETA
 
 
@@ -58,32 +58,34 @@ def _next_line_start(f, target: int, end: int) -> int:
     return end
 
 
-def _byte_range_pieces(index: int, file: InputFile, first_cut: int, unit_size: int) -> list[Piece]:
+def _byte_range_pieces(
+    index: int, file: InputFile, first_cut: int, unit_size: int
+) -> list[InputRange]:
     pieces = []
     start = 0
     target = first_cut
     with open(file.path, "rb") as f:
         while start < file.size:
             cut = _next_line_start(f, max(target, start + 1), file.size)
-            pieces.append(Piece(index, start, cut))
+            pieces.append(InputRange(index, start, cut))
             start, target = cut, cut + unit_size
     return pieces
 
 
-def _parquet_pieces(index: int, file: InputFile) -> list[tuple[Piece, int]]:
+def _parquet_pieces(index: int, file: InputFile) -> list[tuple[InputRange, int]]:
     import pyarrow.parquet as pq  # optional dependency: only needed for Parquet inputs
 
     meta = pq.ParquetFile(file.path).metadata
     groups = [meta.row_group(i).total_byte_size for i in range(meta.num_row_groups)]
     total = sum(groups) or 1
     # Spread the file's real size over its row groups for the progress bar.
-    return [(Piece(index, row_group=i), file.size * g // total) for i, g in enumerate(groups)]
+    return [(InputRange(index, row_group=i), file.size * g // total) for i, g in enumerate(groups)]
 
 
 def plan_units(files: list[InputFile], unit_size: int, txt_mode: str) -> list[Unit]:
     """Cut the inputs into pieces and group consecutive pieces into units of ~unit_size bytes."""
     units: list[Unit] = []
-    current: list[Piece] = []
+    current: list[InputRange] = []
     current_bytes = 0
 
     def flush() -> None:
@@ -92,7 +94,7 @@ def plan_units(files: list[InputFile], unit_size: int, txt_mode: str) -> list[Un
             units.append(Unit(len(units), tuple(current), current_bytes))
         current, current_bytes = [], 0
 
-    def add(piece: Piece, nbytes: int) -> None:
+    def add(piece: InputRange, nbytes: int) -> None:
         nonlocal current_bytes
         current.append(piece)
         current_bytes += nbytes
@@ -108,6 +110,6 @@ def plan_units(files: list[InputFile], unit_size: int, txt_mode: str) -> list[Un
             for piece in _byte_range_pieces(index, file, unit_size - current_bytes, unit_size):
                 add(piece, piece.end - piece.start)
         else:
-            add(Piece(index, 0, file.size), file.size)
+            add(InputRange(index, 0, file.size), file.size)
     flush()
     return units

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from shardtok.convert.inputs import InputError, InputFile
-from shardtok.convert.records import PieceReader, Reject
+from shardtok.convert.records import RangeReader, Reject
 from shardtok.convert.tokenizer import BatchEncoder, TokenizerSpec
 from shardtok.convert.units import Unit
 from shardtok.convert.workdir import UnitResult, WorkDir
@@ -113,7 +113,7 @@ class _UnitTokenizer:
         self.texts, self.chars = [], 0
 
 
-def _guarded(reader: PieceReader, path: str):
+def _guarded(reader: RangeReader, path: str):
     """Turn a damaged input (truncated .gz, corrupt .zst or .parquet) into an error naming the file."""
     try:
         yield from reader
@@ -144,7 +144,7 @@ def tokenize_unit(unit: Unit) -> UnitResult | UnitFailure | EncoderMismatch:
             batcher = _UnitTokenizer(_encoder, out, framer)
             for piece_no, piece in enumerate(unit.pieces):
                 file = config.files[piece.input_index]
-                reader = PieceReader(file, piece, config.text_key, config.txt_mode)
+                reader = RangeReader(file, piece, config.text_key, config.txt_mode)
                 for record, item in _guarded(reader, file.path):
                     records_read += 1
                     if isinstance(item, Reject):

@@ -23,19 +23,65 @@ from dataclasses import dataclass, field
 
 from shardtok.errors import ResumeStateError
 from shardtok.storage.dataset import DatasetSource
+from shardtok.stream import state as envelope
 from shardtok.stream.batch import Allocator, allocate_arrays
 from shardtok.stream.build import plan_for
+from shardtok.stream.mix.sequences import MixedSequences, SourceSequences
 from shardtok.stream.mix.spec import MixSpec
 from shardtok.stream.mix.stream import MixedStream
+from shardtok.stream.nodes import (
+    ArrayDocuments,
+    Batcher,
+    ConcatPacker,
+    GreedyPacker,
+    ShuffleBuffer,
+    SliceReader,
+)
 from shardtok.stream.nodes.base import PlacedStream
 from shardtok.stream.options import StreamOptions
 from shardtok.stream.plan import EpochPlan
-from shardtok.stream.resume.elastic import ElasticStream
+from shardtok.stream.resume.elastic import ElasticStream, RemainderDocuments
 from shardtok.stream.resume.fingerprint import stream_fingerprint
 from shardtok.stream.resume.saved import MergedState, Placement
 from shardtok.stream.slice_stream import SliceStream
 
 STREAM_KINDS = ("slice_stream", "elastic_stream", "mixed_stream")
+# Every kind a stream state may hold, with the class that owns its fields.
+NODE_CLASSES = {
+    cls.KIND: cls
+    for cls in (
+        SliceStream, ElasticStream, MixedStream, Batcher, ConcatPacker, GreedyPacker,
+        ShuffleBuffer, SliceReader, ArrayDocuments, RemainderDocuments, SourceSequences,
+        MixedSequences,
+    )
+}  # fmt: skip
+
+
+def check_stream_state(state: object) -> dict:
+    """Every level of a stream state checked against its own kind's fields, in the process that
+    loads it (a worker restores its stream later; a damaged state must not wait for that)."""
+    state = envelope.parse(state, STREAM_KINDS, NODE_CLASSES[_kind(state)].FIELDS)
+    _check_levels(state)
+    return state
+
+
+def _kind(state: object) -> str:
+    kind = state.get("kind") if isinstance(state, dict) else None
+    return kind if kind in STREAM_KINDS else STREAM_KINDS[0]
+
+
+def _check_levels(value: object) -> None:
+    if isinstance(value, dict):
+        if envelope.is_enveloped(value):
+            kind = value.get("kind")
+            if kind not in NODE_CLASSES:
+                raise ResumeStateError(f"a stream state holds a state of unknown kind {kind!r}")
+            NODE_CLASSES[kind].parse_state(value)
+        for item in value.values():
+            _check_levels(item)
+    elif isinstance(value, list):
+        for item in value:
+            _check_levels(item)
 
 
 @dataclass

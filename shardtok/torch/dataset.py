@@ -16,7 +16,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from shardtok.errors import ResumeStateError, ShardtokError
 from shardtok.storage.dataset import DatasetSource
-from shardtok.stream.factory import StreamSetup
+from shardtok.stream.factory import StreamSetup, check_stream_state
 from shardtok.stream.mix.spec import MixSpec, load_mix_config, mix_spec
 from shardtok.stream.nodes.base import PlacedStream
 from shardtok.stream.options import OPTION_NAMES, StreamOptions
@@ -242,6 +242,8 @@ class ShardStreamDataset(IterableDataset):
         if not is_enveloped(state):
             state = upgrade_dataset_state(state, self.options, mixed=self.mix is not None)
         saved = parse_saved(state)
+        if isinstance(saved, WorkerState) and saved.stream is not None:
+            check_stream_state(saved.stream)
         check_fingerprint(
             saved.fingerprint, self.fingerprint, strict=self.strict if strict is None else strict
         )

@@ -4,6 +4,8 @@ restore equal to the uninterrupted one's."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from shardtok.testing.save_restore import EpochRunner, check_save_restore
@@ -60,3 +62,32 @@ def test_memmap_loader_with_two_workers(small):
         return EpochRunner(ShardLoader(ds, batch_size=4, num_workers=2))
 
     check_save_restore(make, MIDPOINTS, next_epoch=lambda runner: runner.reset(None))
+
+
+def test_damaged_loader_states_are_refused(small):
+    """A loader state with a worker removed would silently drop that worker's share."""
+    from shardtok.errors import ResumeStateError
+
+    ds = ShardStreamDataset(small[0], **OPTIONS)
+    loader = ShardLoader(ds, num_workers=2, multiprocessing_context="fork")
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    state = loader.state_dict()
+    del it
+    cases = {
+        "one worker removed": (lambda s: s["workers"].pop(), "every worker's position"),
+        "next_worker out of range": (lambda s: s.__setitem__("next_worker", 2), "next_worker"),
+        "workers swapped": (lambda s: s["workers"].reverse(), r"workers\[0\] holds worker 1"),
+        "negative position": (
+            lambda s: s["workers"][0]["stream"]["batcher"].__setitem__("batches", -1),
+            "field 'batches' must be a non-negative integer",
+        ),
+        "another kind": (lambda s: s.__setitem__("kind", "memmap_loader"), "expected a loader"),
+    }
+    for edit, message in cases.values():
+        damaged = json.loads(json.dumps(state))
+        edit(damaged)
+        fresh = ShardLoader(ShardStreamDataset(small[0], **OPTIONS), num_workers=2)
+        with pytest.raises(ResumeStateError, match=message):  # at load, not in a worker later
+            fresh.load_state_dict(damaged)

@@ -53,7 +53,11 @@ def save_state_file(path: str | Path, state: StateFile) -> Path:
     return path
 
 
-def load_state_file(path: str | Path, options: StreamOptions, *, mixed: bool) -> StateFile:
+def load_state_file(
+    path: str | Path, options: StreamOptions, *, mixed: bool, check_state=lambda state: state
+) -> StateFile:
+    """The file at `path` (a 0.1 file upgraded), checked; `check_state` checks each worker's
+    stream state (``shardtok.stream.factory.check_stream_state``)."""
     path = Path(path)
     try:
         doc = json.loads(path.read_text())
@@ -71,8 +75,8 @@ def load_state_file(path: str | Path, options: StreamOptions, *, mixed: bool) ->
             raise ResumeStateError("field 'workers' is empty")
         envelope.check_range(KIND, "next_worker", s["next_worker"], 0, len(s["workers"]) - 1)
         for w in s["workers"]:
-            if w is not None and not isinstance(w, dict):
-                raise ResumeStateError("field 'workers' must hold stream states or null")
+            if w is not None:
+                check_state(w)
     except ResumeStateError as exc:
         raise ResumeStateError(f"{path}: {exc}") from None
     return StateFile(**{k: s[k] for k in FIELDS})
