@@ -10,6 +10,7 @@ from shardtok.errors import (
     ShardtokError,
     StorageError,
     TokenizerMismatchError,
+    UsageError,
 )
 
 __version__ = "0.1.0"
@@ -21,5 +22,6 @@ __all__ = [
     "ShardtokError",
     "StorageError",
     "TokenizerMismatchError",
+    "UsageError",
     "__version__",
 ]

@@ -77,5 +77,13 @@ class StorageError(ShardtokError):
         return (type(self), (self.url, self.offset, self.reason))
 
 
+class UsageError(ShardtokError, ValueError):
+    """An option or argument that cannot work (a zero batch size, a rank outside the world, a
+    weight that is not a finite positive number...): the caller's mistake, not the data's.
+
+    Also a ValueError, which is what code written before it existed caught. `shardtok` exits
+    with status 2 for it (1 for bad data)."""
+
+
 class ResumeStateError(ShardtokError):
     """A saved stream state does not belong to this dataset/options, or cannot be applied."""

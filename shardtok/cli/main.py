@@ -7,11 +7,12 @@ together; each command module imports its layer when it runs.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from shardtok import __version__
 from shardtok.cli import convert, inspect, megatron, stream, verify
-from shardtok.errors import ShardtokError
+from shardtok.errors import ShardtokError, UsageError
 
 DESCRIPTION = """\
 shardtok turns raw corpora into tokenized, zstd-compressed tar shards whose indices are
@@ -28,13 +29,26 @@ typical session:
 """
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors on one line: the mistake, then where the help is."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="shardtok",
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"shardtok {__version__}")
+    parser.add_argument(
+        "--traceback",
+        action="store_true",
+        help="on an error, print the full Python traceback (for bug reports); accepted anywhere "
+        "on the command line",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for add in _SUBCOMMANDS:
         add(sub)
@@ -51,33 +65,71 @@ _SUBCOMMANDS = [
     megatron.add_export_parser,
 ]
 
+EXIT_DATA = 1  # the data, a file or the network failed
+EXIT_USAGE = 2  # an option or argument cannot work (argparse's own status for its errors)
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what `yes | head` leaves behind
 
-def run(argv: list[str] | None = None) -> int:
-    """Parse and run one command, letting its errors propagate (``main`` reports them)."""
+
+def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, bool]:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # --traceback is a debugging switch for any command, so it may stand anywhere.
+    traceback_wanted = "--traceback" in argv
+    argv = [a for a in argv if a != "--traceback"]
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "run", None):
         parser.print_help()
-        return 2
+        raise SystemExit(EXIT_USAGE)
+    return args, traceback_wanted
+
+
+def run(argv: list[str] | None = None) -> int:
+    """Parse and run one command, letting its errors propagate (``main`` reports them)."""
+    args, _ = _parse(argv)
     return int(args.run(args) or 0)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The `shardtok` command: user errors become one line on stderr and exit status 1."""
-    args = build_parser().parse_args(argv)
+    """The `shardtok` command. A user's mistake or bad data is one line on stderr, never a
+    traceback: exit 2 for an option that cannot work, 1 for data, files or the network, 130 when
+    interrupted, 141 when the reader of our output went away (``| head``); ``--traceback``
+    shows the full trace."""
+    args, traceback_wanted = _parse(argv)
+    name = f"shardtok {args.command}"
     try:
-        return run(argv)
-    except ShardtokError as exc:
-        print(f"shardtok {args.command}: error: {exc}", file=sys.stderr)
-        return 1
+        return int(args.run(args) or 0)
     except KeyboardInterrupt:
         hint = (
             " (run the same command again to resume: finished work units are kept)"
             if args.command == "convert"
             else ""
         )
-        print(f"shardtok {args.command}: interrupted{hint}", file=sys.stderr)
+        print(f"{name}: interrupted{hint}", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # Nothing is wrong; Python would still complain when it flushes stdout at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+    except Exception as exc:
+        if traceback_wanted:
+            raise
+        print(f"{name}: error: {_one_line(exc)}", file=sys.stderr)
+        return EXIT_USAGE if isinstance(exc, UsageError) else EXIT_DATA
+
+
+def _one_line(exc: BaseException) -> str:
+    if isinstance(exc, ShardtokError):
+        text = str(exc)
+    elif isinstance(exc, OSError) and exc.strerror:
+        where = f"{exc.filename}: " if exc.filename is not None else ""
+        text = f"{where}{exc.strerror}"
+    else:  # not ours on purpose: say what it is, and how to report it
+        text = (
+            f"{type(exc).__name__}: {exc} (this looks like a bug in shardtok: run again with "
+            "--traceback and report the trace)"
+        )
+    return " ".join(text.split())
 
 
 if __name__ == "__main__":

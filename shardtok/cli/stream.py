@@ -15,8 +15,9 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from shardtok.cli.stream_args import at_least
 from shardtok.cli.stream_job import StreamJob
-from shardtok.errors import ShardtokError
+from shardtok.errors import ShardtokError, UsageError
 from shardtok.stream.batch import IGNORE_INDEX
 
 EPILOG = """\
@@ -56,25 +57,27 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "--config", metavar="MIX.yaml", help="a mix config (Nanotron-style dataset_path)"
     )
     p.add_argument("--stage", default="0", help="--config: data stage index or name")
-    p.add_argument("--seq-len", type=int, metavar="L", help="input tokens per sequence")
-    p.add_argument("--batch-size", type=int, metavar="B", help="sequences per batch")
+    p.add_argument("--seq-len", type=at_least(1), metavar="L", help="input tokens per sequence")
+    p.add_argument("--batch-size", type=at_least(1), metavar="B", help="sequences per batch")
     p.add_argument("--packing", choices=("concat", "greedy"), default=None)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--epoch", type=int, default=0)
-    p.add_argument("--rank", type=int, default=0)
-    p.add_argument("--world-size", type=int, default=1)
+    p.add_argument("--seed", type=at_least(0), default=None)
+    p.add_argument("--epoch", type=at_least(0), default=0)
+    p.add_argument("--rank", type=at_least(0), default=0)
+    p.add_argument("--world-size", type=at_least(1), default=1)
     p.add_argument(
         "--num-workers",
-        type=int,
+        type=at_least(0),
         default=0,
         metavar="K",
         help="DataLoader workers (0: in process); the epoch is split over world size x max(K, 1)",
     )
-    p.add_argument("--shuffle-buffer", type=int, metavar="N", help="documents; 0 = off")
-    p.add_argument("--interleave", type=int, metavar="N", help="shards read at once per worker")
-    p.add_argument("--stride", type=int, help="concat window stride (default seq_len + 1)")
-    p.add_argument("--lookahead", type=int, help="greedy: open sequences (default 8)")
-    p.add_argument("--pad-id", type=int, help="greedy: padding token id (default 0)")
+    p.add_argument("--shuffle-buffer", type=at_least(0), metavar="N", help="documents; 0 = off")
+    p.add_argument(
+        "--interleave", type=at_least(1), metavar="N", help="shards read at once per worker"
+    )
+    p.add_argument("--stride", type=at_least(1), help="concat window stride (default seq_len + 1)")
+    p.add_argument("--lookahead", type=at_least(1), help="greedy: open sequences (default 8)")
+    p.add_argument("--pad-id", type=at_least(0), help="greedy: padding token id (default 0)")
     p.add_argument(
         "--mask-boundary-labels",
         action="store_true",
@@ -97,7 +100,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="--state-in: resume even if the sources or options differ from the saved ones",
     )
     p.add_argument(
-        "--max-batches", type=int, default=None, metavar="N", help="stop after N batches"
+        "--max-batches", type=at_least(1), default=None, metavar="N", help="stop after N batches"
+    )
+    p.add_argument(
+        "--allow-mixed-tokenizers",
+        action="store_true",
+        help="mix datasets whose tokenizer fingerprints or vocabularies differ (refused by "
+        "default: their ids would be read as each other's tokens)",
     )
     p.add_argument("--dump", metavar="OUT.npz", help="save the exact batches")
     p.add_argument(
@@ -163,7 +172,7 @@ def _decode(args, manifest, batches: list[dict]) -> None:
             f"({recorded[:19]}...), not with {spec.name!r}"
         )
         if args.tokenizer is None:
-            raise SystemExit(f"shardtok stream: error: {message}; pass --tokenizer PATH")
+            raise UsageError(f"{message}; pass --tokenizer PATH")
         print(f"warning: {message}", file=sys.stderr)
     from tokenizers import Tokenizer
 
@@ -208,7 +217,7 @@ def run(args: argparse.Namespace) -> int:
     plan = job.plan
     if args.plan:
         if plan is None:
-            raise SystemExit("shardtok stream: error: --plan describes one dataset, not a mix")
+            raise UsageError("--plan describes one dataset, not a mix")
         print(plan.to_json())
         return 0
     if not args.json and plan is not None:

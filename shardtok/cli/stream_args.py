@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from shardtok.errors import ShardtokError
+from shardtok.errors import UsageError
 from shardtok.stream.mix.spec import MixSpec, load_mix_config, mix_spec
 from shardtok.stream.options import OPTION_NAMES, StreamOptions
 
@@ -26,15 +26,30 @@ def spec_from_args(sources: Sequence[str], storage_options: dict | None = None) 
     parsed = [parse_source_arg(s) for s in sources]
     given = [w is not None for _, w in parsed]
     if any(given) and not all(given):
-        raise ShardtokError("give a weight to every --source (PATH:WEIGHT) or to none")
+        raise UsageError("give a weight to every --source (PATH:WEIGHT) or to none")
     if all(given):
         mapping: dict[str, float] = {}
         for path, weight in parsed:
             if path in mapping:
-                raise ShardtokError(f"--source {path} given twice")
+                raise UsageError(f"--source {path} given twice")
             mapping[path] = weight  # type: ignore[assignment]
         return mix_spec(mapping, storage_options)
     return mix_spec([p for p, _ in parsed], storage_options)
+
+
+def at_least(low: int):
+    """An argparse type: an integer >= `low` (argparse turns the refusal into exit status 2)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+        return value
+
+    return parse
 
 
 def options_from(args: argparse.Namespace, config: dict | None = None) -> StreamOptions:
@@ -43,9 +58,8 @@ def options_from(args: argparse.Namespace, config: dict | None = None) -> Stream
     merged = {**(config or {}), **{k: v for k, v in given.items() if v is not None}}
     for key in ("seq_len", "batch_size"):
         if key not in merged:
-            raise SystemExit(
-                f"shardtok stream: error: --{key.replace('_', '-')} is required "
-                "(or set it in the --config file)"
+            raise UsageError(
+                f"--{key.replace('_', '-')} is required (or set it in the --config file)"
             )
     return StreamOptions(**merged)
 
@@ -53,10 +67,15 @@ def options_from(args: argparse.Namespace, config: dict | None = None) -> Stream
 def mix_from(args: argparse.Namespace) -> MixSpec | None:
     chosen = [bool(args.dataset), bool(args.source), bool(args.config)]
     if sum(chosen) != 1:
-        raise SystemExit("shardtok stream: error: give one of DATASET, --source or --config")
+        raise UsageError("give one of DATASET, --source or --config")
+    if args.rank >= args.world_size:
+        raise UsageError(f"--rank {args.rank} is outside --world-size {args.world_size}")
     if args.source:
-        return spec_from_args(args.source)
-    if args.config:
+        spec = spec_from_args(args.source)
+    elif args.config:
         stage = int(args.stage) if args.stage.isdigit() else args.stage
-        return load_mix_config(args.config, stage=stage)
-    return None
+        spec = load_mix_config(args.config, stage=stage)
+    else:
+        return None
+    spec.allow_mixed_tokenizers = spec.allow_mixed_tokenizers or args.allow_mixed_tokenizers
+    return spec

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Iterator
 
 from shardtok.cli.stream_args import mix_from, options_from
-from shardtok.errors import ShardtokError
+from shardtok.errors import ShardtokError, UsageError
 from shardtok.storage.dataset import DatasetSource
 from shardtok.stream.factory import StreamSetup, check_stream_state
 from shardtok.stream.nodes.base import PlacedStream
@@ -39,7 +39,7 @@ class StreamJob:
                 epoch=args.epoch, world_size=args.world_size, num_workers=self.workers
             )
         elif args.max_batches is None:
-            raise SystemExit("shardtok stream: error: a mix never ends: give --max-batches")
+            raise UsageError("a mix never ends: give --max-batches")
         self.streams: list[PlacedStream] = [self._stream(w) for w in range(self.workers)]
         self.next_worker = 0
         self.taken = 0

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from shardtok.errors import ShardtokError
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
@@ -33,6 +35,9 @@ def run(args) -> int:
         return lambda: open_source(target).open_stream()
 
     where = Location.of(args.path)
+    if where.is_local and not Path(where.local_path).exists():
+        # Nothing to verify is not a damaged shard.
+        raise ShardtokError(f"{where.local_path}: no such file or folder")
     local_dir = where.is_local and Path(where.local_path).is_dir()
     if local_dir or (not where.is_local and not where.name.endswith(".tar")):
         dataset = DatasetSource(where.url)

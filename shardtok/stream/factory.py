@@ -27,7 +27,7 @@ from shardtok.stream import state as envelope
 from shardtok.stream.batch import Allocator, allocate_arrays
 from shardtok.stream.build import plan_for
 from shardtok.stream.mix.sequences import MixedSequences, SourceSequences
-from shardtok.stream.mix.spec import MixSpec
+from shardtok.stream.mix.spec import MixSpec, check_tokenizers
 from shardtok.stream.mix.stream import MixedStream
 from shardtok.stream.nodes import (
     ArrayDocuments,
@@ -99,6 +99,8 @@ class StreamSetup:
 
     @classmethod
     def mixed(cls, spec: MixSpec, options: StreamOptions) -> StreamSetup:
+        """A mix; sources tokenized differently are refused (``check_tokenizers``)."""
+        check_tokenizers(spec)
         return cls(list(spec.sources), options, spec)
 
     @property

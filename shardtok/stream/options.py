@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
+from shardtok.errors import UsageError
+
+PACKINGS = ("concat", "greedy")
+
 
 @dataclass(frozen=True)
 class StreamOptions:
@@ -22,6 +26,26 @@ class StreamOptions:
     pad_id: int = 0  # greedy: padding token (its labels are always -100)
     mask_boundary_labels: bool = False  # -100 on labels whose target starts another document
 
+    def __post_init__(self) -> None:
+        # Checked here, once, so that a bad value is one clear error where the options are
+        # made (the constructor, a mix config, the command line), not a ValueError deep in a
+        # DataLoader worker.
+        for name, low in (("seq_len", 1), ("batch_size", 1), ("seed", 0), ("shuffle_buffer", 0),
+                          ("interleave", 1), ("lookahead", 1), ("pad_id", 0)):  # fmt: skip
+            _check_int(name, getattr(self, name), low)
+        if self.packing not in PACKINGS:
+            raise UsageError(f"packing must be one of {PACKINGS}, got {self.packing!r}")
+        if self.stride is not None:
+            _check_int("stride", self.stride, 1)
+            if self.stride > self.seq_len + 1:
+                raise UsageError(
+                    f"stride must lie in [1, seq_len + 1 = {self.seq_len + 1}], got {self.stride}"
+                )
+        if not isinstance(self.mask_boundary_labels, bool):
+            raise UsageError(
+                f"mask_boundary_labels must be true or false, got {self.mask_boundary_labels!r}"
+            )
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -31,3 +55,10 @@ class StreamOptions:
 
 
 OPTION_NAMES = tuple(f.name for f in fields(StreamOptions))  # in declaration order
+
+
+def _check_int(name: str, value: object, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise UsageError(f"{name} must be an integer, got {value!r}")
+    if value < low:
+        raise UsageError(f"{name} must be at least {low}, got {value}")

@@ -24,12 +24,13 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from shardtok.errors import UsageError
 from shardtok.format.manifest import Manifest
 from shardtok.index.slices import cut_ranges
 from shardtok.stream.nodes.concat import concat_window_count
+from shardtok.stream.options import PACKINGS
 
 SHARD_ORDER_STREAM = 1  # rng stream tags keep independent draws apart
-PACKINGS = ("concat", "greedy")
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,7 @@ class EpochPlan:
 
     def slice_for(self, rank: int, worker: int) -> SlicePlan:
         if not (0 <= rank < self.world_size and 0 <= worker < self.num_workers):
-            raise ValueError(
+            raise UsageError(
                 f"rank {rank} / worker {worker} outside world_size {self.world_size} x "
                 f"num_workers {self.num_workers}"
             )
@@ -187,15 +188,15 @@ def epoch_plan(
 ) -> EpochPlan:
     """Plan one epoch for every (rank, worker). Reads nothing but the manifest."""
     if packing not in PACKINGS:
-        raise ValueError(f"packing must be one of {PACKINGS}, got {packing!r}")
+        raise UsageError(f"packing must be one of {PACKINGS}, got {packing!r}")
     if world_size < 1 or num_workers < 1 or batch_size < 1 or seq_len < 1:
-        raise ValueError("world_size, num_workers, batch_size and seq_len must be positive")
+        raise UsageError("world_size, num_workers, batch_size and seq_len must be positive")
     if seed < 0 or epoch < 0:
-        raise ValueError("seed and epoch must be non-negative integers")
+        raise UsageError("seed and epoch must be non-negative integers")
     window = seq_len + 1
     stride = window if stride is None else int(stride)
     if packing == "concat" and not 1 <= stride <= window:
-        raise ValueError(f"stride must lie in [1, seq_len + 1 = {window}], got {stride}")
+        raise UsageError(f"stride must lie in [1, seq_len + 1 = {window}], got {stride}")
     if packing == "greedy":
         stride = window
     order = shard_order(len(manifest.shards), seed, epoch)

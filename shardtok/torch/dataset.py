@@ -14,7 +14,7 @@ from typing import Any
 
 from torch.utils.data import IterableDataset, get_worker_info
 
-from shardtok.errors import ResumeStateError, ShardtokError
+from shardtok.errors import ResumeStateError, ShardtokError, UsageError
 from shardtok.storage.dataset import DatasetSource
 from shardtok.stream.factory import StreamSetup, check_stream_state
 from shardtok.stream.mix.spec import MixSpec, load_mix_config, mix_spec
@@ -62,11 +62,16 @@ class ShardStreamDataset(IterableDataset):
         shared_memory: bool = True,
         num_batches: int | None = None,
         strict: bool = True,
+        allow_mixed_tokenizers: bool = False,
         options: StreamOptions | None = None,
         **stream_options: Any,
     ):
         """`stream_options` are ``StreamOptions`` fields (``seq_len`` and ``batch_size`` are
-        required, ``packing``, ``seed``, ``shuffle_buffer``...), or pass `options` whole."""
+        required, ``packing``, ``seed``, ``shuffle_buffer``...), or pass `options` whole.
+
+        Every source's manifest is read here, so a missing or damaged dataset fails at
+        construction rather than in a DataLoader worker. A mix of datasets tokenized
+        differently is refused unless `allow_mixed_tokenizers` (or the mix config says so)."""
         super().__init__()
         if options is None:
             names = set(OPTION_NAMES)
@@ -86,12 +91,15 @@ class ShardStreamDataset(IterableDataset):
             mix = mix_spec(dataset, storage_options)
         if mix is not None:
             if num_batches is None or num_batches < 1:
-                raise ShardtokError("a mixed dataset needs num_batches (batches per rank) >= 1")
+                raise UsageError("a mixed dataset needs num_batches (batches per rank) >= 1")
+            mix.allow_mixed_tokenizers = mix.allow_mixed_tokenizers or allow_mixed_tokenizers
             self.setup = StreamSetup.mixed(mix, options)
         else:
             source = dataset if isinstance(dataset, DatasetSource) else None
             source = source or DatasetSource(dataset, storage_options)  # type: ignore[arg-type]
             self.setup = StreamSetup.single(source, options)
+        for each in self.setup.sources:
+            each.manifest  # noqa: B018 - read now: fail here, not in a worker
         self.num_batches = num_batches
         self.strict = strict
         self.rank, self.world_size = rank, world_size

@@ -9,7 +9,7 @@ import pytest
 
 from shardtok.cli.main import run as main
 from shardtok.cli.stream_args import parse_source_arg
-from shardtok.errors import ResumeStateError, ShardtokError
+from shardtok.errors import ResumeStateError, ShardtokError, UsageError
 from shardtok.index import build_blending_indices
 from shardtok.stream.mix.sequences import MixSchedule
 from shardtok.stream.mix.spec import load_mix_config, mix_spec
@@ -182,5 +182,5 @@ def test_cli_config_prints_shares(sources, tmp_path, capsys):
     assert main(["stream", "--config", str(config), "--max-batches", "40", "--json"]) == 0
     stats = json.loads(capsys.readouterr().out)
     assert [s["sequences"] for s in stats["sources"]] == [60, 20]
-    with pytest.raises(SystemExit):
-        main(["stream", "--config", str(config)])  # a mix never ends: --max-batches needed
+    with pytest.raises(UsageError, match="a mix never ends: give --max-batches"):
+        main(["stream", "--config", str(config)])

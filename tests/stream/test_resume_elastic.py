@@ -150,7 +150,9 @@ def test_merge_refuses_what_it_cannot_resume(dataset, tmp_path):
         next(iter(single))
     other = tmp_path / "other"
     write_synthetic_dataset(other, num_tokens=20_000, vocab_size=1000, mean_length=50)
-    mix_state = ShardStreamDataset({path: 1, str(other): 1}, **OPTIONS, num_batches=4)
+    mix_state = ShardStreamDataset(
+        {path: 1, str(other): 1}, **OPTIONS, num_batches=4, allow_mixed_tokenizers=True
+    )
     next(iter(mix_state))
     merged_mix = merge_states([mix_state.state_dict()])
     with pytest.raises(ResumeStateError, match="2 sources saved, 1 now"):

@@ -15,12 +15,13 @@ folder.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shardtok.errors import ShardtokError
+from shardtok.errors import ShardtokError, UsageError
 from shardtok.storage.dataset import DatasetSource
 from shardtok.storage.location import Location
 from shardtok.stream.options import OPTION_NAMES
@@ -33,6 +34,9 @@ class MixSpec:
     sources: list[DatasetSource]
     weights: list[float | int]
     options: dict[str, Any] = field(default_factory=dict)  # stream options the config set
+
+    # Sources tokenized differently are refused unless this is set (see check_tokenizers).
+    allow_mixed_tokenizers: bool = False
 
     @property
     def shares(self) -> list[float]:
@@ -63,8 +67,16 @@ def mix_spec(
         sources = [source(p) for p in dataset_path]
         weights = list(dataset_path.values())
         for path, weight in zip(dataset_path, weights, strict=True):
-            if isinstance(weight, bool) or not isinstance(weight, (int, float)) or weight <= 0:
-                raise ShardtokError(f"weight of {path} is {weight!r}: weights must be > 0")
+            if (
+                isinstance(weight, bool)
+                or not isinstance(weight, (int, float))
+                or not math.isfinite(weight)
+                or weight <= 0
+            ):
+                raise UsageError(
+                    f"weight of {Location.of(path).display} is {weight!r}: weights must be "
+                    "> 0 and finite"
+                )
         return MixSpec(sources, weights)
     paths = list(dataset_path)
     if not paths:
@@ -113,8 +125,39 @@ def load_mix_config(
         raise ShardtokError(f"{where}: no dataset_path")
     spec = mix_spec(dataset["dataset_path"], storage_options, base)
     options = {k: v for k, v in {**section, **dataset}.items() if k in OPTION_NAMES}
-    unknown = set(dataset) - set(OPTION_NAMES) - {"dataset_path"}
+    unknown = set(dataset) - set(OPTION_NAMES) - {"dataset_path", "allow_mixed_tokenizers"}
     if dataset is not section and unknown:  # a flat config may carry a trainer's other keys
         raise ShardtokError(f"{where}: unknown keys {sorted(unknown)} next to dataset_path")
     spec.options = options
+    allow = {**data, **section, **dataset}.get("allow_mixed_tokenizers", False)
+    if not isinstance(allow, bool):
+        raise UsageError(f"{where}: allow_mixed_tokenizers must be true or false, got {allow!r}")
+    spec.allow_mixed_tokenizers = allow
     return spec
+
+
+def _tokenizer_of(source: DatasetSource) -> str:
+    manifest = source.manifest
+    name = (manifest.tokenizer or {}).get("name")
+    fingerprint = manifest.tokenizer_fingerprint
+    described = f"{name!r}" if name else "an unnamed tokenizer"
+    described += f" ({fingerprint})" if fingerprint else " (no fingerprint)"
+    return f"{described}, vocabulary {manifest.vocab_size:,}"
+
+
+def check_tokenizers(spec: MixSpec) -> None:
+    """Refuse a mix whose sources were tokenized differently: ids of one vocabulary would be
+    trained on as if they were the other's. Sources agree when their tokenizer fingerprints and
+    vocabulary sizes are equal (two unfingerprinted sources: equal vocabulary sizes)."""
+    if spec.allow_mixed_tokenizers or len(spec.sources) < 2:
+        return
+    first = spec.sources[0]
+    key = (first.manifest.tokenizer_fingerprint, first.manifest.vocab_size)
+    for other in spec.sources[1:]:
+        if (other.manifest.tokenizer_fingerprint, other.manifest.vocab_size) != key:
+            raise UsageError(
+                f"the mix's sources were tokenized differently: {first.root.display} with "
+                f"{_tokenizer_of(first)}, {other.root.display} with {_tokenizer_of(other)}; "
+                "convert them with one tokenizer, or set allow_mixed_tokenizers "
+                "(--allow-mixed-tokenizers) if their ids really mean the same tokens"
+            )
