@@ -64,7 +64,8 @@ def mix_spec(
         weights = list(dataset_path.values())
         for path, weight in zip(dataset_path, weights, strict=True):
             if isinstance(weight, bool) or not isinstance(weight, (int, float)) or weight <= 0:
-                raise ShardtokError(f"weight of {path} is {weight!r}: weights must be > 0")
+                shown = Location(str(path)).display
+                raise ShardtokError(f"weight of {shown} is {weight!r}: weights must be > 0")
         return MixSpec(sources, weights)
     paths = list(dataset_path)
     if not paths:
