@@ -120,7 +120,7 @@ class StreamJob:
             sequences = sum(shares[i]["sequences"] for shares in per_stream)
             rows.append(
                 {
-                    "source": source.location,
+                    "source": source.display,
                     "weight": self.mix.shares[i],
                     "sequences": sequences,
                     "share": sequences / total,

@@ -216,11 +216,49 @@ def _raise_for_status(response, url: str) -> None:
     response.raise_for_status()
 
 
-async def _http_head(fs, url: str, timeout: float) -> ObjectInfo:
+MAX_REDIRECTS = 10
+_REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
+
+
+async def _http_send(fs, method: str, url: str, kwargs: dict, timeout: float):
+    """The response to ``method url``, following redirects within the URL's origin only.
+
+    aiohttp drops only ``Authorization`` when it follows a redirect to another origin; the
+    other headers and cookies from ``storage_options`` (API keys, session headers) would go
+    along. So redirects are followed here, and one to another origin (scheme, host, port) is
+    refused before any request reaches it: a dataset's options go to its own origin only.
+    """
+    import yarl
+
     session = await fs.set_session()
+    kwargs = dict(kwargs, allow_redirects=False)
+    start = target = fs.encode_url(url)
+    for _ in range(MAX_REDIRECTS + 1):
+        response = await asyncio.wait_for(session.request(method, target, **kwargs), timeout)
+        if response.status not in _REDIRECT_STATUSES:
+            return response
+        location = response.headers.get("Location")
+        response.release()
+        if not location:
+            raise FatalStorageIssue(f"HTTP {response.status} redirect without a Location")
+        try:
+            target = target.join(yarl.URL(location))
+            same = target.absolute and target.origin() == start.origin()
+        except ValueError:
+            same = False
+        if not same:
+            # Only the origin is named: a redirect's path and query may carry a signature.
+            where = f"{target.scheme}://{target.host}:{target.port}" if target.absolute else "?"
+            raise FatalStorageIssue(
+                f"redirected to another origin ({where}): refused, since a dataset's requests "
+                "and credentials go to its own origin only; use the final URL as the location"
+            )
+    raise FatalStorageIssue(f"more than {MAX_REDIRECTS} redirects")
+
+
+async def _http_head(fs, url: str, timeout: float) -> ObjectInfo:
     kwargs = _request_kwargs(fs, {"Accept-Encoding": "identity"})
-    kwargs.setdefault("allow_redirects", True)
-    response = await asyncio.wait_for(session.head(fs.encode_url(url), **kwargs), timeout)
+    response = await _http_send(fs, "HEAD", url, kwargs, timeout)
     async with response:
         _raise_for_status(response, url)
         headers = response.headers
@@ -232,12 +270,11 @@ async def _http_head(fs, url: str, timeout: float) -> ObjectInfo:
 
 
 async def _http_read(fs, url, start, length, progress, etag, timeout) -> None:
-    session = await fs.set_session()
     headers = {"Range": f"bytes={start}-{start + length - 1}", "Accept-Encoding": "identity"}
     if etag and not etag.startswith("W/"):  # If-Match needs a strong validator
         headers["If-Match"] = etag
     kwargs = _request_kwargs(fs, headers)
-    response = await asyncio.wait_for(session.get(fs.encode_url(url), **kwargs), timeout)
+    response = await _http_send(fs, "GET", url, kwargs, timeout)
     async with response:
         _raise_for_status(response, url)
         if response.status != 206 and not (response.status == 200 and start == 0):

@@ -91,8 +91,16 @@ class DatasetSource:
     def is_local(self) -> bool:
         return self.root.is_local
 
+    @property
+    def display(self) -> str:
+        """The location as messages and outputs print it (no credentials, no query values)."""
+        return self.root.display
+
     def path_of(self, name: str) -> str:
-        """The OS path of a local shard, or its URL (credentials included: open, never print)."""
+        """The OS path of a local shard, or its URL (credentials included: open, never print).
+
+        Every file name goes through ``Location.join``, which refuses anything but a plain
+        file name, so nothing outside the dataset's folder or origin is ever opened."""
         return str(self.root.join(name))
 
     def where_of(self, name: str) -> str:

@@ -209,6 +209,9 @@ def _url_secrets(url: str) -> dict:
 
     parsed = urllib.parse.urlsplit(url)
     secrets = {"password": parsed.password or ""}
-    for i, (_, value) in enumerate(urllib.parse.parse_qsl(parsed.query)):
+    # Both as written and decoded: a client may print either form.
+    raw = [part.partition("=")[2] for part in parsed.query.split("&")]
+    decoded = [value for _, value in urllib.parse.parse_qsl(parsed.query)]
+    for i, value in enumerate(raw + decoded):
         secrets[f"token{i}"] = value
     return secrets

@@ -15,6 +15,8 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from shardtok.storage.location import display_url
+
 
 @dataclass(frozen=True)
 class RetryPolicy:
@@ -179,6 +181,9 @@ def classify(exc: BaseException) -> str | None:
 _SECRET_KEY = re.compile(
     r"secret|token|password|passwd|credential|auth|signature|session|private|key", re.I
 )
+# URLs inside a client's message: their query values and user:password go, whatever they are
+# (a signature quoted differently than the one we were given would not match as a secret).
+_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^\s'\"<>]+")
 _NOT_SECRET = {"endpoint_url", "region_name", "region", "key_id_type"}
 _SECRET_ENV = (
     "AWS_SECRET_ACCESS_KEY",
@@ -224,7 +229,7 @@ class Redactor:
     def __call__(self, text: str) -> str:
         for secret in self._secrets:
             text = text.replace(secret, "***")
-        return text
+        return _URL_IN_TEXT.sub(lambda m: display_url(m.group(0)), text)
 
     def describe(self, exc: BaseException) -> tuple[str, bool]:
         """A one-line, secret-free description of ``exc``, and whether anything was removed."""

@@ -50,7 +50,7 @@ class SliceStream(PlacedStream):
         self.slice = self.plan.slice_for(rank, worker)
         if self.plan.batches_per_slice == 0:
             raise ShardtokError(
-                f"{self.source.location}: {self.plan.total_tokens:,} tokens cannot give every one "
+                f"{self.source.display}: {self.plan.total_tokens:,} tokens cannot give every one "
                 f"of {len(self.plan.slices)} (rank, worker) slices a batch of "
                 f"{options.batch_size} x {options.seq_len + 1}-token sequences; use fewer "
                 "ranks, workers or a smaller batch"
@@ -61,7 +61,7 @@ class SliceStream(PlacedStream):
             options,
             self.plan.batches_per_slice,
             allocate,
-            f"{self.source.location} epoch {epoch} rank {rank} worker {worker}",
+            f"{self.source.display} epoch {epoch} rank {rank} worker {worker}",
         )
 
     def __len__(self) -> int:

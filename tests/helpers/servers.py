@@ -1,7 +1,7 @@
 """Real servers on loopback for the storage tests: SeaweedFS (S3 API) and nginx (HTTP with Range).
 
 Nothing here fakes a network library: every request in a test crosses a real TCP socket to a
-real server process bound to 127.0.0.1 on free ports, started and stopped by the fixtures.
+real server process on loopback (127.0.0.1; 127.0.0.2 is a second origin), on free ports.
 
 Fixtures (import them into tests/conftest.py or a test module):
     s3_server          one ``SeaweedS3`` per session, bucket ``S3_BUCKET`` created
@@ -262,10 +262,11 @@ class SeaweedS3:
 
 
 class Nginx:
-    """nginx serving ``root`` on 127.0.0.1 with its own config, logs, pid and temp paths."""
+    """nginx on ``host`` serving ``root``; ``*_extra`` go in its http/server blocks (origins.py)."""
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, host: str = "127.0.0.1", http_extra="", server_extra=""):
         self.folder = Path(folder)
+        self.host, self.http_extra, self.server_extra = host, http_extra, server_extra
         self.root = self.folder / "www"
         self.root.mkdir(parents=True, exist_ok=True)
         self.port = free_ports(1)[0]
@@ -276,7 +277,7 @@ class Nginx:
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def url(self, name: str) -> str:
         return f"{self.base_url}/{name}"
@@ -303,7 +304,7 @@ events {{ worker_connections 256; }}
 http {{
     default_type application/octet-stream;
     log_format ranges '$request_method $uri $status "$http_range" $body_bytes_sent';
-    access_log {self.access_log} ranges;
+    access_log {self.access_log} ranges; {self.http_extra}
     client_body_temp_path {f}/client_body;
     proxy_temp_path {f}/proxy;
     fastcgi_temp_path {f}/fastcgi;
@@ -312,11 +313,11 @@ http {{
     sendfile on;
     keepalive_timeout 30s;
     server {{
-        listen 127.0.0.1:{self.port};
+        listen {self.host}:{self.port};
         root {self.root};
         location / {{ }}
         location /forbidden/ {{ return 403; }}
-        location /unavailable/ {{ return 503; }}
+        location /unavailable/ {{ return 503; }} {self.server_extra}
     }}
 }}
 """
@@ -345,7 +346,7 @@ http {{
             if self._proc.poll() is not None:
                 raise RuntimeError(f"nginx exited early:\n{_log_tail(self.error_log)}")
             try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
+                with socket.create_connection((self.host, self.port), timeout=1) as s:
                     s.sendall(b"HEAD / HTTP/1.0\r\n\r\n")
                     if s.recv(16).startswith(b"HTTP/1."):
                         return

@@ -120,7 +120,7 @@ class SourceSequences(Packer):
         slice_plan = plan.slice_for(self.rank, self.worker)
         if slice_plan.num_sequences == 0:
             raise ShardtokError(
-                f"{self.source.location}: slice {slice_plan.index} of epoch {epoch} holds "
+                f"{self.source.display}: slice {slice_plan.index} of epoch {epoch} holds "
                 f"{slice_plan.num_tokens:,} tokens, too few for one {self.window}-token sequence; "
                 "this source is too small for this many ranks x workers"
             )
@@ -191,7 +191,7 @@ class SourceSequences(Packer):
             self.sequences += 1
             self.epoch_real_tokens += placed[1]
             return placed
-        raise ShardtokError(f"{self.source.location}: epoch {self.epoch} gave no sequence")
+        raise ShardtokError(f"{self.source.display}: epoch {self.epoch} gave no sequence")
 
     def _next(self) -> PackedSequence:
         out = np.empty(self.window, dtype=np.int64)
@@ -256,7 +256,7 @@ class MixedSequences(Packer):
         total = max(self.step, 1)
         return [
             {
-                "source": s.source.location,
+                "source": s.source.display,
                 "sequences": s.sequences,
                 "share": s.sequences / total,
                 "epoch": s.epoch,

@@ -74,7 +74,7 @@ def mix_spec(
                 or weight <= 0
             ):
                 raise UsageError(
-                    f"weight of {Location.of(path).display} is {weight!r}: weights must be "
+                    f"weight of {Location(str(path)).display} is {weight!r}: weights must be "
                     "> 0 and finite"
                 )
         return MixSpec(sources, weights)

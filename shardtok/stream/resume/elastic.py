@@ -222,7 +222,7 @@ class ElasticStream(PlacedStream):
         )
         if self.plan.batches_per_slice == 0:
             raise ShardtokError(
-                f"{source.location}: the rest of epoch {epoch} ({sum(self.plan.residuals):,} "
+                f"{source.display}: the rest of epoch {epoch} ({sum(self.plan.residuals):,} "
                 f"tokens) cannot give each of {world_size * num_workers} new slices a batch; "
                 "finish this epoch with the old world size and workers, or start the next epoch"
             )
@@ -233,7 +233,7 @@ class ElasticStream(PlacedStream):
             options,
             self.plan.batches_per_slice,
             allocate,
-            f"{source.location} epoch {epoch} remainder rank {rank} worker {worker}",
+            f"{source.display} epoch {epoch} remainder rank {rank} worker {worker}",
         )
 
     def _residual(self, index: int) -> Iterator[np.ndarray]:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from shardtok.errors import ResumeStateError
 from shardtok.storage.dataset import DatasetSource
+from shardtok.storage.location import display_url
 from shardtok.stream.options import StreamOptions
 
 
@@ -35,6 +36,12 @@ def stream_fingerprint(
     return {"sources": entries, "options": options.to_dict()}
 
 
+def _shown(entry: dict) -> str:
+    # The stored location stays as given (old states compare equal); only its printed form is
+    # redacted, since a pre-signed URL's signature or a user:password may be in it.
+    return display_url(str(entry.get("location")))
+
+
 def fingerprint_differences(saved: dict, current: dict) -> list[str]:
     """Human-readable differences that change the stream (empty when resumable)."""
     out: list[str] = []
@@ -45,7 +52,7 @@ def fingerprint_differences(saved: dict, current: dict) -> list[str]:
         for key in ("manifest_sha256", "tokenizer", "num_tokens", "weight"):
             if a.get(key) != b.get(key):
                 out.append(
-                    f"source {i} ({a.get('location')} -> {b.get('location')}): {key} "
+                    f"source {i} ({_shown(a)} -> {_shown(b)}): {key} "
                     f"{a.get(key)!r} saved, {b.get(key)!r} now"
                 )
     a_opts, b_opts = saved.get("options", {}), current.get("options", {})
