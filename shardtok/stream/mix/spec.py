@@ -23,7 +23,7 @@ from typing import Any
 
 from shardtok.errors import ShardtokError, UsageError
 from shardtok.storage.dataset import DatasetSource
-from shardtok.storage.location import Location
+from shardtok.storage.location import Location, origin_of
 from shardtok.stream.options import OPTION_NAMES
 
 
@@ -49,7 +49,11 @@ def mix_spec(
     storage_options: dict[str, Any] | None = None,
     base: Path | None = None,
 ) -> MixSpec:
-    """Turn a ``dataset_path`` value (one path, a list, or a mapping) into a MixSpec."""
+    """Turn a ``dataset_path`` value (one path, a list, or a mapping) into a MixSpec.
+
+    `storage_options` go to one origin only (``options_for``): a flat dict when every remote
+    source shares one, else a dict keyed by origin (``{"https://host": {...}, ...}``)."""
+    options_for = _options_by_origin(storage_options)
 
     def source(path: str | Path) -> DatasetSource:
         text = str(path)
@@ -57,7 +61,7 @@ def mix_spec(
         # Relative paths in a config file are relative to that file; URLs never are.
         if base is not None and where.is_local and not Path(where.local_path).is_absolute():
             text = str(base / where.local_path)
-        return DatasetSource(text, storage_options)
+        return DatasetSource(text, options_for(Location(text)))
 
     if isinstance(dataset_path, (str, Path)):
         return MixSpec([source(dataset_path)], [1])
@@ -134,6 +138,38 @@ def load_mix_config(
         raise UsageError(f"{where}: allow_mixed_tokenizers must be true or false, got {allow!r}")
     spec.allow_mixed_tokenizers = allow
     return spec
+
+
+def _origin(where: Location) -> tuple:
+    # Object stores reach their endpoint (from the options) whatever the bucket; HTTP reaches
+    # the host the URL names, so there the host and port are the origin.
+    scheme, host, port = origin_of(where.url)
+    return (scheme, host, port) if scheme in ("http", "https") else (scheme,)
+
+
+def _options_by_origin(storage_options: Mapping[str, Any] | None):
+    """A function giving each source's options, such that they never reach another origin."""
+    if not storage_options:
+        return lambda where: None
+    if all("://" in str(key) for key in storage_options):  # keyed by origin
+        by_origin = {_origin(Location(str(k))): v for k, v in storage_options.items()}
+        return lambda where: None if where.is_local else by_origin.get(_origin(where))
+    seen: dict[tuple, str] = {}
+
+    def flat(where: Location) -> dict | None:
+        if where.is_local:
+            return None
+        origin = _origin(where)
+        seen.setdefault(origin, where.display)
+        if len(seen) > 1:
+            shown = ", ".join(sorted(seen.values()))
+            raise UsageError(
+                f"storage_options would be sent to {len(seen)} origins ({shown}); key them by "
+                'origin instead: {"https://host": {...}, "s3://": {...}}'
+            )
+        return dict(storage_options)
+
+    return flat
 
 
 def _tokenizer_of(source: DatasetSource) -> str:
