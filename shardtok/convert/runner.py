@@ -255,7 +255,15 @@ def convert(opts: ConvertOptions) -> ConvertResult:
     ready: dict[int, UnitResult | UnitFailure | EncoderMismatch | Exception] = {}
     for unit in units:
         previous = workdir.load_result(unit.index, dtype)
-        if previous is not None:
+        if isinstance(previous, str):
+            # Redoing it gives the same bytes, so the output stays identical to a clean run.
+            print(
+                f"warning: work unit {workdir.unit_name(unit.index)} is damaged ({previous}); "
+                "tokenizing it again",
+                file=sys.stderr,
+            )
+            workdir.discard_unit(unit.index)
+        elif previous is not None:
             ready[unit.index] = previous
     reused = len(ready)
     todo = [u for u in units if u.index not in ready]

@@ -21,7 +21,7 @@ from shardtok.convert.inputs import InputError, InputFile
 from shardtok.convert.records import RangeReader, Reject
 from shardtok.convert.tokenizer import BatchEncoder, TokenizerSpec
 from shardtok.convert.units import Unit
-from shardtok.convert.workdir import UnitResult, WorkDir
+from shardtok.convert.workdir import ChecksumWriter, UnitResult, WorkDir
 from shardtok.format.frames import FrameBuilder
 
 _BATCH_CHARS = 1 << 20
@@ -137,7 +137,8 @@ def tokenize_unit(unit: Unit) -> UnitResult | UnitFailure | EncoderMismatch:
     rejects: list[list] = []
     records_read = 0
     try:
-        with open(tmp, "wb") as out, open(frames_tmp, "wb") as frames_out:
+        with open(tmp, "wb") as tokens_file, open(frames_tmp, "wb") as frames_file:
+            out, frames_out = ChecksumWriter(tokens_file), ChecksumWriter(frames_file)
             # Frames end at the unit's end, so the worker can compress them: the assembler
             # then only appends them to shards (see FrameBuilder).
             framer = FrameBuilder(config.frame_size, config.compression_level, frames_out)
@@ -180,7 +181,7 @@ def tokenize_unit(unit: Unit) -> UnitResult | UnitFailure | EncoderMismatch:
             frames=frames.tolist(),
             frame_settings=[config.frame_size, config.compression_level],
         )
-        workdir.save_unit(result, tmp, frames_tmp, docs)
+        workdir.save_unit(result, tmp, frames_tmp, docs, (out.crc, frames_out.crc))
         return result
     finally:
         tmp.unlink(missing_ok=True)
