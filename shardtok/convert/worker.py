@@ -9,10 +9,11 @@ error reported is always the first bad record of the input.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
-import time
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 import numpy as np
@@ -71,19 +72,26 @@ _config: WorkerConfig | None = None
 _encoder: BatchEncoder | None = None
 
 
-def _exit_when_orphaned(parent: int) -> None:
-    # A SIGKILLed parent never tells its pool; an orphan would finish its unit (harmless, the
-    # write is atomic) and then wait on the task queue forever.
-    while os.getppid() == parent:
-        time.sleep(1.0)
+def _exit_with_main(alive: Connection) -> None:
+    # A SIGKILLed main process never tells its pool; an orphan would finish its unit (harmless,
+    # the write is atomic) and then wait on the task queue forever. Nothing is ever sent on
+    # `alive`: recv returns only with EOF, once every write end is closed, i.e. the main process
+    # is gone. Unlike polling getppid this cannot miss a death that happened before the check
+    # started, and it works whatever the start method (under forkserver the parent is the fork
+    # server, not the main process).
+    with contextlib.suppress(EOFError, OSError):
+        alive.recv()
     os._exit(1)
 
 
-def init_worker(config: WorkerConfig) -> None:
+def init_worker(config: WorkerConfig, alive: Connection, alive_w: Connection) -> None:
     global _config, _encoder
+    # Before anything slow: a forked worker inherits the write end, and must drop it for the
+    # EOF to come when the main process dies.
+    alive_w.close()
+    threading.Thread(target=_exit_with_main, args=(alive,), daemon=True).start()
     _config = config
     _encoder = BatchEncoder(config.tokenizer)
-    threading.Thread(target=_exit_when_orphaned, args=(os.getppid(),), daemon=True).start()
 
 
 class _UnitTokenizer:
