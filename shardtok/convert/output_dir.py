@@ -56,10 +56,14 @@ def _ours(name: str, dataset_name: str) -> bool:
     )
 
 
-def make_output_folder(out: Path) -> None:
-    """Create `out` (with parents); an existing file there is a user's mistake, said plainly."""
+def refuse_file_output(out: Path) -> None:
+    """An existing file where the dataset folder should be is a user's mistake, said plainly."""
     if out.exists() and not out.is_dir():
         raise OutputDirError(f"{out} is a file, not a folder; choose a folder for the dataset")
+
+
+def make_output_folder(out: Path) -> None:
+    refuse_file_output(out)
     out.mkdir(parents=True, exist_ok=True)
 
 
@@ -147,6 +151,26 @@ def prepare_output(
         )
     workdir.start(plan)
     return workdir, None
+
+
+def prepare_new_dataset(out: Path, overwrite: bool) -> None:
+    """For writers that never resume (import-megatron): refuse to replace a dataset unless
+    `overwrite`, as convert does, and never write among foreign files."""
+    make_output_folder(out)
+    manifest = finished_manifest(out)
+    if (out / MANIFEST_NAME).exists():
+        if not overwrite:
+            raise OutputDirError(
+                f"{out} already holds a dataset (pass --overwrite to replace it, or choose "
+                "another output folder)"
+            )
+        clear_output(out, manifest.name if manifest is not None else "shard")
+    foreign = foreign_entries(out, "shard")
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (" ..." if len(foreign) > 5 else "")
+        raise OutputDirError(
+            f"output folder {out} is not empty ({shown}); choose an empty or new folder"
+        )
 
 
 class RejectsFile:

@@ -33,6 +33,7 @@ from shardtok.convert.output_dir import (
     RejectsFile,
     make_output_folder,
     prepare_output,
+    refuse_file_output,
     remove_stale_shards,
     resolve_output,
 )
@@ -243,6 +244,7 @@ def convert(opts: ConvertOptions) -> ConvertResult:
     opts = dataclasses.replace(opts, output=resolve_output(opts.output))
     out = Path(opts.output)
     try:
+        refuse_file_output(out)
         files = discover(list(opts.inputs), exclude_dir=opts.output)
         make_output_folder(out)
         with OutputLock(out):
