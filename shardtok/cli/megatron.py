@@ -27,7 +27,9 @@ def add_import_parser(sub) -> None:
     p = sub.add_parser(
         "import-megatron",
         help="turn a Megatron .bin/.idx pair into shards",
-        description="Read PREFIX.bin and PREFIX.idx and write a shardtok dataset, one document per Megatron sequence.",
+        description="Read PREFIX.bin and PREFIX.idx and write a shardtok dataset, one document "
+        "per Megatron sequence. OUT_DIR must be new or empty, or hold a dataset to replace "
+        "with --overwrite (files that are not shardtok's are never deleted).",
         epilog="example:\n  shardtok import-megatron corpus_text_document data/ --vocab-size 128256",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -37,13 +39,20 @@ def add_import_parser(sub) -> None:
         "--vocab-size", type=int, help="tokenizer vocabulary size (default: largest token id + 1)"
     )
     p.add_argument("--tokenizer-name", help="recorded in the metadata")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a dataset already in OUT_DIR (without it, an existing dataset is refused)",
+    )
     _add_writer_options(p)
     p.set_defaults(run=_run_import_megatron)
 
 
 def _run_import_megatron(args) -> int:
+    from shardtok.convert.output_dir import prepare_new_dataset
     from shardtok.format.megatron_io import import_megatron
 
+    prepare_new_dataset(Path(args.out_dir), args.overwrite)
     tokenizer = {"name": args.tokenizer_name} if args.tokenizer_name else None
     manifest = import_megatron(
         args.prefix,

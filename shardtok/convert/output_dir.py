@@ -10,6 +10,7 @@ rejects.jsonl, their temporary files and the work folder.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -17,6 +18,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from shardtok.convert.output_lock import LOCK_NAME
 from shardtok.convert.workdir import WORK_DIR_NAME, WorkDir
 from shardtok.errors import ShardtokError
 from shardtok.format.manifest import MANIFEST_NAME, Manifest, load_manifest
@@ -46,7 +48,23 @@ def _ours(name: str, dataset_name: str) -> bool:
     own = re.fullmatch(
         rf"\.?({re.escape(MANIFEST_NAME)}|{re.escape(REJECTS_NAME)})(\.tmp-\d+)?", name
     )
-    return bool(shard or own or name == WORK_DIR_NAME or name.startswith(WORK_DIR_NAME + ".trash-"))
+    return bool(
+        shard
+        or own
+        or name in (WORK_DIR_NAME, LOCK_NAME)
+        or name.startswith(WORK_DIR_NAME + ".trash-")
+    )
+
+
+def refuse_file_output(out: Path) -> None:
+    """An existing file where the dataset folder should be is a user's mistake, said plainly."""
+    if out.exists() and not out.is_dir():
+        raise OutputDirError(f"{out} is a file, not a folder; choose a folder for the dataset")
+
+
+def make_output_folder(out: Path) -> None:
+    refuse_file_output(out)
+    out.mkdir(parents=True, exist_ok=True)
 
 
 def clear_output(out: Path, dataset_name: str) -> None:
@@ -54,7 +72,7 @@ def clear_output(out: Path, dataset_name: str) -> None:
     if not out.is_dir():
         return
     for entry in out.iterdir():
-        if _ours(entry.name, dataset_name):
+        if _ours(entry.name, dataset_name) and entry.name != LOCK_NAME:  # held by this run
             if entry.is_dir():
                 shutil.rmtree(entry)
             else:
@@ -135,6 +153,26 @@ def prepare_output(
     return workdir, None
 
 
+def prepare_new_dataset(out: Path, overwrite: bool) -> None:
+    """For writers that never resume (import-megatron): refuse to replace a dataset unless
+    `overwrite`, as convert does, and never write among foreign files."""
+    make_output_folder(out)
+    manifest = finished_manifest(out)
+    if (out / MANIFEST_NAME).exists():
+        if not overwrite:
+            raise OutputDirError(
+                f"{out} already holds a dataset (pass --overwrite to replace it, or choose "
+                "another output folder)"
+            )
+        clear_output(out, manifest.name if manifest is not None else "shard")
+    foreign = foreign_entries(out, "shard")
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (" ..." if len(foreign) > 5 else "")
+        raise OutputDirError(
+            f"output folder {out} is not empty ({shown}); choose an empty or new folder"
+        )
+
+
 class RejectsFile:
     """rejects.jsonl under --on-bad-record skip: streamed to a temporary file, renamed at the end."""
 
@@ -153,5 +191,7 @@ class RejectsFile:
         return self.path
 
     def discard(self) -> None:
-        self._file.close()
+        # Flushing fails on a full disk: the error being reported already says so.
+        with contextlib.suppress(OSError):
+            self._file.close()
         self._tmp.unlink(missing_ok=True)

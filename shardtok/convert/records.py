@@ -7,11 +7,11 @@ to turn them into file line/row numbers. Blank lines are separators, not records
 
 from __future__ import annotations
 
-import io
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from shardtok.convert.compressed import DamagedInputError, open_decompressed, open_parquet
 from shardtok.convert.inputs import InputFile
 from shardtok.convert.units import InputRange
 
@@ -32,19 +32,9 @@ class Reject:
 
 
 def _open_stream(file: InputFile):
-    raw = open(file.path, "rb")  # noqa: SIM115 (closed with the returned stream)
-    if file.compression == "gzip":
-        import gzip
-
-        return gzip.GzipFile(fileobj=raw, mode="rb")
-    if file.compression == "zstd":
-        import zstandard
-
-        reader = zstandard.ZstdDecompressor().stream_reader(
-            raw, read_across_frames=True, closefd=True
-        )
-        return io.BufferedReader(reader, buffer_size=1 << 20)
-    return raw
+    if file.compression is not None:
+        return open_decompressed(file.path, file.compression)
+    return open(file.path, "rb")  # noqa: SIM115 (the caller closes it)
 
 
 def _lines(file: InputFile, piece: InputRange) -> Iterator[bytes]:
@@ -53,6 +43,11 @@ def _lines(file: InputFile, piece: InputRange) -> Iterator[bytes]:
         with open(file.path, "rb") as f:
             f.seek(piece.start)
             data = f.read(piece.end - piece.start)
+        if len(data) < piece.end - piece.start:
+            # The plan measured the file; a file that shrank since would lose records silently.
+            raise DamagedInputError(
+                file.path, piece.start + len(data), "the file ends early: it shrank during the run"
+            )
         if data.endswith(b"\n"):
             data = data[:-1]
         if data:
@@ -157,9 +152,8 @@ class RangeReader:
         yield 1, _check_text(1, text, "file")
 
     def _parquet(self) -> Iterator[tuple[int, str | Reject]]:
-        import pyarrow.parquet as pq
 
-        parquet = pq.ParquetFile(self.file.path)
+        parquet = open_parquet(self.file.path)
         names = parquet.schema_arrow.names
         # A column literally named "a.b" wins over the nested path a -> b.
         if self.text_key in names:

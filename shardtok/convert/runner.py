@@ -31,10 +31,13 @@ import numpy as np
 from shardtok.convert.inputs import InputFile, discover
 from shardtok.convert.output_dir import (
     RejectsFile,
+    make_output_folder,
     prepare_output,
+    refuse_file_output,
     remove_stale_shards,
     resolve_output,
 )
+from shardtok.convert.output_lock import OutputLock, os_error
 from shardtok.convert.progress import ConvertProgress, ConvertResult
 from shardtok.convert.tokenizer import TokenizerSpec
 from shardtok.convert.units import Unit, auto_unit_size, plan_units
@@ -73,6 +76,7 @@ class ConvertOptions:
     overwrite: bool = False
     keep_work: bool = False
     progress: bool = True
+    start_method: str | None = None  # workers: None = fork on Linux, spawn elsewhere
 
 
 def _settings(opts: ConvertOptions, files: list[InputFile], unit_size: int) -> dict:
@@ -126,8 +130,10 @@ def _usable_cores() -> int:
     return os.cpu_count() or 1
 
 
-def _mp_context():
+def _mp_context(start_method: str | None):
     """fork where it is safe and cheap (Linux), spawn elsewhere (macOS, Windows)."""
+    if start_method is not None:
+        return multiprocessing.get_context(start_method)
     if sys.platform == "linux":
         return multiprocessing.get_context("fork")
     return multiprocessing.get_context("spawn")
@@ -229,11 +235,27 @@ class _Assembler:
 
 
 def convert(opts: ConvertOptions) -> ConvertResult:
-    """Run (or resume, or recognise as done) the conversion described by `opts`."""
+    """Run (or resume, or recognise as done) the conversion described by `opts`.
+
+    One conversion at a time per output folder (OutputInUseError for the second); an OS error
+    (disk full, permissions) is an OutputIOError naming the path.
+    """
     started = time.monotonic()
     opts = dataclasses.replace(opts, output=resolve_output(opts.output))
-    files = discover(list(opts.inputs), exclude_dir=opts.output)
     out = Path(opts.output)
+    try:
+        refuse_file_output(out)
+        files = discover(list(opts.inputs), exclude_dir=opts.output)
+        make_output_folder(out)
+        with OutputLock(out):
+            return _convert(opts, files, out, started)
+    except OSError as exc:
+        raise os_error(exc, out) from exc
+
+
+def _convert(
+    opts: ConvertOptions, files: list[InputFile], out: Path, started: float
+) -> ConvertResult:
     total_bytes = sum(f.size for f in files)
     unit_size = opts.unit_size or auto_unit_size(total_bytes)
     settings = _settings(opts, files, unit_size)
@@ -255,7 +277,15 @@ def convert(opts: ConvertOptions) -> ConvertResult:
     ready: dict[int, UnitResult | UnitFailure | EncoderMismatch | Exception] = {}
     for unit in units:
         previous = workdir.load_result(unit.index, dtype)
-        if previous is not None:
+        if isinstance(previous, str):
+            # Redoing it gives the same bytes, so the output stays identical to a clean run.
+            print(
+                f"warning: work unit {workdir.unit_name(unit.index)} is damaged ({previous}); "
+                "tokenizing it again",
+                file=sys.stderr,
+            )
+            workdir.discard_unit(unit.index)
+        elif previous is not None:
             ready[unit.index] = previous
     reused = len(ready)
     todo = [u for u in units if u.index not in ready]
@@ -273,12 +303,19 @@ def convert(opts: ConvertOptions) -> ConvertResult:
     workers = max(1, min(opts.workers or _usable_cores(), len(todo) or 1))
     pool = None
     progress = assembler = None
+    context = _mp_context(opts.start_method)
+    # Workers watch this pipe: it reaches EOF when this process dies, however it dies (see
+    # worker.py). This process only ever holds the write end; it is never written.
+    alive_r, alive_w = context.Pipe(duplex=False)
     try:
         if todo:
             # Workers are started before anything here starts a thread (tqdm's monitor), so
             # forking is safe; fork also spares each worker re-importing and unpickling.
             pool = ProcessPoolExecutor(
-                workers, mp_context=_mp_context(), initializer=init_worker, initargs=(config,)
+                workers,
+                mp_context=context,
+                initializer=init_worker,
+                initargs=(config, alive_r, alive_w),
             )
         pending: dict[Future, int] = (
             {pool.submit(tokenize_unit, u): u.index for u in todo} if pool else {}
@@ -322,6 +359,8 @@ def convert(opts: ConvertOptions) -> ConvertResult:
             progress.close()
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
+        alive_r.close()
+        alive_w.close()
 
     remove_stale_shards(out, manifest)
     if not opts.keep_work:

@@ -73,9 +73,9 @@ def _byte_range_pieces(
 
 
 def _parquet_pieces(index: int, file: InputFile) -> list[tuple[InputRange, int]]:
-    import pyarrow.parquet as pq  # optional dependency: only needed for Parquet inputs
+    from shardtok.convert.compressed import open_parquet
 
-    meta = pq.ParquetFile(file.path).metadata
+    meta = open_parquet(file.path).metadata
     groups = [meta.row_group(i).total_byte_size for i in range(meta.num_row_groups)]
     total = sum(groups) or 1
     # Spread the file's real size over its row groups for the progress bar.

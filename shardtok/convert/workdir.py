@@ -4,9 +4,11 @@ A unit is persisted as four files, each written under a temporary name and renam
 ``unit-NNNNNN.tokens`` (the documents' tokens, concatenated, in the dataset dtype),
 ``unit-NNNNNN.frames`` (the same documents cut into frames and zstd-compressed by the worker),
 ``unit-NNNNNN.docs.npy`` (int64 rows: piece, record number, token count) and last
-``unit-NNNNNN.json`` (counts, rejects, the frame table and the frame settings used). The json
-is the finished-unit marker: a unit whose json exists and whose arrays agree with it is never
-tokenized again. A SIGKILL leaves at worst stray temporary files, which are ignored and swept.
+``unit-NNNNNN.json`` (counts, rejects, the frame table, the frame settings used and the crc32 of
+each of the three other files). The json is the finished-unit marker: a unit whose json exists
+and whose files match its checksums is never tokenized again; one whose files do not (a disk
+error, a file edited or cut) is tokenized again, with a warning. A SIGKILL leaves at worst
+stray temporary files, which are ignored and swept.
 
 `plan.json` holds the fingerprint of everything that decides a unit's content (input files with
 size and mtime, text key, txt mode, tokenizer fingerprint, EOS/BOS, unit size); work from a
@@ -15,9 +17,11 @@ different plan is never reused.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +29,8 @@ import numpy as np
 
 WORK_DIR_NAME = ".shardtok-work"
 _TRASH_PREFIX = WORK_DIR_NAME + ".trash-"
-_UNIT_FORMAT = 2  # 2: units carry their compressed frames
+_UNIT_FORMAT = 3  # 2: units carry their compressed frames; 3: and their files' crc32
+_CHECK_CHUNK = 4 << 20
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -49,17 +54,40 @@ class UnitResult:
     # [first document, uncompressed size, stored size, crc32] of each frame in the .frames file
     frames: list[list[int]]
     frame_settings: list  # [frame_size, compression level or None] the frames were made with
+    # crc32 of the unit's files, by suffix (".tokens", ".frames", ".docs.npy"); set by save_unit
+    checksums: dict[str, int] | None = None
 
     def to_json(self) -> bytes:
         doc = dict(self.__dict__, format=_UNIT_FORMAT)
         return json.dumps(doc, sort_keys=True).encode()
 
     @classmethod
-    def from_json(cls, data: bytes) -> UnitResult:
+    def from_json(cls, data: bytes) -> UnitResult | None:
+        """The result, or None for a unit written by another unit format (not reusable)."""
         doc = json.loads(data)
         if doc.pop("format", None) != _UNIT_FORMAT:
-            raise ValueError("unit file format changed")
+            return None
         return cls(**doc)
+
+
+class ChecksumWriter:
+    """Passes writes to a file and keeps their crc32, so a unit's checksum costs no re-read."""
+
+    def __init__(self, file):
+        self.file = file
+        self.crc = 0
+
+    def write(self, data) -> int:
+        self.crc = zlib.crc32(data, self.crc)
+        return self.file.write(data)
+
+
+def _file_crc32(path: Path) -> int:
+    crc = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHECK_CHUNK):
+            crc = zlib.crc32(chunk, crc)
+    return crc
 
 
 class WorkDir:
@@ -91,17 +119,26 @@ class WorkDir:
         return self.path / f"unit-{index:06d}"
 
     def save_unit(
-        self, result: UnitResult, tokens_tmp: Path, frames_tmp: Path, docs: np.ndarray
+        self,
+        result: UnitResult,
+        tokens_tmp: Path,
+        frames_tmp: Path,
+        docs: np.ndarray,
+        crcs: tuple[int, int],
     ) -> None:
-        """Move a worker's token and frame files into place, then the docs array, then the marker."""
+        """Move a worker's token and frame files (with their crc32s) into place, then the docs
+        array, then the marker that records all three checksums."""
         base = self._base(result.index)
         os.replace(tokens_tmp, base.with_suffix(".tokens"))
         os.replace(frames_tmp, base.with_suffix(".frames"))
-        docs_path = base.with_suffix(".docs.npy")
-        tmp = docs_path.with_name(f".{docs_path.name}.tmp-{os.getpid()}")
-        with open(tmp, "wb") as out:
-            np.save(out, docs)
-        os.replace(tmp, docs_path)
+        buffer = io.BytesIO()
+        np.save(buffer, docs)
+        atomic_write(base.with_suffix(".docs.npy"), buffer.getvalue())
+        result.checksums = {
+            ".tokens": crcs[0],
+            ".frames": crcs[1],
+            ".docs.npy": zlib.crc32(buffer.getvalue()),
+        }
         atomic_write(base.with_suffix(".json"), result.to_json())
 
     def token_tmp_path(self, index: int) -> Path:
@@ -110,25 +147,43 @@ class WorkDir:
     def frames_tmp_path(self, index: int) -> Path:
         return self.path / f".unit-{index:06d}.frames.tmp-{os.getpid()}"
 
-    def load_result(self, index: int, dtype: np.dtype) -> UnitResult | None:
-        """The unit's result if it finished and its files agree with each other, else None."""
+    def unit_name(self, index: int) -> str:
+        return str(self._base(index).with_suffix(".json"))
+
+    def load_result(self, index: int, dtype: np.dtype) -> UnitResult | str | None:
+        """The unit's result if it finished and its files are intact; None if it never finished
+        (or was written by another unit format); else why it is damaged."""
         base = self._base(index)
+        marker = base.with_suffix(".json")
         try:
-            result = UnitResult.from_json(base.with_suffix(".json").read_bytes())
+            data = marker.read_bytes()
+        except FileNotFoundError:
+            return None
+        try:
+            result = UnitResult.from_json(data)
+            if result is None:
+                return None
             tokens_size = base.with_suffix(".tokens").stat().st_size
             frames_size = base.with_suffix(".frames").stat().st_size
-            docs_shape = np.load(base.with_suffix(".docs.npy"), mmap_mode="r").shape
             stored = sum(row[2] for row in result.frames)
-        except (OSError, ValueError, TypeError, IndexError):
-            return None
+            for suffix, crc in sorted(result.checksums.items()):
+                if _file_crc32(base.with_suffix(suffix)) != crc:
+                    return f"{base.with_suffix(suffix).name} fails its crc32 check"
+            docs_shape = np.load(base.with_suffix(".docs.npy"), mmap_mode="r").shape
+        except (OSError, ValueError, TypeError, IndexError, AttributeError, KeyError) as exc:
+            return f"cannot be read back ({type(exc).__name__}: {exc})"
         if (
             result.index != index
             or tokens_size != result.num_tokens * dtype.itemsize
             or frames_size != stored
             or docs_shape != (result.num_documents, 3)
         ):
-            return None
+            return "its files disagree with its marker in size"
         return result
+
+    def discard_unit(self, index: int) -> None:
+        """Drop a damaged unit's marker, so it counts as unfinished until it is redone."""
+        self._base(index).with_suffix(".json").unlink(missing_ok=True)
 
     def load_unit(self, index: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
         """(tokens, docs) of a finished unit; tokens are memory-mapped."""

@@ -9,10 +9,11 @@ error reported is always the first bad record of the input.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
-import time
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +22,7 @@ from shardtok.convert.inputs import InputError, InputFile
 from shardtok.convert.records import RangeReader, Reject
 from shardtok.convert.tokenizer import BatchEncoder, TokenizerSpec
 from shardtok.convert.units import Unit
-from shardtok.convert.workdir import UnitResult, WorkDir
+from shardtok.convert.workdir import ChecksumWriter, UnitResult, WorkDir
 from shardtok.format.frames import FrameBuilder
 
 _BATCH_CHARS = 1 << 20
@@ -71,19 +72,26 @@ _config: WorkerConfig | None = None
 _encoder: BatchEncoder | None = None
 
 
-def _exit_when_orphaned(parent: int) -> None:
-    # A SIGKILLed parent never tells its pool; an orphan would finish its unit (harmless, the
-    # write is atomic) and then wait on the task queue forever.
-    while os.getppid() == parent:
-        time.sleep(1.0)
+def _exit_with_main(alive: Connection) -> None:
+    # A SIGKILLed main process never tells its pool; an orphan would finish its unit (harmless,
+    # the write is atomic) and then wait on the task queue forever. Nothing is ever sent on
+    # `alive`: recv returns only with EOF, once every write end is closed, i.e. the main process
+    # is gone. Unlike polling getppid this cannot miss a death that happened before the check
+    # started, and it works whatever the start method (under forkserver the parent is the fork
+    # server, not the main process).
+    with contextlib.suppress(EOFError, OSError):
+        alive.recv()
     os._exit(1)
 
 
-def init_worker(config: WorkerConfig) -> None:
+def init_worker(config: WorkerConfig, alive: Connection, alive_w: Connection) -> None:
     global _config, _encoder
+    # Before anything slow: a forked worker inherits the write end, and must drop it for the
+    # EOF to come when the main process dies.
+    alive_w.close()
+    threading.Thread(target=_exit_with_main, args=(alive,), daemon=True).start()
     _config = config
     _encoder = BatchEncoder(config.tokenizer)
-    threading.Thread(target=_exit_when_orphaned, args=(os.getppid(),), daemon=True).start()
 
 
 class _UnitTokenizer:
@@ -137,7 +145,8 @@ def tokenize_unit(unit: Unit) -> UnitResult | UnitFailure | EncoderMismatch:
     rejects: list[list] = []
     records_read = 0
     try:
-        with open(tmp, "wb") as out, open(frames_tmp, "wb") as frames_out:
+        with open(tmp, "wb") as tokens_file, open(frames_tmp, "wb") as frames_file:
+            out, frames_out = ChecksumWriter(tokens_file), ChecksumWriter(frames_file)
             # Frames end at the unit's end, so the worker can compress them: the assembler
             # then only appends them to shards (see FrameBuilder).
             framer = FrameBuilder(config.frame_size, config.compression_level, frames_out)
@@ -180,7 +189,7 @@ def tokenize_unit(unit: Unit) -> UnitResult | UnitFailure | EncoderMismatch:
             frames=frames.tolist(),
             frame_settings=[config.frame_size, config.compression_level],
         )
-        workdir.save_unit(result, tmp, frames_tmp, docs)
+        workdir.save_unit(result, tmp, frames_tmp, docs, (out.crc, frames_out.crc))
         return result
     finally:
         tmp.unlink(missing_ok=True)

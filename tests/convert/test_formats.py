@@ -211,7 +211,7 @@ def test_bad_inputs_are_named(tmp_path, spec, setup, message):
 def test_corrupt_compressed_input_names_the_file(tmp_path, spec):
     data = gzip.compress(jsonl_bytes(TEXTS), mtime=0)
     (tmp_path / "c.jsonl.gz").write_bytes(data[: len(data) // 2])
-    with pytest.raises(ShardtokError, match=r"c\.jsonl\.gz: cannot read the input"):
+    with pytest.raises(ShardtokError, match=r"c\.jsonl\.gz, byte offset \d+: the file ends inside"):
         run(spec, [tmp_path / "c.jsonl.gz"], tmp_path / "out")
 
 
