@@ -168,7 +168,9 @@ class DatasetWriter:
             return
         file = shard_file_name(self.name, len(self._entries))
         meta, size, sha = builder.write(self.out_dir / file)
-        self._entries.append(ShardEntry(file, size, meta.num_documents, meta.num_tokens, sha))
+        self._entries.append(
+            ShardEntry(file, size, meta.num_documents, meta.num_tokens, sha, meta.sha256)
+        )
         self._builder = None
 
     def close(self, extra: dict | None = None) -> Manifest:

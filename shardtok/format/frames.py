@@ -125,6 +125,21 @@ class FrameDecoder:
             raw = stored
         else:
             try:
+                # decompress() allocates the content size the zstd frame header declares and
+                # ignores max_output_size then: a few KB could claim gigabytes. Compare first.
+                declared = zstandard.get_frame_parameters(stored).content_size
+                # (max_output_size=0 means "no limit", so an empty frame must declare 0.)
+                unknown_ok = frame.uncompressed_size > 0
+                if declared != frame.uncompressed_size and not (
+                    unknown_ok and declared == zstandard.CONTENTSIZE_UNKNOWN
+                ):
+                    raise CorruptShardError(
+                        self.where,
+                        self.member,
+                        offset,
+                        f"frame {number} declares {declared} bytes, the frame table "
+                        f"{frame.uncompressed_size}",
+                    )
                 raw = self._decompressor.decompress(stored, max_output_size=frame.uncompressed_size)
             except zstandard.ZstdError as exc:
                 raise CorruptShardError(

@@ -11,6 +11,14 @@ import numpy as np
 
 from shardtok.errors import CorruptShardError
 from shardtok.format.mmidx import token_dtype
+from shardtok.format.validate import (
+    check_vocab,
+    want_dict,
+    want_int,
+    want_plain_name,
+    want_sha256,
+    want_str,
+)
 
 MANIFEST_NAME = "index.json"
 DATASET_FORMAT = "shardtok-dataset"
@@ -24,15 +32,40 @@ class ShardEntry:
     num_documents: int
     num_tokens: int
     sha256: str
+    # The shard json's own meta_sha256 (added in 0.2): lets a reader tie the shard it opened to
+    # this entry from the head alone. None for manifests written before, which then get the
+    # weaker checks (key, counts, dtype, vocabulary, tokenizer).
+    meta_sha256: str | None = None
 
     def to_json(self) -> dict:
-        return {
+        doc = {
             "bytes": self.bytes,
             "file": self.file,
             "num_documents": self.num_documents,
             "num_tokens": self.num_tokens,
             "sha256": self.sha256,
         }
+        if self.meta_sha256 is not None:
+            doc["meta_sha256"] = self.meta_sha256
+        return doc
+
+    @classmethod
+    def from_json(cls, doc, fail) -> ShardEntry:
+        if not isinstance(doc, dict):
+            raise fail(f"a shard entry is {doc!r}, not an object")
+        file = want_plain_name(doc, "file", fail)
+
+        def fail_here(reason: str) -> CorruptShardError:
+            return fail(f"shard {file}: {reason}")
+
+        return cls(
+            file,
+            want_int(doc, "bytes", fail_here),
+            want_int(doc, "num_documents", fail_here),
+            want_int(doc, "num_tokens", fail_here),
+            want_sha256(doc, "sha256", fail_here),
+            want_sha256(doc, "meta_sha256", fail_here) if "meta_sha256" in doc else None,
+        )
 
 
 @dataclass(frozen=True)
@@ -82,7 +115,7 @@ class Manifest:
 
         try:
             doc = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
             raise fail(f"manifest is not valid JSON ({exc})") from None
         if not isinstance(doc, dict) or doc.get("format") != DATASET_FORMAT:
             raise fail("not a shardtok dataset manifest")
@@ -90,35 +123,34 @@ class Manifest:
             raise fail(
                 f"manifest version {doc.get('format_version')} is not supported (reads {DATASET_FORMAT_VERSION})"
             )
+        shards_doc = doc.get("shards")
+        if not isinstance(shards_doc, list):
+            raise fail(f"field 'shards' is {shards_doc!r}, not a list")
+        shards = tuple(ShardEntry.from_json(s, fail) for s in shards_doc)
         try:
-            shards = tuple(
-                ShardEntry(
-                    str(s["file"]),
-                    int(s["bytes"]),
-                    int(s["num_documents"]),
-                    int(s["num_tokens"]),
-                    str(s["sha256"]),
-                )
-                for s in doc["shards"]
-            )
-            manifest = cls(
-                name=str(doc["name"]),
-                dtype=token_dtype(doc["dtype"]),
-                vocab_size=int(doc["vocab_size"]),
-                tokenizer=dict(doc.get("tokenizer") or {}),
-                shards=shards,
-                extra=dict(doc.get("extra") or {}),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise fail(f"manifest field missing or malformed: {exc!r}") from None
+            dtype = token_dtype(want_str(doc, "dtype", fail))
+        except (TypeError, ValueError) as exc:
+            raise fail(f"field 'dtype': {exc}") from None
+        vocab_size = want_int(doc, "vocab_size", fail, minimum=1)
+        check_vocab(vocab_size, dtype, fail)
+        manifest = cls(
+            name=want_str(doc, "name", fail),
+            dtype=dtype,
+            vocab_size=vocab_size,
+            tokenizer=want_dict(doc, "tokenizer", fail),
+            shards=shards,
+            extra=want_dict(doc, "extra", fail),
+        )
         for key, value in (
             ("num_documents", manifest.num_documents),
             ("num_tokens", manifest.num_tokens),
         ):
-            if key in doc and doc[key] != value:
+            if key in doc and want_int(doc, key, fail) != value:
                 raise fail(f"{key} is {doc[key]} but the shards add up to {value}")
         if len({s.file for s in shards}) != len(shards):
             raise fail("a shard is listed twice")
+        if MANIFEST_NAME in {s.file for s in shards}:
+            raise fail(f"{MANIFEST_NAME} is listed as a shard")
         return manifest
 
     def write(self, folder: str | Path) -> Path:

@@ -84,6 +84,11 @@ class MMIndex:
         return int(self.sizes.astype(np.int64).sum()) * self.dtype.itemsize
 
 
+def idx_nbytes(num_documents: int) -> int:
+    """Size of the index shardtok writes for `num_documents` (one sequence per document)."""
+    return HEADER_SIZE + 12 * num_documents + 8 * (num_documents + 1)
+
+
 def pointers_for(sizes: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """Byte offset of each sequence: the exclusive prefix sum of sizes * itemsize."""
     pointers = np.zeros(len(sizes), dtype=np.int64)

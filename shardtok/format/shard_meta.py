@@ -15,6 +15,14 @@ import numpy as np
 
 from shardtok.errors import CorruptShardError
 from shardtok.format.mmidx import MMIndex, token_dtype
+from shardtok.format.validate import (
+    check_vocab,
+    want_dict,
+    want_int,
+    want_plain_name,
+    want_sha256,
+    want_str,
+)
 
 SHARD_FORMAT = "shardtok-shard"
 SHARD_FORMAT_VERSION = 1
@@ -57,6 +65,15 @@ class ShardMeta:
     idx_sha256: str
     tokenizer: dict = field(default_factory=dict)
     provenance: tuple[dict, ...] = ()
+    # The json's meta_sha256 as read (the manifest names shards by it); not part of equality.
+    read_sha256: str | None = field(default=None, compare=False)
+
+    @property
+    def sha256(self) -> str:
+        """The meta_sha256 this json carries (computed for a json not yet written)."""
+        if self.read_sha256 is not None:
+            return self.read_sha256
+        return hashlib.sha256(_canonical(self._json_fields())).hexdigest()
 
     @property
     def compressed(self) -> bool:
@@ -112,7 +129,7 @@ class ShardMeta:
 
         try:
             doc = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
             raise fail(f"metadata is not valid JSON ({exc})") from None
         if not isinstance(doc, dict) or doc.get("format") != SHARD_FORMAT:
             raise fail(
@@ -128,38 +145,54 @@ class ShardMeta:
                 f"shard format version {doc.get('format_version')} is not supported by this shardtok "
                 f"(reads version {SHARD_FORMAT_VERSION})"
             )
+        frames_doc = doc.get("frames")
+        if not isinstance(frames_doc, list):
+            raise fail(f"field 'frames' is {frames_doc!r}, not a list")
+        frames = tuple(_frame(f, fail) for f in frames_doc)
         try:
-            frames = tuple(
-                Frame(
-                    int(f["compressed_offset"]),
-                    int(f["compressed_size"]),
-                    int(f["first_document"]),
-                    int(f["uncompressed_offset"]),
-                    int(f["uncompressed_size"]),
-                    int(f["crc32"]),
-                )
-                for f in doc["frames"]
-            )
-            meta = cls(
-                key=str(doc["key"]),
-                dtype=token_dtype(doc["dtype"]),
-                vocab_size=int(doc["vocab_size"]),
-                num_documents=int(doc["num_documents"]),
-                num_tokens=int(doc["num_tokens"]),
-                compression=str(doc["compression"]),
-                compression_level=doc["compression_level"],
-                frames=frames,
-                bin_sha256=str(doc["bin_sha256"]),
-                idx_sha256=str(doc["idx_sha256"]),
-                tokenizer=dict(doc.get("tokenizer") or {}),
-                provenance=tuple(doc.get("provenance") or ()),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise fail(f"metadata field missing or malformed: {exc!r}") from None
+            dtype = token_dtype(want_str(doc, "dtype", fail))
+        except (TypeError, ValueError) as exc:
+            raise fail(f"field 'dtype': {exc}") from None
+        vocab_size = want_int(doc, "vocab_size", fail, minimum=1)
+        check_vocab(vocab_size, dtype, fail)
+        level = doc.get("compression_level")
+        if level is not None:
+            level = want_int(doc, "compression_level", fail, minimum=None)
+        provenance = doc.get("provenance") or []
+        if not isinstance(provenance, list):
+            raise fail(f"field 'provenance' is {provenance!r}, not a list")
+        meta = cls(
+            key=want_plain_name(doc, "key", fail),
+            dtype=dtype,
+            vocab_size=vocab_size,
+            num_documents=want_int(doc, "num_documents", fail),
+            num_tokens=want_int(doc, "num_tokens", fail),
+            compression=want_str(doc, "compression", fail),
+            compression_level=level,
+            frames=frames,
+            bin_sha256=want_sha256(doc, "bin_sha256", fail),
+            idx_sha256=want_sha256(doc, "idx_sha256", fail),
+            tokenizer=want_dict(doc, "tokenizer", fail),
+            provenance=tuple(provenance),
+            read_sha256=claimed,
+        )
         if meta.compression not in COMPRESSIONS:
             raise fail(f"unknown compression {meta.compression!r}")
         _check_frames(meta, fail)
         return meta
+
+
+def _frame(doc, fail) -> Frame:
+    if not isinstance(doc, dict):
+        raise fail(f"a frame is {doc!r}, not an object")
+    return Frame(
+        want_int(doc, "compressed_offset", fail),
+        want_int(doc, "compressed_size", fail),
+        want_int(doc, "first_document", fail),
+        want_int(doc, "uncompressed_offset", fail),
+        want_int(doc, "uncompressed_size", fail),
+        want_int(doc, "crc32", fail, maximum=0xFFFFFFFF),
+    )
 
 
 def _canonical(doc: dict) -> bytes:

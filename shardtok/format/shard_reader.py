@@ -10,19 +10,20 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import Protocol
 
 import numpy as np
 
 from shardtok.errors import CorruptShardError
 from shardtok.format.frames import FrameDecoder
-from shardtok.format.mmidx import MMIndex, decode_idx
-from shardtok.format.shard_meta import ShardMeta, check_against_index
-from shardtok.format.tar import BLOCK, END_OF_ARCHIVE, MemberHeader, decode_header
+from shardtok.format.shard_head import ShardHead, read_head
+from shardtok.format.shard_meta import ShardMeta
+from shardtok.format.tar import BLOCK, END_OF_ARCHIVE, decode_header
 
-MAX_JSON_BYTES = 64 << 20
+# Reads from a stream are at most this large, so a size a damaged header declares is never
+# allocated up front: memory grows only with the bytes that actually arrive.
+READ_CHUNK = 8 << 20
 
 
 class RangeSource(Protocol):
@@ -61,83 +62,6 @@ class PathSource:
         self.__init__(state["path"])
 
 
-@dataclass(frozen=True)
-class ShardHead:
-    meta: ShardMeta
-    index: MMIndex
-    bin_header: MemberHeader
-
-    @property
-    def offsets(self) -> np.ndarray:
-        """Token offset of each document, plus the total (int64[D + 1])."""
-        out = np.zeros(self.meta.num_documents + 1, dtype=np.int64)
-        np.cumsum(self.index.sizes, out=out[1:])
-        return out
-
-
-def read_head(read_exact: Callable[[int, int], bytes], where: str) -> ShardHead:
-    """Parse json, idx and the bin header; `read_exact(offset, n)` returns n bytes or fewer at EOF."""
-
-    def member(offset: int, expected_suffix: tuple[str, ...]) -> MemberHeader:
-        header = decode_header(read_exact(offset, BLOCK), offset, where)
-        if header is None:
-            raise CorruptShardError(
-                where,
-                None,
-                offset,
-                f"archive ends where a {expected_suffix[0]} member was expected",
-            )
-        if not header.name.endswith(expected_suffix):
-            raise CorruptShardError(
-                where, header.name, offset, f"expected a {' or '.join(expected_suffix)} member here"
-            )
-        return header
-
-    json_header = member(0, (".json",))
-    if json_header.size > MAX_JSON_BYTES:
-        raise CorruptShardError(
-            where, json_header.name, 124, f"metadata member claims {json_header.size} bytes"
-        )
-    json_data = _exact(
-        read_exact, json_header.data_offset, json_header.size, where, json_header.name
-    )
-    meta = ShardMeta.from_json_bytes(json_data, where, json_header.name, json_header.data_offset)
-    if json_header.name != meta.json_member:
-        raise CorruptShardError(
-            where, json_header.name, 0, f"member name does not match key {meta.key!r}"
-        )
-
-    idx_header = member(json_header.end_offset, (".idx",))
-    if idx_header.name != meta.idx_member:
-        raise CorruptShardError(
-            where, idx_header.name, idx_header.header_offset, f"expected member {meta.idx_member}"
-        )
-    idx_data = _exact(read_exact, idx_header.data_offset, idx_header.size, where, idx_header.name)
-    if hashlib.sha256(idx_data).hexdigest() != meta.idx_sha256:
-        raise CorruptShardError(
-            where,
-            idx_header.name,
-            idx_header.data_offset,
-            "index sha256 does not match the metadata",
-        )
-    index = decode_idx(idx_data, where, idx_header.name)
-    check_against_index(meta, index, where, idx_header.name, idx_header.data_offset)
-
-    bin_header = member(idx_header.end_offset, (".bin", ".bin.zst"))
-    if bin_header.name != meta.bin_member:
-        raise CorruptShardError(
-            where, bin_header.name, bin_header.header_offset, f"expected member {meta.bin_member}"
-        )
-    if bin_header.size != meta.stored_bin_nbytes:
-        raise CorruptShardError(
-            where,
-            bin_header.name,
-            bin_header.header_offset,
-            f"member holds {bin_header.size} bytes, frame table says {meta.stored_bin_nbytes}",
-        )
-    return ShardHead(meta, index, bin_header)
-
-
 def read_source_head(source: RangeSource, where: str) -> ShardHead:
     """``read_head`` over a RangeSource; reads past the end come back short, so a truncated
     file is reported as a corrupt shard rather than as a failed read."""
@@ -146,16 +70,7 @@ def read_source_head(source: RangeSource, where: str) -> ShardHead:
     def read_upto(offset: int, n: int) -> bytes:
         return source.read_range(offset, max(0, min(n, size - offset)))
 
-    return read_head(read_upto, where)
-
-
-def _exact(read_exact, offset: int, n: int, where: str, member: str) -> bytes:
-    data = read_exact(offset, n)
-    if len(data) != n:
-        raise CorruptShardError(
-            where, member, offset + len(data), f"truncated: {len(data)} of {n} bytes"
-        )
-    return data
+    return read_head(read_upto, where, size)
 
 
 def _document_slices(
@@ -270,12 +185,14 @@ class ShardStreamReader:
     the archive: redundant for token safety, and about a third of the decoding cost.
     """
 
-    def __init__(self, stream, name: str, *, full_checks: bool = False):
+    def __init__(self, stream, name: str, *, full_checks: bool = False, size: int | None = None):
+        """`size`: the shard's size when known (the manifest's `bytes`); member headers that
+        claim more are refused before they are read."""
         self._stream = stream
         self.where = name
         self.full_checks = full_checks
         self._position = 0
-        self.head = read_head(self._read_at, name)
+        self.head = read_head(self._read_at, name, size)
         self.meta = self.head.meta
         self.sizes = self.head.index.sizes
         self.offsets = self.head.offsets
@@ -306,7 +223,7 @@ class ShardStreamReader:
     def _read(self, n: int) -> bytes:
         parts, remaining = [], n
         while remaining:
-            chunk = self._stream.read(remaining)
+            chunk = self._stream.read(min(remaining, READ_CHUNK))
             if not chunk:
                 break
             parts.append(chunk)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardtok.errors import CorruptShardError, StorageError
+from shardtok.format.identity import check_shard_identity
 from shardtok.format.manifest import MANIFEST_NAME, Manifest, ShardEntry
 from shardtok.format.shard_reader import ShardStreamReader
 
@@ -66,9 +67,13 @@ class VerifyReport:
 
 
 def verify_shard(
-    open_stream: OpenStream, where: str, entry: ShardEntry | None = None
+    open_stream: OpenStream,
+    where: str,
+    entry: ShardEntry | None = None,
+    manifest: Manifest | None = None,
 ) -> ShardReport:
-    """Decode every frame and compare every checksum; with `entry`, also the manifest's claims.
+    """Decode every frame and compare every checksum; with `entry`, also the manifest's claims,
+    and with `manifest` too, every dataset-wide field (dtype, vocabulary, tokenizer).
 
     `where` names the shard in messages (a path, or a URL without credentials)."""
     report = ShardReport(where.rstrip("/").rsplit("/", 1)[-1], ok=False)
@@ -82,6 +87,8 @@ def verify_shard(
         report.num_documents, report.num_tokens = reader.meta.num_documents, reader.meta.num_tokens
         if entry is not None:
             _check_entry(where, entry, reader, stream)
+            if manifest is not None:
+                check_shard_identity(reader.meta, entry, manifest, where, stream.nbytes)
     except CorruptShardError as exc:
         report.error = str(exc)
         return report
@@ -128,6 +135,6 @@ def verify_dataset(
         report.errors.append(str(exc))
         return report
     for entry in manifest.shards:
-        shard_report = verify_shard(open_shard(entry.file), where_of(entry.file), entry)
+        shard_report = verify_shard(open_shard(entry.file), where_of(entry.file), entry, manifest)
         report.shards.append(shard_report)
     return report

@@ -1,7 +1,10 @@
 """On-disk cache of GPT indices, so a restart (or every rank) memory-maps them instead of rebuilding.
 
 Layout: ``<cache_dir>/gpt-<sha256>/`` holding ``document_index.npy``, ``sample_index.npy``,
-``shuffle_index.npy`` and ``inputs.json`` (the inputs in readable form, for humans only). The
+``shuffle_index.npy``, ``checksums.json`` (crc32 of each ``.npy`` file, checked on every load:
+a flipped bit would otherwise repeat one sample and drop another, silently) and ``inputs.json``
+(the inputs in readable form, for humans only). A folder that fails its checks is rebuilt, with
+a warning naming the file. The
 sha256 covers a format version and every input that changes the arrays, including the bytes of
 ``sizes`` and ``documents``, so a stale folder can never be picked up for different data.
 
@@ -11,11 +14,14 @@ see either no folder or a complete one, and when two processes race, the loser d
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
 import tempfile
+import warnings
+import zlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -24,8 +30,10 @@ import numpy as np
 from shardtok.errors import CorruptShardError
 from shardtok.index.gpt import GptIndices, build_gpt_indices
 
-# Bump when the arrays for the same inputs change (new semantics, new dtypes).
-CACHE_FORMAT_VERSION = 1
+# Bump when the arrays for the same inputs change (new semantics, new dtypes) or the folder
+# layout does. 2: checksums.json (folders of version 1 have none and are simply not used).
+CACHE_FORMAT_VERSION = 2
+CHECKSUMS_NAME = "checksums.json"
 
 _ARRAY_NAMES = ("document_index", "sample_index", "shuffle_index")
 
@@ -108,6 +116,12 @@ def cached_gpt_indices(
     )
     cache_root = Path(cache_dir)
     folder = cache_root / f"gpt-{_key(sizes, documents, options)}"
+    if folder.is_dir():
+        try:
+            return _load(folder)
+        except CorruptShardError as damage:
+            warnings.warn(f"{damage}; rebuilding the GPT index cache", stacklevel=2)
+            _discard(cache_root, folder)
     if not folder.is_dir():
         indices = build_gpt_indices(
             sizes,
@@ -133,12 +147,16 @@ def _publish(
     cache_root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=cache_root))
     try:
+        checksums = {}
         for name, array in zip(_ARRAY_NAMES, indices, strict=True):
             with open(staging / f"{name}.npy", "wb") as handle:
                 np.save(handle, array, allow_pickle=False)
                 handle.flush()
                 os.fsync(handle.fileno())
+            checksums[f"{name}.npy"] = _crc32(staging / f"{name}.npy")
         (staging / "inputs.json").write_text(json.dumps(description, indent=2) + "\n")
+        # Written last: a folder with checksums.json has every array.
+        (staging / CHECKSUMS_NAME).write_text(json.dumps(checksums, sort_keys=True) + "\n")
         try:
             os.rename(staging, folder)
         except OSError:
@@ -149,7 +167,43 @@ def _publish(
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def _crc32(path: Path) -> int:
+    crc = 0
+    with open(path, "rb") as handle:
+        while block := handle.read(_HASH_BLOCK):
+            crc = zlib.crc32(block, crc)
+    return crc
+
+
+def _discard(cache_root: Path, folder: Path) -> None:
+    """Move a damaged folder out of the way (atomically, so racing processes agree) and delete it."""
+    trash = Path(tempfile.mkdtemp(prefix=f".{folder.name}.damaged.", dir=cache_root))
+    with contextlib.suppress(OSError):  # another process moved it first
+        os.rename(folder, trash / "old")
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def _check_sums(folder: Path) -> None:
+    def fail(member: str, reason: str) -> CorruptShardError:
+        return CorruptShardError(str(folder / member), None, None, reason)
+
+    try:
+        expected = json.loads((folder / CHECKSUMS_NAME).read_text())
+    except (OSError, ValueError) as error:
+        raise fail(CHECKSUMS_NAME, f"cannot be read ({error})") from None
+    if not isinstance(expected, dict):
+        raise fail(CHECKSUMS_NAME, "is not an object")
+    for name in _ARRAY_NAMES:
+        try:
+            actual = _crc32(folder / f"{name}.npy")
+        except OSError as error:
+            raise fail(f"{name}.npy", f"cannot be read ({error})") from None
+        if expected.get(f"{name}.npy") != actual:
+            raise fail(f"{name}.npy", "fails its crc32 check")
+
+
 def _load(folder: Path) -> GptIndices:
+    _check_sums(folder)
     arrays = []
     for name in _ARRAY_NAMES:
         path = folder / f"{name}.npy"
@@ -160,7 +214,7 @@ def _load(folder: Path) -> GptIndices:
                 str(folder),
                 f"{name}.npy",
                 None,
-                f"cached index cannot be read ({error}); delete the folder to rebuild it",
+                f"cached index cannot be read ({error})",
             ) from error
     document_index, sample_index, shuffle_index = arrays
     if sample_index.ndim != 2 or sample_index.shape[1] != 2:
@@ -168,14 +222,13 @@ def _load(folder: Path) -> GptIndices:
             str(folder),
             "sample_index.npy",
             None,
-            f"shape {sample_index.shape} is not (n, 2); delete the folder to rebuild it",
+            f"shape {sample_index.shape} is not (n, 2)",
         )
     if shuffle_index.shape != (sample_index.shape[0] - 1,):
         raise CorruptShardError(
             str(folder),
             "shuffle_index.npy",
             None,
-            f"{shuffle_index.shape[0]} entries for {sample_index.shape[0] - 1} samples; "
-            "delete the folder to rebuild it",
+            f"{shuffle_index.shape[0]} entries for {sample_index.shape[0] - 1} samples",
         )
     return GptIndices(document_index, sample_index, shuffle_index)

@@ -3,7 +3,8 @@
 * a Megatron pair ``PREFIX.bin`` / ``PREFIX.idx``: the ``.bin`` memmap itself;
 * a shardtok dataset written without compression: each shard's ``.bin`` member is memory-mapped
   in place inside its tar (512-byte aligned) and :class:`ConcatTokens` joins them virtually,
-  without copying.
+  without copying, checking each frame's crc32 the first time it is touched
+  (:class:`shardtok.memmap.checked.FrameCheck`). A Megatron ``.bin`` has no checksums to check.
 
 Either way the result is ``(tokens, sizes)`` for :class:`shardtok.memmap.samples.GPTSamples`.
 """
@@ -16,6 +17,7 @@ import numpy as np
 
 from shardtok.format.manifest import MANIFEST_NAME
 from shardtok.format.megatron import MegatronPair
+from shardtok.memmap.checked import FrameCheck
 from shardtok.storage.dataset import DatasetSource
 
 
@@ -27,7 +29,8 @@ class ConcatTokens:
 
     ndim = 1
 
-    def __init__(self, arrays: list[np.ndarray]):
+    def __init__(self, arrays: list[np.ndarray], check: FrameCheck | None = None):
+        """`check`: frame crc32s to verify on first touch (shards); None for a Megatron .bin."""
         if not arrays:
             raise ValueError("ConcatTokens needs at least one array")
         dtypes = {a.dtype for a in arrays}
@@ -39,6 +42,7 @@ class ConcatTokens:
         self.bounds = np.zeros(len(arrays) + 1, dtype=np.int64)
         np.cumsum([len(a) for a in arrays], out=self.bounds[1:])
         self.shape = (int(self.bounds[-1]),)
+        self.check = check
 
     def __len__(self) -> int:
         return self.shape[0]
@@ -48,16 +52,22 @@ class ConcatTokens:
             start, stop, step = index.indices(len(self))
             if step != 1:
                 return self[np.arange(start, stop, step)]
+            if self.check is not None:
+                self.check.range(start, stop)
             return self._range(start, stop)
         if isinstance(index, (int, np.integer)):
             i = int(index) + (len(self) if index < 0 else 0)
             if not 0 <= i < len(self):
                 raise IndexError(f"token {index} out of range for {len(self)} tokens")
+            if self.check is not None:
+                self.check.range(i, i + 1)
             k = int(np.searchsorted(self.bounds, i, side="right")) - 1
             return self.arrays[k][i - self.bounds[k]]
         positions = np.asarray(index, dtype=np.int64)
         if positions.size and (positions.min() < 0 or positions.max() >= len(self)):
             raise IndexError(f"token positions out of range for {len(self)} tokens")
+        if self.check is not None:
+            self.check.positions(positions)
         if positions.ndim == 1 and positions.size > 16:
             # Samples gather a few runs of consecutive positions: copy runs, not elements.
             breaks = np.flatnonzero(np.diff(positions) != 1) + 1
@@ -79,6 +89,8 @@ class ConcatTokens:
     def ranges(self, begins: list[int], lengths: list[int]) -> list[np.ndarray]:
         """``[self[b : b + n] for b, n in zip(begins, lengths) if n]`` with one searchsorted
         for all of them (a document never spans two arrays, so a range rarely does)."""
+        if self.check is not None:
+            self.check.ranges(begins, lengths)
         which = (np.searchsorted(self.bounds, begins, side="right") - 1).tolist()
         bounds = self.bounds.tolist()
         out = []
@@ -122,8 +134,8 @@ def open_local_tokens(path: str | Path) -> tuple[np.ndarray | ConcatTokens, np.n
             )
         arrays = [r.memmap_tokens() for r in readers]
         sizes = np.concatenate([np.asarray(r.sizes) for r in readers])
-        tokens = arrays[0] if len(arrays) == 1 else ConcatTokens(arrays)
-        return tokens, sizes
+        # Even one shard goes through ConcatTokens: it is where frames are checked.
+        return ConcatTokens(arrays, FrameCheck(readers, arrays)), sizes
     prefix = str(path)
     for suffix in (".bin", ".idx"):
         prefix = prefix.removesuffix(suffix)

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from shardtok.errors import CorruptShardError
-from shardtok.format.manifest import MANIFEST_NAME, Manifest
+from shardtok.format.identity import check_shard_identity
+from shardtok.format.manifest import MANIFEST_NAME, Manifest, ShardEntry
 from shardtok.format.shard_reader import ShardReader, ShardStreamReader
 from shardtok.storage.base import ByteSource, ObjectNotFoundError
 from shardtok.storage.cache import LocalCache
@@ -51,6 +52,7 @@ class DatasetSource:
             raise ValueError("cache_dir needs cache_bytes, the cache's size limit")
         self.root = Location(self.location)
         self._manifest: Manifest | None = None
+        self._entries: dict[str, ShardEntry] | None = None
         self._prefetcher: Prefetcher | None = None
 
     def __getstate__(self) -> dict:
@@ -66,6 +68,7 @@ class DatasetSource:
         self.__dict__.update(state)
         self.root = Location(self.location)
         self._manifest = None
+        self._entries = None
         self._prefetcher = None
 
     def _opener(self) -> Prefetcher:
@@ -129,8 +132,23 @@ class DatasetSource:
             self._manifest = Manifest.from_bytes(data, where)
         return self._manifest
 
+    def entry(self, name: str) -> ShardEntry:
+        """The manifest's entry for shard file `name`."""
+        if self._entries is None:
+            self._entries = {e.file: e for e in self.manifest.shards}
+        try:
+            return self._entries[name]
+        except KeyError:
+            raise CorruptShardError(
+                self.where_of(name), None, None, f"not a shard {MANIFEST_NAME} lists"
+            ) from None
+
     def open_stream(self, name: str) -> tuple[ShardStreamReader, Any]:
-        """A sequential reader of shard `name` and the file object to close when done."""
+        """A sequential reader of shard `name` and the file object to close when done.
+
+        The shard is checked against its manifest entry before this returns: a shard swapped
+        with another or copied in from another dataset is refused before any token is read."""
+        entry = self.entry(name)
         target = self.root.join(name)
         where = target.display
         try:
@@ -138,18 +156,23 @@ class DatasetSource:
         except ObjectNotFoundError as exc:
             raise self._missing(where, exc, "shard listed in the manifest is missing") from None
         try:
-            return ShardStreamReader(fileobj, where), fileobj
+            reader = ShardStreamReader(fileobj, where, size=entry.bytes)
+            check_shard_identity(reader.meta, entry, self.manifest, where)
+            return reader, fileobj
         except BaseException:
             fileobj.close()
             raise
 
     def open_random(self, name: str) -> ShardReader:
-        """A random-access reader of shard `name` (range reads)."""
+        """A random-access reader of shard `name` (range reads), checked as in open_stream."""
+        entry = self.entry(name)
         target = self.root.join(name)
         where = target.display
         source = self._opener().source(str(target))
         try:
-            source.size  # noqa: B018 - a missing file fails here, with its name
+            size = source.size
         except ObjectNotFoundError as exc:
             raise self._missing(where, exc, "shard listed in the manifest is missing") from None
-        return ShardReader(source, where)
+        reader = ShardReader(source, where)
+        check_shard_identity(reader.meta, entry, self.manifest, where, size)
+        return reader

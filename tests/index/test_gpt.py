@@ -11,7 +11,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardtok.errors import CorruptShardError
 from shardtok.index import build_gpt_indices, build_sample_idx, cached_gpt_indices
 from shardtok.index import cache as cache_module
 from shardtok.index import gpt as gpt_module
@@ -266,9 +265,13 @@ def test_cache_publish_race_keeps_the_first_copy(tmp_path):
     np.testing.assert_array_equal(cached_gpt_indices(tmp_path, **CACHE_INPUTS)[1], indices[1])
 
 
-def test_cache_damaged_file_is_reported_not_used(tmp_path):
+def test_cache_damaged_file_is_rebuilt_with_a_warning_not_used(tmp_path):
+    expected = build_gpt_indices(**CACHE_INPUTS)
     cached_gpt_indices(tmp_path, **CACHE_INPUTS)
     damaged = tmp_path / f"gpt-{gpt_indices_cache_key(**CACHE_INPUTS)}" / "sample_index.npy"
     damaged.write_bytes(damaged.read_bytes()[:-40])
-    with pytest.raises(CorruptShardError, match="sample_index.npy"):
-        cached_gpt_indices(tmp_path, **CACHE_INPUTS)
+    with pytest.warns(UserWarning, match="sample_index.npy"):
+        rebuilt = cached_gpt_indices(tmp_path, **CACHE_INPUTS)
+    for got, want in zip(rebuilt, expected, strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert os.listdir(tmp_path) == [damaged.parent.name]
