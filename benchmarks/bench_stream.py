@@ -366,23 +366,24 @@ def stages(args) -> None:
 
 
 def memory(args) -> None:
-    """Peak worker RSS streaming the 0.2 GB dataset and a >= big_gb GB one (shard copies)."""
-    from shardtok.format import Manifest, ShardEntry, load_manifest
+    """Peak worker RSS streaming the 0.2 GB dataset and a >= big_gb GB one (its documents
+    written again and again)."""
+    from shardtok.format import load_manifest
 
     small = load_manifest(BENCH / "zstd")
     big_dir = BENCH / "big"
     copies = int(-(-args.big_gb * 1e9 // small.num_bytes))
     if not (big_dir / "index.json").exists():
-        big_dir.mkdir(parents=True, exist_ok=True)
-        entries = []
-        for c in range(copies):  # real copies: a valid dataset of distinct files on disk
-            for e in small.shards:
-                name = f"copy{c:03d}-{e.file}"
-                shutil.copyfile(BENCH / "zstd" / e.file, big_dir / name)
-                entries.append(ShardEntry(name, e.bytes, e.num_documents, e.num_tokens, e.sha256))
-        Manifest("big", small.dtype, small.vocab_size, small.tokenizer, tuple(entries)).write(
-            big_dir
-        )
+        # The small dataset's documents written `copies` times by the writer, not shard files
+        # copied under new names: a shard's name is part of its identity, checked on read.
+        from shardtok.format import DatasetWriter, ShardReader
+
+        with DatasetWriter(big_dir, vocab_size=small.vocab_size, tokenizer=small.tokenizer,
+                           dtype=small.dtype) as writer:  # fmt: skip
+            for _ in range(copies):
+                for e in small.shards:
+                    for doc in ShardReader(BENCH / "zstd" / e.file).documents():
+                        writer.add(doc)
     big = load_manifest(big_dir)
     print(f"small: {small.num_bytes / 1e9:.2f} GB, {small.num_tokens:,} tokens, {len(small.shards)} shards; "
           f"big: {big.num_bytes / 1e9:.2f} GB, {big.num_tokens:,} tokens, {len(big.shards)} shards")  # fmt: skip
