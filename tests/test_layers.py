@@ -78,7 +78,7 @@ LAYER_RULES: dict[str, set[str]] = {
     "testing": {"testing", "stream", "format", "index", "storage"},
 }
 # Top-level modules that are not layers: every layer may import them, and they import no layer.
-SHARED = {"", "errors", "_process"}
+SHARED = {"", "errors", "_process", "_checksum"}
 # `python -m shardtok` is the command line.
 ALIASES = {"__main__": "cli"}
 

@@ -12,6 +12,7 @@ import sys
 
 from shardtok.convert.sample_corpus import write_sample_corpus
 from shardtok.convert.tokenizer import BUNDLED, BUNDLED_NAME
+from shardtok.errors import UsageError
 
 CONVERT_DESCRIPTION = """\
 Tokenize raw text into a shardtok dataset: tar shards with Megatron-compatible indices and
@@ -202,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
     from shardtok.convert.tokenizer import load_tokenizer
 
     if args.workers < 0:
-        raise SystemExit("shardtok convert: error: --workers must be >= 0")
+        raise UsageError(f"--workers must be >= 0, got {args.workers}")
     if args.tokenizer == BUNDLED and not args.quiet:
         print(
             f"note: using the bundled demo tokenizer {BUNDLED_NAME} (pass --tokenizer for your model's)",

@@ -27,10 +27,11 @@ from pathlib import Path
 
 import numpy as np
 
+from shardtok._checksum import file_crc32
+
 WORK_DIR_NAME = ".shardtok-work"
 _TRASH_PREFIX = WORK_DIR_NAME + ".trash-"
 _UNIT_FORMAT = 3  # 2: units carry their compressed frames; 3: and their files' crc32
-_CHECK_CHUNK = 4 << 20
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -80,14 +81,6 @@ class ChecksumWriter:
     def write(self, data) -> int:
         self.crc = zlib.crc32(data, self.crc)
         return self.file.write(data)
-
-
-def _file_crc32(path: Path) -> int:
-    crc = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHECK_CHUNK):
-            crc = zlib.crc32(chunk, crc)
-    return crc
 
 
 class WorkDir:
@@ -167,7 +160,7 @@ class WorkDir:
             frames_size = base.with_suffix(".frames").stat().st_size
             stored = sum(row[2] for row in result.frames)
             for suffix, crc in sorted(result.checksums.items()):
-                if _file_crc32(base.with_suffix(suffix)) != crc:
+                if file_crc32(base.with_suffix(suffix)) != crc:
                     return f"{base.with_suffix(suffix).name} fails its crc32 check"
             docs_shape = np.load(base.with_suffix(".docs.npy"), mmap_mode="r").shape
         except (OSError, ValueError, TypeError, IndexError, AttributeError, KeyError) as exc:

@@ -21,12 +21,12 @@ import os
 import shutil
 import tempfile
 import warnings
-import zlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
+from shardtok._checksum import file_crc32
 from shardtok.errors import CorruptShardError
 from shardtok.index.gpt import GptIndices, build_gpt_indices
 
@@ -153,7 +153,7 @@ def _publish(
                 np.save(handle, array, allow_pickle=False)
                 handle.flush()
                 os.fsync(handle.fileno())
-            checksums[f"{name}.npy"] = _crc32(staging / f"{name}.npy")
+            checksums[f"{name}.npy"] = file_crc32(staging / f"{name}.npy")
         (staging / "inputs.json").write_text(json.dumps(description, indent=2) + "\n")
         # Written last: a folder with checksums.json has every array.
         (staging / CHECKSUMS_NAME).write_text(json.dumps(checksums, sort_keys=True) + "\n")
@@ -165,14 +165,6 @@ def _publish(
             # Another process published the same key first; its arrays are identical.
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-
-
-def _crc32(path: Path) -> int:
-    crc = 0
-    with open(path, "rb") as handle:
-        while block := handle.read(_HASH_BLOCK):
-            crc = zlib.crc32(block, crc)
-    return crc
 
 
 def _discard(cache_root: Path, folder: Path) -> None:
@@ -195,7 +187,7 @@ def _check_sums(folder: Path) -> None:
         raise fail(CHECKSUMS_NAME, "is not an object")
     for name in _ARRAY_NAMES:
         try:
-            actual = _crc32(folder / f"{name}.npy")
+            actual = file_crc32(folder / f"{name}.npy")
         except OSError as error:
             raise fail(f"{name}.npy", f"cannot be read ({error})") from None
         if expected.get(f"{name}.npy") != actual:
