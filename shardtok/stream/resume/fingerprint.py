@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from dataclasses import MISSING, fields
 
 from shardtok.errors import ResumeStateError
 from shardtok.storage.dataset import DatasetSource
 from shardtok.storage.location import display_url
 from shardtok.stream.options import StreamOptions
+
+OPTION_DEFAULTS = {f.name: f.default for f in fields(StreamOptions) if f.default is not MISSING}
 
 
 def source_fingerprint(source: DatasetSource) -> dict:
@@ -56,6 +59,10 @@ def fingerprint_differences(saved: dict, current: dict) -> list[str]:
                     f"{a.get(key)!r} saved, {b.get(key)!r} now"
                 )
     a_opts, b_opts = saved.get("options", {}), current.get("options", {})
+    # An option a state was saved without did not exist yet; that code behaved as its default
+    # does, so a missing key compares as the default (adding an option keeps old states valid).
+    a_opts = {**OPTION_DEFAULTS, **a_opts}
+    b_opts = {**OPTION_DEFAULTS, **b_opts}
     for key in sorted(set(a_opts) | set(b_opts)):
         if a_opts.get(key) != b_opts.get(key):
             out.append(f"option {key}: {a_opts.get(key)!r} saved, {b_opts.get(key)!r} now")
