@@ -19,6 +19,8 @@ from shardtok.cli.stream_args import at_least
 from shardtok.cli.stream_job import StreamJob
 from shardtok.errors import ShardtokError, UsageError
 from shardtok.stream.batch import IGNORE_INDEX
+from shardtok.stream.nodes.base import HISTORY
+from shardtok.stream.options import PACKINGS
 
 EPILOG = """\
 examples:
@@ -59,7 +61,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--stage", default="0", help="--config: data stage index or name")
     p.add_argument("--seq-len", type=at_least(1), metavar="L", help="input tokens per sequence")
     p.add_argument("--batch-size", type=at_least(1), metavar="B", help="sequences per batch")
-    p.add_argument("--packing", choices=("concat", "greedy"), default=None)
+    p.add_argument("--packing", choices=PACKINGS, default=None)
     p.add_argument("--seed", type=at_least(0), default=None)
     p.add_argument("--epoch", type=at_least(0), default=0)
     p.add_argument("--rank", type=at_least(0), default=0)
@@ -77,7 +79,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     p.add_argument("--stride", type=at_least(1), help="concat window stride (default seq_len + 1)")
     p.add_argument("--lookahead", type=at_least(1), help="greedy: open sequences (default 8)")
-    p.add_argument("--pad-id", type=at_least(0), help="greedy: padding token id (default 0)")
+    p.add_argument("--pad-id", type=at_least(0), help="greedy, bfd: padding token id (default 0)")
+    p.add_argument(
+        "--bfd-window",
+        type=at_least(1),
+        metavar="N",
+        help=f"bfd: documents packed at once (default 1000, at most {HISTORY})",
+    )
     p.add_argument(
         "--mask-boundary-labels",
         action="store_true",

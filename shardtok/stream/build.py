@@ -10,6 +10,7 @@ from shardtok.storage.dataset import DatasetSource
 from shardtok.stream.batch import Allocator
 from shardtok.stream.nodes.base import DocumentNode
 from shardtok.stream.nodes.batcher import Batcher
+from shardtok.stream.nodes.bfd import BFDPacker
 from shardtok.stream.nodes.concat import ConcatPacker
 from shardtok.stream.nodes.greedy import GreedyPacker
 from shardtok.stream.nodes.packer import Packer
@@ -52,13 +53,24 @@ def document_stream(
     return node
 
 
-def packer_class(packing: str) -> type[ConcatPacker] | type[GreedyPacker]:
-    return ConcatPacker if packing == "concat" else GreedyPacker
+PACKER_CLASSES: dict[str, type[Packer]] = {
+    "concat": ConcatPacker,
+    "greedy": GreedyPacker,
+    "bfd": BFDPacker,
+}
+
+
+def packer_class(packing: str) -> type[ConcatPacker] | type[GreedyPacker] | type[BFDPacker]:
+    return PACKER_CLASSES[packing]  # type: ignore[return-value]
 
 
 def packer_for(documents: DocumentNode, options: StreamOptions) -> Packer:
     if options.packing == "concat":
         return ConcatPacker(documents, options.seq_len, options.stride)
+    if options.packing == "bfd":
+        return BFDPacker(
+            documents, options.seq_len, bfd_window=options.bfd_window, pad_id=options.pad_id
+        )
     return GreedyPacker(
         documents, options.seq_len, lookahead=options.lookahead, pad_id=options.pad_id
     )

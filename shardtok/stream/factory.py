@@ -32,6 +32,7 @@ from shardtok.stream.mix.stream import MixedStream
 from shardtok.stream.nodes import (
     ArrayDocuments,
     Batcher,
+    BFDPacker,
     ConcatPacker,
     GreedyPacker,
     ShuffleBuffer,
@@ -50,7 +51,7 @@ STREAM_KINDS = ("slice_stream", "elastic_stream", "mixed_stream")
 NODE_CLASSES = {
     cls.KIND: cls
     for cls in (
-        SliceStream, ElasticStream, MixedStream, Batcher, ConcatPacker, GreedyPacker,
+        SliceStream, ElasticStream, MixedStream, Batcher, ConcatPacker, GreedyPacker, BFDPacker,
         ShuffleBuffer, SliceReader, ArrayDocuments, RemainderDocuments, SourceSequences,
         MixedSequences,
     )

@@ -9,22 +9,26 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 
 from shardtok.errors import UsageError
+from shardtok.stream.nodes.base import HISTORY
 
-PACKINGS = ("concat", "greedy")
+PACKINGS = ("concat", "greedy", "bfd")
 
 
 @dataclass(frozen=True)
 class StreamOptions:
     seq_len: int
     batch_size: int
-    packing: str = "concat"  # or "greedy"
+    packing: str = "concat"  # or "greedy", "bfd"
     seed: int = 0
     shuffle_buffer: int = 4096  # documents; 0 turns shuffling off
     interleave: int = 4  # shards read round-robin at once by each worker
     stride: int | None = None  # concat: None = seq_len + 1; seq_len = Megatron's overlap
     lookahead: int = 8  # greedy: open sequences
-    pad_id: int = 0  # greedy: padding token (its labels are always -100)
+    pad_id: int = 0  # greedy, bfd: padding token (its labels are always -100)
     mask_boundary_labels: bool = False  # -100 on labels whose target starts another document
+    # bfd: documents packed at once. New fields go last with a default: fingerprints saved
+    # before them lack the key and compare as the default (resume.fingerprint).
+    bfd_window: int = 1000
 
     def __post_init__(self) -> None:
         # Checked here, once, so that a bad value is one clear error where the options are
@@ -33,6 +37,13 @@ class StreamOptions:
         for name, low in (("seq_len", 1), ("batch_size", 1), ("seed", 0), ("shuffle_buffer", 0),
                           ("interleave", 1), ("lookahead", 1), ("pad_id", 0)):  # fmt: skip
             _check_int(name, getattr(self, name), low)
+        _check_int("bfd_window", self.bfd_window, 1)
+        if self.bfd_window > HISTORY:
+            raise UsageError(
+                f"bfd_window must be at most {HISTORY} (a window is re-read on resume from "
+                f"its first document, which the stream remembers that far back), got "
+                f"{self.bfd_window}"
+            )
         if self.packing not in PACKINGS:
             raise UsageError(f"packing must be one of {PACKINGS}, got {self.packing!r}")
         if self.stride is not None:

@@ -10,7 +10,7 @@ Computed from the manifest alone, before any shard is opened:
    (shard, token range); a document cut by a slice boundary becomes two documents, so no token
    is lost or read twice, and fewer shards than slices works;
 4. count the sequences each slice can make: concat, exactly ``(T_s - L) // stride + 1``
-   (``L = seq_len + 1``); greedy, at least ``ceil(T_s / L)`` (a sequence holds at most L real
+   (``L = seq_len + 1``); greedy and bfd, at least ``ceil(T_s / L)`` (a sequence holds at most L real
    tokens);
 5. every slice yields exactly ``B = min_s(sequences_s // batch_size)`` batches, so every rank
    yields ``B * num_workers``. What is left of a slice is not read this epoch and is reported:
@@ -55,7 +55,7 @@ class SlicePlan:
     start: int  # virtual token range of the epoch stream
     stop: int
     pieces: tuple[Piece, ...]
-    num_sequences: int  # exact for concat, a guaranteed lower bound for greedy
+    num_sequences: int  # exact for concat, a guaranteed lower bound for greedy and bfd
 
     @property
     def num_tokens(self) -> int:
@@ -122,7 +122,9 @@ class EpochPlan:
         seqs = [s.num_sequences for s in self.slices]
         pieces = [len(s.pieces) for s in self.slices]
         unread = self.tokens_unread
-        exact = "" if self.packing == "concat" else " at least (greedy padding reads fewer)"
+        exact = (
+            "" if self.packing == "concat" else f" at least ({self.packing} padding reads fewer)"
+        )
         order = ", ".join(map(str, self.shard_order[:8])) + (
             ", ..." if len(self.shard_order) > 8 else ""
         )
@@ -135,7 +137,7 @@ class EpochPlan:
                 f"pieces per slice {min(pieces)}..{max(pieces)}",
                 f"  {self.packing} packing, seq_len {self.seq_len}, stride {self.stride}: "
                 f"sequences per slice {min(seqs):,}..{max(seqs):,}"
-                + (" (lower bound)" if self.packing == "greedy" else ""),
+                + (" (lower bound)" if self.packing != "concat" else ""),
                 f"  batches of {self.batch_size}: {self.batches_per_slice:,} per worker, "
                 f"{self.batches_per_rank:,} per rank, "
                 f"{self.batches_per_rank * self.world_size:,} in all",
@@ -197,7 +199,7 @@ def epoch_plan(
     stride = window if stride is None else int(stride)
     if packing == "concat" and not 1 <= stride <= window:
         raise UsageError(f"stride must lie in [1, seq_len + 1 = {window}], got {stride}")
-    if packing == "greedy":
+    if packing != "concat":  # padded packings read every token once
         stride = window
     order = shard_order(len(manifest.shards), seed, epoch)
     segments = [

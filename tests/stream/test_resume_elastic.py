@@ -24,7 +24,7 @@ from shardtok.testing.synthetic import write_synthetic_dataset
 from shardtok.torch import ShardStreamDataset, dataset_states
 
 pytestmark = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")
-OPTIONS = dict(seq_len=31, batch_size=3, shuffle_buffer=20, seed=9)
+OPTIONS = dict(seq_len=31, batch_size=3, shuffle_buffer=20, seed=9, bfd_window=16)
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +87,8 @@ def run_new_layout(path, packing, merged, world, workers):
         ("concat", (1, 0), (2, 2)),
         ("greedy", (2, 2), (1, 0)),
         ("greedy", (1, 2), (3, 1)),
+        ("bfd", (2, 2), (1, 0)),
+        ("bfd", (1, 2), (3, 1)),
     ],
 )
 def test_another_layout_finishes_the_epoch_without_repeat_or_skip(dataset, packing, old, new):
@@ -106,7 +108,7 @@ def test_another_layout_finishes_the_epoch_without_repeat_or_skip(dataset, packi
     missing = total - len(seen)
     if packing == "concat":  # exactly the reported leftover is unread
         assert missing == plan.tokens_unread
-    else:  # greedy: the sequences its padding displaced are not yielded (as in any epoch)
+    else:  # greedy, bfd: the sequences its padding displaced are not yielded (as in any epoch)
         padding = sum(b["input_ids"].size + len(b["input_ids"]) for b in after) - len(
             tokens_of(after)
         )
@@ -114,7 +116,7 @@ def test_another_layout_finishes_the_epoch_without_repeat_or_skip(dataset, packi
         assert plan.tokens_unread <= missing <= padding + slices * OPTIONS["batch_size"] * 32
 
 
-@pytest.mark.parametrize("packing", ["concat", "greedy"])
+@pytest.mark.parametrize("packing", ["concat", "greedy", "bfd"])
 def test_remainder_streams_save_and_restore(dataset, packing):
     path, _ = dataset
     _, states = run_old_layout(path, packing, 2, 2, steps=3)

@@ -4,6 +4,7 @@
 from shardtok.stream.nodes.array_documents import ArrayDocuments
 from shardtok.stream.nodes.base import DocumentNode, Node
 from shardtok.stream.nodes.batcher import Batcher
+from shardtok.stream.nodes.bfd import BFDPacker
 from shardtok.stream.nodes.concat import ConcatPacker
 from shardtok.stream.nodes.greedy import GreedyPacker
 from shardtok.stream.nodes.reader import SliceReader
@@ -12,6 +13,7 @@ from shardtok.stream.nodes.shuffle import ShuffleBuffer
 __all__ = [
     "ArrayDocuments",
     "Batcher",
+    "BFDPacker",
     "ConcatPacker",
     "DocumentNode",
     "GreedyPacker",
