@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from shardtok.cli.main import run as main
+from shardtok.errors import UsageError
 from shardtok.format import DatasetWriter
 from shardtok.stream.nodes.base import take
 from shardtok.stream.options import StreamOptions
@@ -80,3 +81,19 @@ def test_decode_with_the_bundled_tokenizer(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "=== batch 0 sequence 0 ===" in out and "quick brown fox" in out
     assert "--- document 1:" in out  # a second document in the same sequence
+
+
+def test_bfd_packing_and_its_window(dataset, tmp_path, capsys):
+    out = tmp_path / "b.npz"
+    args = ["stream", str(dataset), "--seq-len", "31", "--batch-size", "3", "--packing", "bfd",
+            "--bfd-window", "7", "--max-batches", "4", "--dump", str(out), "--json"]  # fmt: skip
+    assert main(args) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["batches"] == 4 and 0.5 < stats["packing_efficiency"] <= 1
+    options = StreamOptions(seq_len=31, batch_size=3, packing="bfd", bfd_window=7)
+    expected = take(SliceStream(dataset, options), 4)
+    dump = np.load(out)
+    assert np.array_equal(dump["input_ids"], np.stack([b["input_ids"] for b in expected]))
+    too_big = args[:9] + ["70000"]
+    with pytest.raises(UsageError, match="bfd_window must be at most 65536"):
+        main(too_big)
