@@ -96,10 +96,10 @@ def test_a_source_that_runs_out_starts_its_next_epoch(sources):
     assert not np.array_equal(epochs[0], epochs[1])  # a fresh order each epoch
 
 
-@pytest.mark.parametrize("packing", ["concat", "greedy"])
+@pytest.mark.parametrize("packing", ["concat", "greedy", "bfd"])
 def test_mixed_stream_save_restore_across_source_epochs(sources, packing):
     spec = mix_spec({sources[0]: 0.2, sources[1]: 0.5, sources[2]: 0.3})
-    options = StreamOptions(**{**OPTIONS.to_dict(), "packing": packing})
+    options = StreamOptions(**{**OPTIONS.to_dict(), "packing": packing, "bfd_window": 9})
     reference = check_save_restore(
         lambda: MixedStream(spec, options, worker=1, num_workers=2, num_batches=70),
         midpoints=(0, 1, 17, 40, -1),
