@@ -124,7 +124,7 @@ def check_structure(batch, starts_set, packing):
         )
         assert np.array_equal(batch["labels"][b, : real - 1], window[1:real])
         assert (batch["labels"][b, real - 1 :] == -100).all() or real == seq_len + 1
-        if packing == "greedy":
+        if packing != "concat":
             assert (batch["input_ids"][b, real:] == 0).all()
     cu = batch["cu_seqlens"]
     assert cu.dtype == np.int32 and list(cu) == flat_starts + [len(batch["input_ids"]) * seq_len]
@@ -155,12 +155,16 @@ def test_concat_covers_the_epoch_once_with_equal_batches(uneven, shuffle, world,
     assert len(seen) == manifest.num_tokens - plan.tokens_unread
 
 
+@pytest.mark.parametrize("packing", ["greedy", "bfd"])
 @pytest.mark.parametrize("shuffle", [0, 40])
-def test_greedy_covers_without_duplicates_and_keeps_documents_whole(uneven, shuffle):
+def test_padded_packing_covers_without_duplicates_and_keeps_documents_whole(
+    uneven, shuffle, packing
+):
     path, manifest, doc_starts = uneven
     options = StreamOptions(
-        seq_len=95, batch_size=2, packing="greedy", shuffle_buffer=shuffle, lookahead=3
-    )
+        seq_len=95, batch_size=2, packing=packing, shuffle_buffer=shuffle, lookahead=3,
+        bfd_window=7,
+    )  # fmt: skip
     results = run_all(path, options, 2, 2)
     plan = next(iter(results.values()))[0].plan
     assert {len(b) for _, b in results.values()} == {plan.batches_per_slice}
@@ -178,7 +182,7 @@ def test_greedy_covers_without_duplicates_and_keeps_documents_whole(uneven, shuf
         for a, b in zip(edges, edges[1:]):
             starts |= set(range(a + 96, b, 96))
         for batch in batches:
-            check_structure(batch, starts, "greedy")
+            check_structure(batch, starts, packing)
             for window, real in rows(batch):
                 seen.append(window[:real])
                 for t in range(real):  # a document that fits is never split
