@@ -285,3 +285,24 @@ def test_export_mask_refused_without_masks(tmp_path):
         w.add([1, 2])
     with pytest.raises(ValueError, match="no loss masks"):
         export_megatron(tmp_path, tmp_path / "x", masks=True)
+
+
+def test_mask_header_claiming_more_than_the_frame_table_is_refused_unread(tmp_path):
+    from shardtok.format.tar import encode_header
+
+    docs, masks = _docs(6, seed=4)
+    manifest = _write(tmp_path, docs, masks, shard_size=1 << 20)
+    path = tmp_path / manifest.shards[0].file
+    reader = ShardReader(path)
+    at = reader._mask.header.header_offset
+    data = bytearray(path.read_bytes())
+    data[at : at + 512] = encode_header(reader.meta.mask.member, (1 << 33) - 1)
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptShardError, match="mask frame table says"):
+        ShardReader(path)
+    with open(path, "rb") as raw:
+        stream = ShardStreamReader(raw, str(path), mask_source=PathSource(path))
+        with pytest.raises(CorruptShardError, match="mask frame table says"):
+            next(stream.documents(with_masks=True))
+    report = verify_shard(lambda: open(path, "rb"), str(path), manifest.shards[0], manifest)  # noqa: SIM115
+    assert not report.ok and "mask frame table says" in report.error
