@@ -78,6 +78,11 @@ def add_export_parser(sub) -> None:
     )
     p.add_argument("dataset", help="dataset folder")
     p.add_argument("out_prefix", help="output path without .bin/.idx")
+    p.add_argument(
+        "--mask",
+        action="store_true",
+        help="also write OUT_PREFIX_mask.bin/.idx: the loss masks as a uint8 pair, same sizes",
+    )
     p.set_defaults(run=_run_export_megatron)
 
 
@@ -85,8 +90,10 @@ def _run_export_megatron(args) -> int:
     from shardtok.format.megatron_io import export_megatron
 
     Path(args.out_prefix).parent.mkdir(parents=True, exist_ok=True)
-    docs, tokens = export_megatron(args.dataset, args.out_prefix)
+    docs, tokens = export_megatron(args.dataset, args.out_prefix, masks=args.mask)
     print(
         f"wrote {args.out_prefix}.bin and {args.out_prefix}.idx: {docs:,} documents, {tokens:,} tokens"
     )
+    if args.mask:
+        print(f"wrote {args.out_prefix}_mask.bin and {args.out_prefix}_mask.idx")
     return 0

@@ -37,6 +37,11 @@ class DatasetWriter:
     A shard is finished after the first frame that brings its stored bytes to `shard_size`,
     so shard boundaries depend only on the documents and the options. Each shard is written
     atomically; the manifest is written last, so a folder with an `index.json` is complete.
+
+    `masks=True` makes a fine-tuning dataset: every document then comes with its loss mask
+    (one 0/1 per token) and `sft` (free-form settings) is recorded in the manifest. The flag
+    is fixed up front, not by the first `add`, so a dataset is either masked or not as a whole
+    -- including an empty one -- and a missing or unexpected mask is a ValueError at once.
     """
 
     def __init__(
@@ -50,9 +55,15 @@ class DatasetWriter:
         compression_level: int | None = DEFAULT_COMPRESSION_LEVEL,
         frame_size: int = DEFAULT_FRAME_SIZE,
         dtype: str | np.dtype | None = None,
+        masks: bool = False,
+        sft: dict | None = None,
     ):
         if shard_size <= 0 or frame_size <= 0:
             raise ValueError("shard_size and frame_size must be positive")
+        if sft is not None and not masks:
+            raise ValueError("sft settings are recorded only for a dataset with masks=True")
+        self.masks = bool(masks)
+        self.sft = (dict(sft or {})) if masks else None
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.vocab_size = int(vocab_size)
@@ -70,8 +81,9 @@ class DatasetWriter:
     def shards(self) -> list[ShardEntry]:
         return list(self._entries)
 
-    def add(self, tokens, provenance: tuple[str, int] | None = None) -> None:
-        """Add one document. Token ids must lie in [0, vocab_size)."""
+    def add(self, tokens, provenance: tuple[str, int] | None = None, mask=None) -> None:
+        """Add one document. Token ids must lie in [0, vocab_size); `mask` (required with
+        masks=True, refused otherwise) holds one 0/1 (bool or integer) per token."""
         if self._closed:
             raise RuntimeError("DatasetWriter is closed")
         tokens = np.asarray(tokens)
@@ -80,6 +92,7 @@ class DatasetWriter:
                 f"a document is a 1-D integer array, got shape {tokens.shape} dtype {tokens.dtype}"
             )
         self._check_ids(tokens)
+        mask = self._check_mask(mask, tokens.size)
         builder = self._builder
         if builder is not None:
             if builder.would_close_frame(tokens.size * self.dtype.itemsize):
@@ -87,7 +100,7 @@ class DatasetWriter:
             # With no open frame (just closed here, or by add_frames), a full shard rolls over.
             if not builder.has_open_frame and builder.stored_bytes >= self.shard_size:
                 self._finish_shard()
-        self._open_builder().add(tokens, provenance)
+        self._open_builder().add(tokens, provenance, mask)
 
     def add_frames(
         self,
@@ -96,6 +109,7 @@ class DatasetWriter:
         frames: np.ndarray,
         stored,
         provenance: tuple[list[str], np.ndarray, np.ndarray] | None = None,
+        masks=None,
     ) -> None:
         """Add documents already cut into frames and encoded by a
         :class:`~shardtok.format.frames.FrameBuilder` with this writer's frame size and level.
@@ -105,7 +119,9 @@ class DatasetWriter:
         crc32; documents counted from 0 here), `stored` the encoded frames concatenated.
         `provenance` is (file names, file index of each document, record of each document).
         The open frame is closed first, and the shard rolls over between frames by the same
-        rule as :meth:`add`, so these frames reach the shards unchanged.
+        rule as :meth:`add`, so these frames reach the shards unchanged. `masks` (masked
+        datasets): the documents' masks concatenated, raw (one 0/1 per token); their frames
+        are cut like the token frames and compressed here.
         """
         if self._closed:
             raise RuntimeError("DatasetWriter is closed")
@@ -116,6 +132,7 @@ class DatasetWriter:
         if int(sizes.sum()) != tokens.size:
             raise ValueError(f"sizes add up to {int(sizes.sum())} tokens, not {tokens.size}")
         self._check_ids(tokens)
+        masks = self._check_mask(masks, tokens.size)
         frames = np.asarray(frames, dtype=np.int64).reshape(-1, 4)
         stored = memoryview(stored).cast("B")
         if int(frames[:, 2].sum()) != stored.nbytes:
@@ -142,6 +159,7 @@ class DatasetWriter:
                 sizes[first:end],
                 crc,
                 runs,
+                None if masks is None else masks[lo:hi],
             )
             stored_at += stored_size
 
@@ -149,6 +167,22 @@ class DatasetWriter:
         if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab_size):
             bad = tokens[(tokens < 0) | (tokens >= self.vocab_size)][0]
             raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.vocab_size})")
+
+    def _check_mask(self, mask, ntokens: int) -> np.ndarray | None:
+        if not self.masks:
+            if mask is not None:
+                raise ValueError("a mask was given to a DatasetWriter made without masks=True")
+            return None
+        if mask is None:
+            raise ValueError("this DatasetWriter has masks=True: every document needs a mask")
+        mask = np.asarray(mask)
+        if mask.shape != (ntokens,) or (mask.size and mask.dtype.kind not in "biu"):
+            raise ValueError(
+                f"a mask is one 0/1 per token: shape ({ntokens},), got {mask.shape} {mask.dtype}"
+            )
+        if mask.size and (int(mask.min()) < 0 or int(mask.max()) > 1):
+            raise ValueError("mask values must be 0 or 1")
+        return mask.astype(np.uint8, copy=False)
 
     def _open_builder(self) -> ShardBuilder:
         if self._builder is None:
@@ -159,6 +193,7 @@ class DatasetWriter:
                 self.compression_level,
                 self.frame_size,
                 self.tokenizer,
+                self.masks,
             )
         return self._builder
 
@@ -169,7 +204,15 @@ class DatasetWriter:
         file = shard_file_name(self.name, len(self._entries))
         meta, size, sha = builder.write(self.out_dir / file)
         self._entries.append(
-            ShardEntry(file, size, meta.num_documents, meta.num_tokens, sha, meta.sha256)
+            ShardEntry(
+                file,
+                size,
+                meta.num_documents,
+                meta.num_tokens,
+                sha,
+                meta.sha256,
+                None if meta.mask is None else meta.mask.trained_tokens,
+            )
         )
         self._builder = None
 
@@ -185,6 +228,7 @@ class DatasetWriter:
             self.tokenizer,
             tuple(self._entries),
             dict(extra or {}),
+            self.sft,
         )
         manifest.write(self.out_dir)
         return manifest

@@ -47,6 +47,8 @@ def check_shard_identity(
         ("vocab_size", manifest.vocab_size, meta.vocab_size),
         ("tokenizer", manifest.tokenizer, meta.tokenizer),
     )
+    trained = None if meta.mask is None else meta.mask.trained_tokens
+    claims += (("trained_tokens", entry.trained_tokens, trained),)
     for what, manifest_says, shard_has in claims:
         if manifest_says != shard_has:
             raise fail(what, manifest_says, shard_has)

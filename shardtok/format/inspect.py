@@ -57,7 +57,7 @@ def inspect_shard(source: RangeSource, where: str) -> dict:
         "compression_ratio": _ratio(meta.bin_nbytes, meta.stored_bin_nbytes),
         "document_length": _length_stats(head.index.sizes),
         "provenance": list(meta.provenance),
-    }
+    } | _trained(None if meta.mask is None else meta.mask.trained_tokens, meta.num_tokens)
 
 
 def inspect_dataset(
@@ -97,7 +97,16 @@ def inspect_dataset(
         "compression_ratio": _ratio(token_bytes, stored),
         "document_length": _length_stats(all_sizes),
         "extra": manifest.extra,
-    }
+    } | _trained(manifest.trained_tokens, manifest.num_tokens, manifest.sft)
+
+
+def _trained(trained: int | None, tokens: int, sft: dict | None = None) -> dict:
+    """Masked data only, so summaries of other datasets keep their keys."""
+    if trained is None:
+        return {}
+    share = round(100 * trained / tokens, 2) if tokens else 0.0
+    out = {"trained_tokens": trained, "trained_percent": share}
+    return out if sft is None else out | {"sft": sft}
 
 
 def _ratio(raw: int, stored: int) -> float:
@@ -124,6 +133,12 @@ def format_summary(summary: dict) -> str:
         f"  compression     {summary['compression']} ratio {summary['compression_ratio']}x"
         f" ({summary['token_bytes']:,} token bytes -> {summary['stored_bytes']:,} stored)",
     ]
+    if "trained_tokens" in summary:
+        lines.append(
+            f"  trained tokens  {summary['trained_tokens']:,} ({summary['trained_percent']}%)"
+        )
+    if "sft" in summary:
+        lines.append(f"  sft             {json.dumps(summary['sft'], sort_keys=True)}")
     lengths = summary["document_length"]
     pct = "  ".join(f"p{p} {lengths[f'p{p}']:,}" for p in PERCENTILES)
     lines.append(f"  doc length      mean {lengths['mean']:,}  {pct}")

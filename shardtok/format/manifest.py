@@ -36,6 +36,8 @@ class ShardEntry:
     # this entry from the head alone. None for manifests written before, which then get the
     # weaker checks (key, counts, dtype, vocabulary, tokenizer).
     meta_sha256: str | None = None
+    # Tokens whose loss mask is 1 (masked datasets only, added in 0.2); None without masks.
+    trained_tokens: int | None = None
 
     def to_json(self) -> dict:
         doc = {
@@ -47,6 +49,8 @@ class ShardEntry:
         }
         if self.meta_sha256 is not None:
             doc["meta_sha256"] = self.meta_sha256
+        if self.trained_tokens is not None:
+            doc["trained_tokens"] = self.trained_tokens
         return doc
 
     @classmethod
@@ -58,14 +62,18 @@ class ShardEntry:
         def fail_here(reason: str) -> CorruptShardError:
             return fail(f"shard {file}: {reason}")
 
-        return cls(
+        entry = cls(
             file,
             want_int(doc, "bytes", fail_here),
             want_int(doc, "num_documents", fail_here),
             want_int(doc, "num_tokens", fail_here),
             want_sha256(doc, "sha256", fail_here),
             want_sha256(doc, "meta_sha256", fail_here) if "meta_sha256" in doc else None,
+            want_int(doc, "trained_tokens", fail_here) if "trained_tokens" in doc else None,
         )
+        if entry.trained_tokens is not None and entry.trained_tokens > entry.num_tokens:
+            raise fail_here(f"{entry.trained_tokens} trained tokens of {entry.num_tokens}")
+        return entry
 
 
 @dataclass(frozen=True)
@@ -76,6 +84,16 @@ class Manifest:
     tokenizer: dict
     shards: tuple[ShardEntry, ...]
     extra: dict = field(default_factory=dict)
+    # The SFT settings the writer's caller gave (free-form); None for datasets without masks.
+    sft: dict | None = None
+
+    @property
+    def masked(self) -> bool:
+        return self.sft is not None
+
+    @property
+    def trained_tokens(self) -> int | None:
+        return sum(s.trained_tokens for s in self.shards) if self.masked else None
 
     @property
     def num_documents(self) -> int:
@@ -106,6 +124,9 @@ class Manifest:
             "tokenizer": self.tokenizer,
             "vocab_size": self.vocab_size,
         }
+        if self.masked:
+            doc["sft"] = self.sft
+            doc["trained_tokens"] = self.trained_tokens
         return (json.dumps(doc, sort_keys=True, indent=1, ensure_ascii=True) + "\n").encode()
 
     @classmethod
@@ -140,10 +161,18 @@ class Manifest:
             tokenizer=want_dict(doc, "tokenizer", fail),
             shards=shards,
             extra=want_dict(doc, "extra", fail),
+            sft=want_dict(doc, "sft", fail) if "sft" in doc else None,
         )
+        # A dataset is masked as a whole: the sft dict and every shard's count, or none of them.
+        counted = {s.trained_tokens is not None for s in shards}
+        if counted - {manifest.masked}:
+            raise fail("sft and the shards' trained_tokens must be all present or all absent")
+        if "trained_tokens" in doc and not manifest.masked:
+            raise fail("trained_tokens without sft")
         for key, value in (
             ("num_documents", manifest.num_documents),
             ("num_tokens", manifest.num_tokens),
+            ("trained_tokens", manifest.trained_tokens),
         ):
             if key in doc and want_int(doc, key, fail) != value:
                 raise fail(f"{key} is {doc[key]} but the shards add up to {value}")

@@ -70,7 +70,8 @@ def write_megatron_pair(
 
     Both files are written under temporary names and renamed, the .idx last.
     """
-    dtype = token_dtype(dtype)
+    # uint8 is for loss-mask pairs (export --mask); token pairs use the token dtypes.
+    dtype = np.dtype(np.uint8) if np.dtype(dtype) == np.uint8 else token_dtype(dtype)
     prefix = str(prefix)
     sizes: list[int] = []
     tmp_bin, tmp_idx = prefix + ".bin.tmp", prefix + ".idx.tmp"

@@ -10,7 +10,7 @@ import numpy as np
 from shardtok.format.dataset_writer import DatasetWriter
 from shardtok.format.manifest import Manifest, load_manifest
 from shardtok.format.megatron import MegatronPair, write_megatron_pair
-from shardtok.format.shard_reader import ShardStreamReader
+from shardtok.format.shard_reader import ShardReader, ShardStreamReader
 
 
 def import_megatron(
@@ -54,7 +54,28 @@ def iter_dataset_documents(
             yield from ShardStreamReader(raw, str(path)).documents()
 
 
-def export_megatron(folder: str | Path, out_prefix: str | Path) -> tuple[int, int]:
-    """Merge a dataset's shards into one pair, byte-identical to megatron-core's builder output."""
+def iter_dataset_masks(folder: str | Path, manifest: Manifest) -> Iterator[np.ndarray]:
+    folder = Path(folder)
+    for entry in manifest.shards:
+        # Random access reads mask frames by range in order: one frame in memory at a time.
+        reader = ShardReader(folder / entry.file)
+        for _tokens, mask in reader.documents(with_masks=True):
+            yield mask
+
+
+def export_megatron(
+    folder: str | Path, out_prefix: str | Path, *, masks: bool = False
+) -> tuple[int, int]:
+    """Merge a dataset's shards into one pair, byte-identical to megatron-core's builder output.
+
+    `masks`: also write `OUT_PREFIX_mask.bin/.idx`, a uint8 pair (dtype code 1) with the same
+    sizes, so a trainer can index tokens and loss masks alike."""
     manifest = load_manifest(folder)
-    return write_megatron_pair(out_prefix, iter_dataset_documents(folder, manifest), manifest.dtype)
+    if masks and not manifest.masked:
+        raise ValueError(f"{folder}: the dataset has no loss masks to export")
+    result = write_megatron_pair(
+        out_prefix, iter_dataset_documents(folder, manifest), manifest.dtype
+    )
+    if masks:
+        write_megatron_pair(f"{out_prefix}_mask", iter_dataset_masks(folder, manifest), np.uint8)
+    return result

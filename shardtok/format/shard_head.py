@@ -126,3 +126,30 @@ def _exact(read_exact, offset: int, n: int, where: str, member: str) -> bytes:
             where, member, offset + len(data), f"truncated: {len(data)} of {n} bytes"
         )
     return data
+
+
+def read_mask_header(
+    read_exact: Callable[[int, int], bytes], head: ShardHead, where: str, size: int | None = None
+) -> MemberHeader:
+    """The mask member's header, right after the bin member, checked against the json's mask
+    section (name, and size = the mask frame table's total) before anything is read for it."""
+    meta, offset = head.meta, head.bin_header.end_offset
+    header = decode_header(read_exact(offset, BLOCK), offset, where)
+    if header is None or header.name != meta.mask.member:
+        raise CorruptShardError(
+            where,
+            None if header is None else header.name,
+            offset,
+            f"expected member {meta.mask.member} here",
+        )
+    if header.size != meta.mask.stored_nbytes or (
+        size is not None and header.data_offset + header.size > size
+    ):
+        raise CorruptShardError(
+            where,
+            header.name,
+            offset + 124,
+            f"member claims {header.size} bytes, the mask frame table says "
+            f"{meta.mask.stored_nbytes} (file: {size} bytes)",
+        )
+    return header

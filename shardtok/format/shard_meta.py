@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from shardtok.errors import CorruptShardError
+from shardtok.format.mask_meta import MaskInfo, check_mask, parse_mask
 from shardtok.format.mmidx import MMIndex, token_dtype
 from shardtok.format.validate import (
     check_vocab,
@@ -65,6 +66,7 @@ class ShardMeta:
     idx_sha256: str
     tokenizer: dict = field(default_factory=dict)
     provenance: tuple[dict, ...] = ()
+    mask: MaskInfo | None = None  # loss masks (added in 0.2); None keeps the 0.1 json
     # The json's meta_sha256 as read (the manifest names shards by it); not part of equality.
     read_sha256: str | None = field(default=None, compare=False)
 
@@ -105,7 +107,7 @@ class ShardMeta:
         return _canonical(doc) + b"\n"
 
     def _json_fields(self) -> dict:
-        return {
+        doc = {
             "bin_sha256": self.bin_sha256,
             "compression": self.compression,
             "compression_level": self.compression_level,
@@ -121,6 +123,9 @@ class ShardMeta:
             "tokenizer": self.tokenizer,
             "vocab_size": self.vocab_size,
         }
+        if self.mask is not None:
+            doc["mask"] = self.mask.to_json()
+        return doc
 
     @classmethod
     def from_json_bytes(cls, data: bytes, where: str, member: str, offset: int) -> ShardMeta:
@@ -174,11 +179,14 @@ class ShardMeta:
             idx_sha256=want_sha256(doc, "idx_sha256", fail),
             tokenizer=want_dict(doc, "tokenizer", fail),
             provenance=tuple(provenance),
+            mask=None if "mask" not in doc else parse_mask(doc["mask"], fail),
             read_sha256=claimed,
         )
         if meta.compression not in COMPRESSIONS:
             raise fail(f"unknown compression {meta.compression!r}")
         _check_frames(meta, fail)
+        if meta.mask is not None:
+            check_mask(meta, fail)
         return meta
 
 

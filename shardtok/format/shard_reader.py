@@ -4,6 +4,14 @@ Both readers parse the same head (json member, idx member, bin member header) an
 json and idx agree before returning a single token; each frame is checked (zstd checksum and
 crc32) before its documents are handed out, so damage raises CorruptShardError instead of
 turning into wrong tokens.
+
+Loss masks (`<key>.mask[.zst]`, after the bin member) are framed like the tokens, so mask frame
+n is read and checked exactly like token frame n. Random access reads both by range. The
+sequential reader cannot reach a mask frame in one forward pass without holding the whole bin
+member (the mask member comes after it, and the .bin must stay one contiguous member so that
+`tar -x` gives Megatron its file); it therefore reads mask frame n by range from a second
+source (`mask_source`) while it streams token frame n, so memory stays bounded by one frame of
+each. Only a full check (`verify`) reads the mask member from the stream itself, after the bin.
 """
 
 from __future__ import annotations
@@ -17,7 +25,8 @@ import numpy as np
 
 from shardtok.errors import CorruptShardError
 from shardtok.format.frames import FrameDecoder
-from shardtok.format.shard_head import ShardHead, read_head
+from shardtok.format.mask_reader import MaskFrames, check_mask_member
+from shardtok.format.shard_head import ShardHead, read_head, read_mask_header
 from shardtok.format.shard_meta import ShardMeta
 from shardtok.format.tar import BLOCK, END_OF_ARCHIVE, decode_header
 
@@ -74,7 +83,7 @@ def read_source_head(source: RangeSource, where: str) -> ShardHead:
 
 
 def _document_slices(
-    head: ShardHead, frame_no: int, raw: bytes, start: int, stop: int
+    head: ShardHead, frame_no: int, raw: bytes, start: int, stop: int, dtype=None
 ) -> list[np.ndarray]:
     """Views of the documents of [start, stop) that begin in frame `frame_no`, decoded as `raw`."""
     meta = head.meta
@@ -84,7 +93,8 @@ def _document_slices(
     lo, hi = max(first, start), min(last, stop)
     if lo >= hi:
         return []
-    tokens = np.frombuffer(raw, dtype=meta.dtype)
+    # `dtype`: uint8 for a mask frame, whose offsets in tokens equal the token frame's.
+    tokens = np.frombuffer(raw, dtype=meta.dtype if dtype is None else dtype)
     itemsize = meta.dtype.itemsize
     base = frames[frame_no].uncompressed_offset // itemsize
     # One vectorized offset computation per frame, then plain slicing: the per-document cost
@@ -118,11 +128,22 @@ class ShardReader:
         self.meta = head.meta
         self.sizes = head.index.sizes
         self.offsets = head.offsets
-        end = head.bin_header.end_offset + len(END_OF_ARCHIVE)
+        last = head.bin_header
+        self._mask = None
+        if self.meta.mask is not None:
+            size = self.source.size
+            last = read_mask_header(
+                lambda o, n: self.source.read_range(o, max(0, min(n, size - o))),
+                head,
+                self.where,
+                size,
+            )
+            self._mask = MaskFrames(head, last, self.where)
+        end = last.end_offset + len(END_OF_ARCHIVE)
         if self.source.size < end:
             raise CorruptShardError(
                 self.where,
-                head.bin_header.name,
+                last.name,
                 self.source.size,
                 f"truncated tar: {self.source.size} bytes, at least {end} expected",
             )
@@ -153,12 +174,38 @@ class ShardReader:
         (frame_no,) = _frame_range(self.meta, i, i + 1)
         return _document_slices(self.head, frame_no, self._frame_bytes(frame_no), i, i + 1)[0]
 
-    def documents(self, start: int = 0, stop: int | None = None) -> Iterator[np.ndarray]:
-        stop = len(self) if stop is None else min(stop, len(self))
-        for frame_no in _frame_range(self.meta, start, stop):
-            yield from _document_slices(
-                self.head, frame_no, self._frame_bytes(frame_no), start, stop
+    def document_mask(self, i: int) -> np.ndarray:
+        """Document i's loss mask (uint8 0/1, one per token)."""
+        mask = self._need_mask()
+        if not 0 <= i < len(self):
+            raise IndexError(
+                f"document {i} out of range for {self.where} with {len(self)} documents"
             )
+        (frame_no,) = _frame_range(self.meta, i, i + 1)
+        return _document_slices(
+            self.head, frame_no, mask.frame(self.source, frame_no), i, i + 1, np.uint8
+        )[0]
+
+    def documents(
+        self, start: int = 0, stop: int | None = None, *, with_masks: bool = False
+    ) -> Iterator:
+        """Documents [start, stop); with_masks: (tokens, mask) pairs."""
+        stop = len(self) if stop is None else min(stop, len(self))
+        mask = self._need_mask() if with_masks else None
+        for frame_no in _frame_range(self.meta, start, stop):
+            docs = _document_slices(self.head, frame_no, self._frame_bytes(frame_no), start, stop)
+            if mask is None:
+                yield from docs
+            else:
+                raw = mask.frame(self.source, frame_no)
+                yield from zip(
+                    docs, _document_slices(self.head, frame_no, raw, start, stop, np.uint8)
+                )
+
+    def _need_mask(self) -> MaskFrames:
+        if self._mask is None:
+            raise ValueError(f"{self.where}: this shard has no loss masks")
+        return self._mask
 
     def memmap_tokens(self) -> np.ndarray:
         """All tokens as a zero-copy memmap of the uncompressed bin member (local files only)."""
@@ -185,10 +232,21 @@ class ShardStreamReader:
     the archive: redundant for token safety, and about a third of the decoding cost.
     """
 
-    def __init__(self, stream, name: str, *, full_checks: bool = False, size: int | None = None):
+    def __init__(
+        self,
+        stream,
+        name: str,
+        *,
+        full_checks: bool = False,
+        size: int | None = None,
+        mask_source: RangeSource | None = None,
+    ):
         """`size`: the shard's size when known (the manifest's `bytes`); member headers that
-        claim more are refused before they are read."""
+        claim more are refused before they are read. `mask_source`: range reads of the same
+        shard file, needed only for ``documents(with_masks=True)`` (see the module docstring)."""
         self._stream = stream
+        self._size = size
+        self.mask_source = mask_source
         self.where = name
         self.full_checks = full_checks
         self._position = 0
@@ -242,8 +300,29 @@ class ShardStreamReader:
                 )
             n -= len(got)
 
-    def documents(self, start: int = 0, stop: int | None = None) -> Iterator[np.ndarray]:
-        """Yield documents [start, stop); with full_checks, a whole-shard read also checks bin_sha256 and the archive end."""
+    def _open_masks(self) -> MaskFrames:
+        if self.meta.mask is None:
+            raise ValueError(f"{self.where}: this shard has no loss masks")
+        if self.mask_source is None:
+            raise ValueError(
+                f"{self.where}: reading masks from a stream needs mask_source, range reads of "
+                "the same shard (the mask member follows the whole bin member)"
+            )
+        source = self.mask_source
+        size = source.size if self._size is None else min(self._size, source.size)
+
+        def read_upto(offset: int, n: int) -> bytes:
+            return source.read_range(offset, max(0, min(n, size - offset)))
+
+        header = read_mask_header(read_upto, self.head, self.where, size)
+        return MaskFrames(self.head, header, self.where, self.full_checks)
+
+    def documents(
+        self, start: int = 0, stop: int | None = None, *, with_masks: bool = False
+    ) -> Iterator:
+        """Yield documents [start, stop) (with_masks: (tokens, mask) pairs); with full_checks, a
+        whole-shard read also checks bin_sha256, the mask member and the archive end."""
+        masks = self._open_masks() if with_masks else None
         if self._consumed:
             raise RuntimeError(f"{self.where}: a stream reader yields its documents once")
         self._consumed = True
@@ -264,7 +343,14 @@ class ShardStreamReader:
             raw = self._decoder.decode(frame, stored, frame_no)
             if bin_hash is not None:
                 bin_hash.update(raw)
-            yield from _document_slices(self.head, frame_no, raw, start, stop)
+            docs = _document_slices(self.head, frame_no, raw, start, stop)
+            if masks is None:
+                yield from docs
+            else:
+                bits = masks.frame(self.mask_source, frame_no)
+                yield from zip(
+                    docs, _document_slices(self.head, frame_no, bits, start, stop, np.uint8)
+                )
         if bin_hash is not None:
             if bin_hash.hexdigest() != meta.bin_sha256:
                 raise CorruptShardError(
@@ -277,6 +363,10 @@ class ShardStreamReader:
 
     def _check_end(self) -> None:
         offset = self.head.bin_header.end_offset
+        if self.meta.mask is not None:
+            header = read_mask_header(self._read_at, self.head, self.where, self._size)
+            check_mask_member(self._read_at, self.head, header, self.where)
+            offset = header.end_offset
         while True:
             header = decode_header(self._read_at(offset, BLOCK), offset, self.where)
             if header is None:

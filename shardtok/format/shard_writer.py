@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from shardtok.format.frames import DEFAULT_FRAME_SIZE, FrameEncoder
+from shardtok.format.mask_meta import MaskFrame, MaskInfo, mask_member
 from shardtok.format.mmidx import encode_idx, token_dtype
 from shardtok.format.shard_meta import Frame, ShardMeta
 from shardtok.format.tar import END_OF_ARCHIVE, encode_header, padding
@@ -39,8 +40,10 @@ class ShardBuilder:
         compression_level: int | None,
         frame_size: int = DEFAULT_FRAME_SIZE,
         tokenizer: dict | None = None,
+        masked: bool = False,
     ):
         self.key = key
+        self.masked = masked
         self.dtype = token_dtype(dtype)
         self.vocab_size = vocab_size
         self.frame_size = frame_size
@@ -56,6 +59,16 @@ class ShardBuilder:
         self._bin_hash = hashlib.sha256()
         self._spool = tempfile.SpooledTemporaryFile(max_size=_SPOOL_IN_MEMORY)  # noqa: SIM115 (closed in write())
         self._provenance: list[list] = []
+        # Mask frames mirror the token frames one for one; they are spooled apart because the
+        # mask member follows the whole bin member in the tar.
+        self._mask_pending: list[bytes] = []
+        self._mask_frames: list[MaskFrame] = []
+        self._mask_stored = 0
+        self._mask_hash = hashlib.sha256()
+        self._trained = 0
+        self._mask_spool = (
+            tempfile.SpooledTemporaryFile(max_size=_SPOOL_IN_MEMORY) if masked else None  # noqa: SIM115
+        )
 
     @property
     def num_documents(self) -> int:
@@ -74,13 +87,21 @@ class ShardBuilder:
         """Whether adding a document of `nbytes` closes the open frame first."""
         return self._pending_bytes > 0 and self._pending_bytes + nbytes > self.frame_size
 
-    def add(self, tokens: np.ndarray, provenance: tuple[str, int] | None = None) -> None:
-        """Add one document, closing the open frame first when the document would overflow it."""
+    def add(
+        self,
+        tokens: np.ndarray,
+        provenance: tuple[str, int] | None = None,
+        mask: np.ndarray | None = None,
+    ) -> None:
+        """Add one document, closing the open frame first when the document would overflow it.
+        `mask` (masked shards only): one 0/1 uint8 per token, already checked by the caller."""
         raw = np.ascontiguousarray(tokens, dtype=self.dtype).tobytes()
         if self.would_close_frame(len(raw)):
             self.close_frame()
         if not self._pending:
             self._pending_first = len(self._sizes)
+        if self.masked:
+            self._mask_pending.append(np.ascontiguousarray(mask, dtype=np.uint8).tobytes())
         self._pending.append(raw)
         self._pending_bytes += len(raw)
         self._sizes.append(len(tokens))
@@ -88,13 +109,16 @@ class ShardBuilder:
             self._note_provenance(provenance[0], provenance[1], provenance[1])
 
     def add_frame(
-        self, stored, raw: np.ndarray, sizes: np.ndarray, crc32: int, provenance=()
+        self, stored, raw: np.ndarray, sizes: np.ndarray, crc32: int, provenance=(), mask=None
     ) -> None:
         """Append a frame encoded elsewhere (FrameBuilder with this shard's level): `stored`
         its encoded bytes, `raw` its tokens, `sizes` its documents' token counts, `provenance`
-        (file, first record, last record) runs of its documents. The open frame closes first."""
+        (file, first record, last record) runs of its documents, `mask` (masked shards) its raw
+        mask bytes, encoded here. The open frame closes first."""
         self.close_frame()
         raw = np.ascontiguousarray(raw, dtype=self.dtype)
+        if self.masked:
+            self._append_mask(np.ascontiguousarray(mask, dtype=np.uint8).tobytes())
         self._append_frame(stored, raw, len(self._sizes), int(crc32))
         self._sizes.extend(np.asarray(sizes).tolist())
         for file, first, last in provenance:
@@ -104,6 +128,9 @@ class ShardBuilder:
         if not self._pending:
             return
         raw = b"".join(self._pending)
+        if self.masked:
+            self._append_mask(b"".join(self._mask_pending))
+            self._mask_pending = []
         self._append_frame(self._encoder.encode(raw), raw, self._pending_first, zlib.crc32(raw))
         self._pending, self._pending_bytes = [], 0
 
@@ -117,6 +144,14 @@ class ShardBuilder:
         self._bin_hash.update(raw)
         self._stored_bytes += len(stored)
         self._token_bytes += nbytes
+
+    def _append_mask(self, raw: bytes) -> None:
+        stored = self._encoder.encode(raw)
+        self._mask_frames.append(MaskFrame(self._mask_stored, len(stored), zlib.crc32(raw)))
+        self._mask_spool.write(stored)
+        self._mask_hash.update(raw)
+        self._mask_stored += len(stored)
+        self._trained += int(np.count_nonzero(np.frombuffer(raw, dtype=np.uint8)))
 
     def _note_provenance(self, file: str, first: int, last: int) -> None:
         """Records first..last of `file`, merged into the previous range when it continues it."""
@@ -145,6 +180,14 @@ class ShardBuilder:
             tokenizer=self.tokenizer,
             provenance=tuple(
                 {"file": f, "first_record": a, "last_record": b} for f, a, b in self._provenance
+            ),
+            mask=None
+            if not self.masked
+            else MaskInfo(
+                mask_member(self.key, self._encoder.level is not None),
+                tuple(self._mask_frames),
+                self._mask_hash.hexdigest(),
+                self._trained,
             ),
         )
         return meta, idx
@@ -177,6 +220,12 @@ class ShardBuilder:
                 while chunk := self._spool.read(8 << 20):
                     emit(out, chunk)
                 emit(out, b"\0" * padding(self._stored_bytes))
+                if meta.mask is not None:
+                    emit(out, encode_header(meta.mask.member, self._mask_stored))
+                    self._mask_spool.seek(0)
+                    while chunk := self._mask_spool.read(8 << 20):
+                        emit(out, chunk)
+                    emit(out, b"\0" * padding(self._mask_stored))
                 emit(out, END_OF_ARCHIVE)
                 out.flush()
                 os.fsync(out.fileno())
@@ -186,4 +235,6 @@ class ShardBuilder:
             raise
         finally:
             self._spool.close()
+            if self._mask_spool is not None:
+                self._mask_spool.close()
         return meta, size, file_hash.hexdigest()

@@ -143,8 +143,11 @@ class DatasetSource:
                 self.where_of(name), None, None, f"not a shard {MANIFEST_NAME} lists"
             ) from None
 
-    def open_stream(self, name: str) -> tuple[ShardStreamReader, Any]:
+    def open_stream(self, name: str, *, with_masks: bool = False) -> tuple[ShardStreamReader, Any]:
         """A sequential reader of shard `name` and the file object to close when done.
+
+        `with_masks`: the reader also gets range reads of the same shard (``mask_source``), so
+        that ``documents(with_masks=True)`` can fetch mask frame n beside token frame n.
 
         The shard is checked against its manifest entry before this returns: a shard swapped
         with another or copied in from another dataset is refused before any token is read."""
@@ -156,7 +159,8 @@ class DatasetSource:
         except ObjectNotFoundError as exc:
             raise self._missing(where, exc, "shard listed in the manifest is missing") from None
         try:
-            reader = ShardStreamReader(fileobj, where, size=entry.bytes)
+            mask_source = self._opener().source(str(target)) if with_masks else None
+            reader = ShardStreamReader(fileobj, where, size=entry.bytes, mask_source=mask_source)
             check_shard_identity(reader.meta, entry, self.manifest, where)
             return reader, fileobj
         except BaseException:
