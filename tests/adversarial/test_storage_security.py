@@ -25,7 +25,7 @@ from shardtok.storage.retry import Redactor
 from shardtok.stream import SliceStream, StreamOptions
 from shardtok.stream.resume.fingerprint import check_fingerprint
 from shardtok.testing.synthetic import write_synthetic_dataset
-from tests.helpers.origins import CANARY_HEADER, origins, seen_headers  # noqa: F401
+from tests.helpers.origins import CANARY_HEADER, logged, origins, seen_headers  # noqa: F401
 
 CANARY = "canary-7b1e4f0d9a"
 SIGNATURE = "sig-5f0c2e91d4b7"
@@ -173,7 +173,8 @@ def test_a_shard_named_by_url_on_another_host_is_refused(dataset, origins, tmp_p
     assert "a file name here is [A-Za-z0-9._-] only" in str(info.value)
     with pytest.raises(StorageError, match="refused file name"):  # and storage on its own
         source.root.join(other_shard)
-    assert CANARY in seen_headers(origins.home)  # the dataset's own origin got its headers
+    home = logged(origins.home, lambda log: CANARY in log)
+    assert CANARY in home  # the dataset's own origin got its headers
     assert seen_headers(origins.other) == ""  # the other origin got no request at all
 
 
@@ -185,7 +186,8 @@ def test_a_redirect_to_another_origin_is_refused(dataset, origins):  # noqa: F81
         _ = source.manifest
     _one_line_without(str(info.value), CANARY)
     assert "http://127.0.0.2:" in str(info.value)  # names the origin, not the path
-    assert seen_headers(origins.home).count("/moved/ds/index.json") == before + 1
+    moved = logged(origins.home, lambda log: log.count("/moved/ds/index.json") > before)
+    assert moved.count("/moved/ds/index.json") == before + 1
     assert CANARY not in seen_headers(origins.other)
     assert seen_headers(origins.other) == ""
 
@@ -196,7 +198,8 @@ def test_a_redirect_within_the_origin_is_followed_with_the_headers(dataset, orig
     assert source.manifest.num_tokens == DatasetSource(dataset).manifest.num_tokens
     with open_source(origins.home.url("same/ds/shard-000000.tar"), _secret_options()) as src:
         assert src.read_range(0, 512) == (dataset / "shard-000000.tar").read_bytes()[:512]
-    lines = [line for line in seen_headers(origins.home).splitlines() if " /ds/" in line]
+    home = logged(origins.home, lambda log: " /ds/shard-000000.tar" in log)
+    lines = [line for line in home.splitlines() if " /ds/" in line]
     assert lines and all(CANARY in line for line in lines)
 
 

@@ -10,6 +10,7 @@ and ``Cookie``. ``home`` also redirects:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,18 @@ def seen_headers(server: Nginx) -> str:
     except FileNotFoundError:
         return ""
     return "".join(line for line in text.splitlines(True) if not line.startswith("HEAD / "))
+
+
+def logged(server: Nginx, condition, bound: float = 30.0) -> str:
+    """What `server` logged once `condition(log)` holds. nginx writes a request's log line after
+    it has sent the response, so a client can be done before the line is there: wait for it
+    (with a generous bound, never asserting a duration), and return the log either way."""
+    deadline = time.monotonic() + bound
+    while True:
+        text = seen_headers(server)
+        if condition(text) or time.monotonic() > deadline:
+            return text
+        time.sleep(0.02)
 
 
 @dataclass
