@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 
 from shardtok.errors import UsageError
+from shardtok.stream.batch import LABELS_FORMATS
 
 PACKINGS = ("concat", "greedy")
 
@@ -25,6 +26,7 @@ class StreamOptions:
     lookahead: int = 8  # greedy: open sequences
     pad_id: int = 0  # greedy: padding token (its labels are always -100)
     mask_boundary_labels: bool = False  # -100 on labels whose target starts another document
+    labels_format: str = "shifted"  # or "hf": aligned with input_ids, for models that shift
 
     def __post_init__(self) -> None:
         # Checked here, once, so that a bad value is one clear error where the options are
@@ -44,6 +46,11 @@ class StreamOptions:
         if not isinstance(self.mask_boundary_labels, bool):
             raise UsageError(
                 f"mask_boundary_labels must be true or false, got {self.mask_boundary_labels!r}"
+            )
+
+        if self.labels_format not in LABELS_FORMATS:
+            raise UsageError(
+                f"labels_format must be one of {LABELS_FORMATS}, got {self.labels_format!r}"
             )
 
     def to_dict(self) -> dict:

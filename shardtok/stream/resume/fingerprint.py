@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from dataclasses import MISSING, fields
 
 from shardtok.errors import ResumeStateError
 from shardtok.storage.dataset import DatasetSource
@@ -55,11 +56,22 @@ def fingerprint_differences(saved: dict, current: dict) -> list[str]:
                     f"source {i} ({_shown(a)} -> {_shown(b)}): {key} "
                     f"{a.get(key)!r} saved, {b.get(key)!r} now"
                 )
-    a_opts, b_opts = saved.get("options", {}), current.get("options", {})
+    a_opts = _with_defaults(saved.get("options", {}))
+    b_opts = _with_defaults(current.get("options", {}))
     for key in sorted(set(a_opts) | set(b_opts)):
         if a_opts.get(key) != b_opts.get(key):
             out.append(f"option {key}: {a_opts.get(key)!r} saved, {b_opts.get(key)!r} now")
     return out
+
+
+def _with_defaults(options: dict) -> dict:
+    """`options` with every StreamOptions field it lacks set to that field's default.
+
+    A state saved before an option existed was made with that option's default behaviour,
+    so it resumes under the default and is refused under any other value.
+    """
+    defaults = {f.name: f.default for f in fields(StreamOptions) if f.default is not MISSING}
+    return {**{k: v for k, v in defaults.items() if k not in options}, **options}
 
 
 def check_fingerprint(saved: dict | None, current: dict, *, strict: bool = True) -> list[str]:
