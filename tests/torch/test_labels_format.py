@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shardtok.cli.main import run as main
 from shardtok.errors import UsageError
@@ -65,6 +67,27 @@ def test_hf_is_the_shifted_labels_moved_right(packing, mask):
     assert np.array_equal(hf["labels"][trained], hf["input_ids"][trained])
     for key in ("input_ids", "position_ids", "document_ids", "cu_seqlens", "max_seqlen"):
         assert np.array_equal(shifted[key], hf[key]), key
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 30), min_size=1, max_size=30),
+    seq_len=st.integers(1, 12),
+    batch_size=st.integers(1, 4),
+    packing=st.sampled_from(["concat", "greedy"]),
+    mask=st.booleans(),
+)
+def test_hf_batches_are_shifted_batches_moved_right(lengths, seq_len, batch_size, packing, mask):
+    # concat takes the whole-batch path, greedy the row path: both build hf labels directly.
+    docs = [np.arange(n, dtype=np.int32) + 1000 * k for k, n in enumerate(lengths)]
+
+    def batches(labels_format):
+        return Batcher(PACKERS[packing](docs, seq_len), batch_size,
+                       mask_boundary_labels=mask, labels_format=labels_format)  # fmt: skip
+
+    for shifted, hf in zip(batches("shifted"), batches("hf"), strict=True):
+        assert np.array_equal(hf["labels"], to_hf_labels(shifted["labels"].copy()))
+        assert np.array_equal(hf["input_ids"], shifted["input_ids"])
 
 
 def tiny_causal_lm():
