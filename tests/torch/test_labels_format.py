@@ -20,6 +20,7 @@ from shardtok.stream.nodes.greedy import GreedyPacker
 from shardtok.stream.options import StreamOptions
 from shardtok.stream.resume.fingerprint import fingerprint_differences
 from shardtok.testing.synthetic import write_synthetic_dataset
+from shardtok.torch import ShardLoader, ShardStreamDataset
 from shardtok.torch.memmap_dataset import MemmapTokenDataset
 
 transformers = pytest.importorskip("transformers")
@@ -218,3 +219,20 @@ def test_memmap_dataset_labels_format(tmp_path):
     assert torch.equal(made["hf"][3]["labels"], hf["labels"][1])  # __getitem__ agrees
     with pytest.raises(UsageError, match="labels_format"):
         MemmapTokenDataset(tmp_path / "pair", seq_len=16, num_samples=6, labels_format="x")
+
+
+def test_stream_dataset_and_loader_workers_carry_the_option(tmp_path):
+    write_synthetic_dataset(tmp_path, num_tokens=6000, vocab_size=500, mean_length=40,
+                            shard_size=3000)  # fmt: skip
+
+    def batches(labels_format):  # both with 2 workers: the epoch's split depends on them
+        ds = ShardStreamDataset(tmp_path, seq_len=31, batch_size=2, packing="greedy",
+                                mask_boundary_labels=True, labels_format=labels_format)  # fmt: skip
+        loader = ShardLoader(ds, num_workers=2)
+        return [{k: v.numpy().copy() for k, v in b.items() if k != "max_seqlen"} for b in loader]
+
+    shifted, hf = batches("shifted"), batches("hf")
+    assert len(shifted) == len(hf) > 0
+    for a, b in zip(shifted, hf):
+        assert np.array_equal(b["labels"], to_hf_labels(a["labels"]))
+        assert np.array_equal(a["input_ids"], b["input_ids"])
