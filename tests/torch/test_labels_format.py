@@ -3,6 +3,8 @@ model), checked against a real transformers causal LM and DataCollatorWithFlatte
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -10,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardtok.cli.main import run as main
-from shardtok.errors import UsageError
+from shardtok.errors import ResumeStateError, UsageError
 from shardtok.format import write_megatron_pair
 from shardtok.stream.batch import IGNORE_INDEX, assemble_batch, to_hf_labels
 from shardtok.stream.nodes.array_documents import ArrayDocuments
@@ -236,3 +238,14 @@ def test_stream_dataset_and_loader_workers_carry_the_option(tmp_path):
     for a, b in zip(shifted, hf):
         assert np.array_equal(b["labels"], to_hf_labels(a["labels"]))
         assert np.array_equal(a["input_ids"], b["input_ids"])
+
+
+def test_a_state_saved_before_the_option_resumes_only_under_its_default():
+    from tests.torch.test_states_v0_1 import CASES, dataset
+
+    case = CASES["concat"]
+    assert "labels_format" not in json.dumps(case["state"])  # saved before the option existed
+    dataset(case["options"]).load_state_dict(case["state"])
+    dataset({**case["options"], "labels_format": "shifted"}).load_state_dict(case["state"])
+    with pytest.raises(ResumeStateError, match="option labels_format: 'shifted' saved, 'hf' now"):
+        dataset({**case["options"], "labels_format": "hf"}).load_state_dict(case["state"])
