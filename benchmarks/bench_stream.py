@@ -140,27 +140,31 @@ def child(args) -> None:
         from shardtok.torch import ShardStreamDataset
 
         ds = ShardStreamDataset(BENCH / args.data, seq_len=SEQ_LEN, batch_size=BATCH,
-                                shuffle_buffer=args.shuffle_buffer)  # fmt: skip
+                                shuffle_buffer=args.shuffle_buffer,
+                                labels_format=args.labels_format)  # fmt: skip
         loader = DataLoader(ds, batch_size=None, num_workers=workers, **extra)
     elif args.kind == "lean":
         from shardtok.torch import ShardLoader, ShardStreamDataset
 
         ds = ShardStreamDataset(BENCH / args.data, seq_len=SEQ_LEN, batch_size=BATCH,
-                                shuffle_buffer=args.shuffle_buffer)  # fmt: skip
+                                shuffle_buffer=args.shuffle_buffer,
+                                labels_format=args.labels_format)  # fmt: skip
         loader = ShardLoader(ds, num_workers=workers, prefetch=args.prefetch, **context)
     elif args.kind == "memlean":
         from shardtok.torch import ShardLoader
         from shardtok.torch.memmap_dataset import MemmapTokenDataset
 
         ds = MemmapTokenDataset(BENCH / "plain", seq_len=SEQ_LEN, num_samples=args.batches * BATCH,
-                                seed=1234, cache_dir=BENCH / "index-cache")  # fmt: skip
+                                seed=1234, cache_dir=BENCH / "index-cache",
+                                labels_format=args.labels_format)  # fmt: skip
         loader = ShardLoader(ds, batch_size=BATCH, num_workers=workers, prefetch=args.prefetch,
                              **context)  # fmt: skip
     elif args.kind == "memmap":
         from shardtok.torch.memmap_dataset import MemmapTokenDataset
 
         ds = MemmapTokenDataset(BENCH / "plain", seq_len=SEQ_LEN, num_samples=args.batches * BATCH,
-                                seed=1234, cache_dir=BENCH / "index-cache")  # fmt: skip
+                                seed=1234, cache_dir=BENCH / "index-cache",
+                                labels_format=args.labels_format)  # fmt: skip
         loader = DataLoader(
             ds, batch_size=BATCH, collate_fn=ds.collate, num_workers=workers, **extra
         )
@@ -277,7 +281,8 @@ def throughput(args) -> None:
                 method = {"start_method": args.start_method} if args.start_method else {}
                 r = run_child(kind=kind, workers=workers, batches=args.batches,
                               prefetch=args.prefetch, shuffle_buffer=args.shuffle_buffer,
-                              data="zstd", **method)  # fmt: skip
+                              data="zstd", labels_format=args.labels_format,
+                              **method)  # fmt: skip
                 rows.append(r)
                 print(f"[{rep}] {kind:7s} workers={workers}: {r['tokens_per_s'] / 1e6:6.1f} M tok/s, "
                       f"first batch {r['first_batch_s']:.3f} s, main {r['main_cpu_us_per_batch']:.0f} us/b, "
@@ -430,6 +435,7 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--prefetch", type=int, default=4)
     p.add_argument("--shuffle-buffer", type=int, default=4096)
+    p.add_argument("--labels-format", choices=["shifted", "hf"], default="shifted")
     p.add_argument("--start-method", choices=["fork", "forkserver", "spawn"],
                    help="ShardLoader's multiprocessing start method (lean, memlean)")  # fmt: skip
     p = sub.add_parser("stages")
@@ -451,6 +457,7 @@ def main() -> None:
     p.add_argument("--prefetch", type=int, default=4)
     p.add_argument("--shuffle-buffer", type=int, default=4096)
     p.add_argument("--start-method", default=None)
+    p.add_argument("--labels-format", default="shifted")
     args = parser.parse_args()
     BENCH = args.dir
     {"prepare": prepare, "throughput": throughput, "stages": stages, "memory": memory,

@@ -93,6 +93,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="label -100 where the target is the first token of another document",
     )
     p.add_argument(
+        "--labels-format",
+        choices=("shifted", "hf"),
+        default=None,
+        help="shifted (default): labels[i] is the target of input_ids[i]; hf: aligned with "
+        "input_ids for models that shift internally (transformers' *ForCausalLM)",
+    )
+    p.add_argument(
         "--state-out", metavar="FILE", help="save the stream position after the last batch"
     )
     p.add_argument(
@@ -160,12 +167,16 @@ def _torch_batches(args, job: StreamJob) -> Iterator[dict] | None:
     return ({k: v.numpy() if hasattr(v, "numpy") else v for k, v in b.items()} for b in loader)
 
 
-def real_tokens(batch: dict) -> int:
+def real_tokens(batch: dict, labels_format: str = "shifted") -> int:
     """Tokens that are not padding (inputs plus the last target), from the labels' -100 tail."""
     labels = batch["labels"]
     rows, seq_len = labels.shape
     ignored = labels == IGNORE_INDEX
     tail = np.where(ignored.all(axis=1), seq_len, np.argmin(ignored[:, ::-1], axis=1))
+    if labels_format == "hf":
+        # hf labels sit one column right of the shifted ones, so a padded row's -100 tail is
+        # one shorter: the padding after `length` real tokens covers seq_len - length labels.
+        tail = tail + (tail > 0)
     return int(rows * (seq_len + 1) - tail.sum())
 
 
@@ -246,7 +257,7 @@ def run(args: argparse.Namespace) -> int:
             first = time.perf_counter() - started
         count += 1
         tokens += batch["input_ids"].size
-        real += real_tokens(batch)
+        real += real_tokens(batch, job.options.labels_format)
         segments += len(batch["cu_seqlens"]) - 1
         if keep:
             kept.append({k: np.array(v) for k, v in batch.items()})

@@ -4,9 +4,14 @@ A batch is a dict of numpy arrays, for ``B`` sequences of ``S = seq_len`` inputs
 
 ==================  ============  ======================================================
 ``input_ids``       int64 [B, S]  ``tokens[:, :-1]``
-``labels``          int64 [B, S]  ``tokens[:, 1:]``; -100 where the target is padding and,
-                                  with ``mask_boundary_labels``, where the target is the
-                                  first token of another document
+``labels``          int64 [B, S]  ``labels_format="shifted"``: ``tokens[:, 1:]``, the target
+                                  of ``input_ids[:, i]`` at ``i``; -100 where the target is
+                                  padding and, with ``mask_boundary_labels``, where the target
+                                  is the first token of another document.
+                                  ``labels_format="hf"``: the same labels moved one to the
+                                  right (aligned with ``input_ids``, -100 in column 0), for
+                                  models that shift internally; each row's last target
+                                  (``tokens[:, -1]``) cannot be expressed and is dropped
 ``position_ids``    int64 [B, S]  restart at 0 at every document segment
 ``document_ids``    int32 [B, S]  segment number within the row (0, 1, ...); padding is a
                                   segment of its own. ``document_ids[b, i] == document_ids[b,
@@ -26,6 +31,7 @@ import numpy as np
 from shardtok.stream.sequence import PackedSequence
 
 IGNORE_INDEX = -100
+LABELS_FORMATS = ("shifted", "hf")
 BATCH_KEYS = ("input_ids", "labels", "position_ids", "document_ids", "cu_seqlens")
 
 # Allocator for the output arrays: given (batch_size, seq_len) it returns writable arrays for
@@ -55,10 +61,55 @@ def _arange(n: int) -> np.ndarray:
     return out
 
 
+def to_hf_labels(labels: np.ndarray) -> np.ndarray:
+    """Turn shifted `labels` [B, S] into Hugging Face's layout, in place, and return them.
+
+    A ``*ForCausalLM`` scores ``logits[:, i]`` against ``labels[:, i + 1]``, so the target of
+    input ``i`` moves to column ``i + 1``; column 0 (no input before it) becomes -100 and the
+    target of the last input falls off. Every -100 moves with its target, so any mask applied
+    to the shifted labels (boundaries, padding, a per-token loss mask) carries over as is.
+    """
+    # numpy buffers overlapping slice assignments, so the shift is safe in place.
+    labels[:, 1:] = labels[:, :-1]
+    labels[:, 0] = IGNORE_INDEX
+    return labels
+
+
+def _check_labels_format(labels_format: str) -> None:
+    if labels_format not in LABELS_FORMATS:
+        raise ValueError(f"labels_format must be one of {LABELS_FORMATS}, got {labels_format!r}")
+
+
+def _fill_labels(
+    labels: np.ndarray, grid: np.ndarray, masked: list[int], labels_format: str
+) -> None:
+    """Write the labels of token rows `grid` [B, S + 1] into `labels` [B, S], with -100 at the
+    flat shifted positions `masked`; the result equals `to_hf_labels` of the shifted labels.
+
+    The hf labels are copied straight from the tokens and the masked positions moved one
+    column instead of shifting the finished labels: an overlapping in-place shift goes
+    through a temporary buffer and cost a third of the whole batch assembly.
+    """
+    if labels_format == "shifted":
+        np.copyto(labels, grid[:, 1:], casting="unsafe")
+        if masked:
+            labels.reshape(-1)[masked] = IGNORE_INDEX
+        return
+    seq_len = labels.shape[1]
+    np.copyto(labels[:, 1:], grid[:, 1:-1], casting="unsafe")
+    labels[:, 0] = IGNORE_INDEX
+    if masked:
+        flat = np.asarray(masked, dtype=np.int64)
+        # A masked last column is the dropped target; it has no hf column to mask.
+        flat = flat[flat % seq_len != seq_len - 1]
+        labels.reshape(-1)[flat + 1] = IGNORE_INDEX
+
+
 def build_batch(
     sequences: Sequence[PackedSequence],
     *,
     mask_boundary_labels: bool = False,
+    labels_format: str = "shifted",
     allocate: Allocator = allocate_arrays,
 ) -> dict:
     """Stack sequences (all ``seq_len + 1`` tokens) into the batch described above."""
@@ -68,6 +119,7 @@ def build_batch(
         [seq.starts for seq in sequences],
         [seq.length for seq in sequences],
         mask_boundary_labels=mask_boundary_labels,
+        labels_format=labels_format,
         allocate=allocate,
     )
 
@@ -78,6 +130,7 @@ def assemble_batch(
     lengths: Sequence[int],
     *,
     mask_boundary_labels: bool = False,
+    labels_format: str = "shifted",
     allocate: Allocator = allocate_arrays,
 ) -> dict:
     """The batch of rows `tokens` [B, seq_len + 1], whose segments begin at `starts` and whose
@@ -85,6 +138,7 @@ def assemble_batch(
 
     Work is per segment, not per token: a handful of numpy calls over the whole batch.
     """
+    _check_labels_format(labels_format)
     rows, window = tokens.shape
     seq_len = window - 1
     out = allocate(rows, seq_len)
@@ -109,10 +163,7 @@ def assemble_batch(
             masked.extend(range(row + max(length - 1, 0), row + seq_len))
         local_ids.extend(range(n))
     np.copyto(input_ids, tokens[:, :-1], casting="unsafe")
-    np.copyto(labels, tokens[:, 1:], casting="unsafe")
-    if masked:
-        labels.reshape(-1)[masked] = IGNORE_INDEX
-
+    _fill_labels(labels, tokens, masked, labels_format)
     return _with_segments(out, seg_starts, local_ids, rows * seq_len)
 
 
@@ -147,6 +198,7 @@ def assemble_contiguous_batch(
     rows: int,
     *,
     mask_boundary_labels: bool = False,
+    labels_format: str = "shifted",
     allocate: Allocator = allocate_arrays,
 ) -> dict:
     """The batch whose rows are consecutive runs of one token stream: row ``b`` is
@@ -157,6 +209,7 @@ def assemble_contiguous_batch(
     Equal to `assemble_batch` on the same rows and starts; the per-token work is the same
     handful of numpy calls, the per-segment bookkeeping is cheaper.
     """
+    _check_labels_format(labels_format)
     window = len(tokens) // rows
     seq_len = window - 1
     total = rows * seq_len
@@ -164,7 +217,6 @@ def assemble_contiguous_batch(
     grid = tokens.reshape(rows, window)
     input_ids, labels = out["input_ids"], out["labels"]
     np.copyto(input_ids, grid[:, :-1], casting="unsafe")
-    np.copyto(labels, grid[:, 1:], casting="unsafe")
 
     # A batch has a few dozen segments: plain Python beats a dozen tiny numpy calls here.
     starts = list(range(0, total, seq_len))  # every row start
@@ -176,8 +228,7 @@ def assemble_contiguous_batch(
                 starts.append(row * seq_len + column)
             # The target before a document's first token is that token: unpredictable.
             masked.append(row * seq_len + column - 1)
-    if mask_boundary_labels and masked:
-        labels.reshape(-1)[masked] = IGNORE_INDEX
+    _fill_labels(labels, grid, masked if mask_boundary_labels else [], labels_format)
     starts.sort()
     local_ids = []
     row_start = -1

@@ -89,6 +89,7 @@ def batcher_for(
         options.batch_size,
         num_batches=num_batches,
         mask_boundary_labels=options.mask_boundary_labels,
+        labels_format=options.labels_format,
         allocate=allocate,
         where=where,
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 
 from shardtok.errors import UsageError
+from shardtok.stream.batch import LABELS_FORMATS
 from shardtok.stream.nodes.base import HISTORY
 
 PACKINGS = ("concat", "greedy", "bfd")
@@ -29,6 +30,7 @@ class StreamOptions:
     # bfd: documents packed at once. New fields go last with a default: fingerprints saved
     # before them lack the key and compare as the default (resume.fingerprint).
     bfd_window: int = 1000
+    labels_format: str = "shifted"  # or "hf": aligned with input_ids, for models that shift
 
     def __post_init__(self) -> None:
         # Checked here, once, so that a bad value is one clear error where the options are
@@ -55,6 +57,11 @@ class StreamOptions:
         if not isinstance(self.mask_boundary_labels, bool):
             raise UsageError(
                 f"mask_boundary_labels must be true or false, got {self.mask_boundary_labels!r}"
+            )
+
+        if self.labels_format not in LABELS_FORMATS:
+            raise UsageError(
+                f"labels_format must be one of {LABELS_FORMATS}, got {self.labels_format!r}"
             )
 
     def to_dict(self) -> dict:

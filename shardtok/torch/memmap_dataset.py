@@ -20,9 +20,11 @@ from typing import NamedTuple
 import numpy as np
 from torch.utils.data import Dataset, get_worker_info
 
+from shardtok.errors import UsageError
 from shardtok.memmap.samples import GPTSamples
 from shardtok.memmap.tokens import open_local_tokens
 from shardtok.stream.batch import (
+    LABELS_FORMATS,
     Allocator,
     allocate_arrays,
     assemble_contiguous_batch,
@@ -42,6 +44,7 @@ class MemmapTokenDataset(Dataset):
         seed: int = 1234,
         cache_dir: str | os.PathLike[str] | None = None,
         mask_boundary_labels: bool = False,
+        labels_format: str = "shifted",
         shared_memory: bool = True,
     ):
         self.path = str(path)
@@ -50,6 +53,11 @@ class MemmapTokenDataset(Dataset):
         self.seed = seed
         self.cache_dir = cache_dir
         self.mask_boundary_labels = mask_boundary_labels
+        if labels_format not in LABELS_FORMATS:  # here, not in a worker's collate
+            raise UsageError(
+                f"labels_format must be one of {LABELS_FORMATS}, got {labels_format!r}"
+            )
+        self.labels_format = labels_format
         self.shared_memory = shared_memory
         self._samples: GPTSamples | None = None
         self._ring: SlotRing | None = None
@@ -95,7 +103,11 @@ class MemmapTokenDataset(Dataset):
 
     def __getitem__(self, i: int) -> dict:
         """One sample as tensors: the streaming batch keys without the batch dimension."""
-        batch = build_batch([self.sequence(i)], mask_boundary_labels=self.mask_boundary_labels)
+        batch = build_batch(
+            [self.sequence(i)],
+            mask_boundary_labels=self.mask_boundary_labels,
+            labels_format=self.labels_format,
+        )
         out = {k: (v[0] if k not in ("cu_seqlens", "max_seqlen") else v) for k, v in batch.items()}
         return to_tensors(out)
 
@@ -111,6 +123,7 @@ class MemmapTokenDataset(Dataset):
             gathered.boundaries,
             gathered.rows,
             mask_boundary_labels=self.mask_boundary_labels,
+            labels_format=self.labels_format,
             allocate=allocate,
         )
 

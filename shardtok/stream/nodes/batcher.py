@@ -41,6 +41,7 @@ class Batcher(Node[dict]):
         *,
         num_batches: int | None = None,
         mask_boundary_labels: bool = False,
+        labels_format: str = "shifted",
         allocate: Allocator = allocate_arrays,
         where: str = "stream",
     ):
@@ -51,6 +52,7 @@ class Batcher(Node[dict]):
         self.batch_size = batch_size
         self.num_batches = num_batches
         self.mask_boundary_labels = mask_boundary_labels
+        self.labels_format = labels_format
         self.allocate = allocate
         self.where = where
         self._rows: np.ndarray | None = None
@@ -105,6 +107,7 @@ class Batcher(Node[dict]):
                         boundaries,
                         self.batch_size,
                         mask_boundary_labels=self.mask_boundary_labels,
+                        labels_format=self.labels_format,
                         allocate=self.allocate,
                     ),
                     self.batch_size * upstream.window,
@@ -133,6 +136,7 @@ class Batcher(Node[dict]):
             starts,
             lengths,
             mask_boundary_labels=self.mask_boundary_labels,
+            labels_format=self.labels_format,
             allocate=self.allocate,
         )
         return self._count(batch, sum(lengths))
