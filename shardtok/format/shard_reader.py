@@ -111,6 +111,14 @@ def _frame_range(meta: ShardMeta, start: int, stop: int) -> range:
     return range(max(lo, 0), hi)
 
 
+def _with_masks(docs, head, frame_no: int, masks, source, start: int, stop: int):
+    """`docs` of one frame, paired with their masks (read from `source`) when `masks` is set."""
+    if masks is None:
+        return docs
+    bits = masks.frame(source, frame_no)
+    return zip(docs, _document_slices(head, frame_no, bits, start, stop, np.uint8))
+
+
 class ShardReader:
     """Random access to the documents of one shard, reading only the frames it needs."""
 
@@ -194,13 +202,7 @@ class ShardReader:
         mask = self._need_mask() if with_masks else None
         for frame_no in _frame_range(self.meta, start, stop):
             docs = _document_slices(self.head, frame_no, self._frame_bytes(frame_no), start, stop)
-            if mask is None:
-                yield from docs
-            else:
-                raw = mask.frame(self.source, frame_no)
-                yield from zip(
-                    docs, _document_slices(self.head, frame_no, raw, start, stop, np.uint8)
-                )
+            yield from _with_masks(docs, self.head, frame_no, mask, self.source, start, stop)
 
     def _need_mask(self) -> MaskFrames:
         if self._mask is None:
@@ -344,13 +346,7 @@ class ShardStreamReader:
             if bin_hash is not None:
                 bin_hash.update(raw)
             docs = _document_slices(self.head, frame_no, raw, start, stop)
-            if masks is None:
-                yield from docs
-            else:
-                bits = masks.frame(self.mask_source, frame_no)
-                yield from zip(
-                    docs, _document_slices(self.head, frame_no, bits, start, stop, np.uint8)
-                )
+            yield from _with_masks(docs, self.head, frame_no, masks, self.mask_source, start, stop)
         if bin_hash is not None:
             if bin_hash.hexdigest() != meta.bin_sha256:
                 raise CorruptShardError(

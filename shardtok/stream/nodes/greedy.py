@@ -128,13 +128,6 @@ class GreedyPacker(Packer):
 
     # -- what elastic resume needs (shardtok.stream.resume.elastic) ---------------------
     @classmethod
-    def residual_tokens(cls, state: dict, total: int, stride: int, real_tokens: int) -> int:
-        """Tokens of a `total`-token slice not in a sequence yielded before `state`, of which
-        `real_tokens` were yielded."""
-        cls.parse_state(state)
-        return max(0, total - real_tokens)
-
-    @classmethod
     def residual_documents(cls, state: dict, documents: DocumentNode) -> Iterator[np.ndarray]:
         """The pieces held in open and unyielded sequences, then every later document."""
         state = cls.parse_state(state)

@@ -40,3 +40,12 @@ class Packer(Node[PackedSequence]):
 
     def _emit_into(self, out: np.ndarray) -> tuple[list[int], int]:
         raise NotImplementedError
+
+    # -- what elastic resume needs (shardtok.stream.resume.elastic) -------------------------
+    @classmethod
+    def residual_tokens(cls, state: dict, total: int, stride: int, real_tokens: int) -> int:
+        """Tokens of a `total`-token slice not in a sequence yielded before `state`, of which
+        `real_tokens` were yielded: every real token yielded is one fewer left (packers that
+        pad; concat, whose windows overlap with a stride, overrides this)."""
+        cls.parse_state(state)
+        return max(0, total - real_tokens)
