@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from shardtok.errors import UsageError
 from shardtok.format.manifest import MANIFEST_NAME
 from shardtok.format.megatron import MegatronPair
 from shardtok.memmap.checked import FrameCheck
@@ -125,6 +126,11 @@ def open_local_tokens(path: str | Path) -> tuple[np.ndarray | ConcatTokens, np.n
     path = Path(path)
     if (path / MANIFEST_NAME).exists():
         source = DatasetSource(path)
+        if source.manifest.masked:  # the same refusal as the stream's (stream.factory)
+            raise UsageError(
+                f"{source.display}: this dataset has loss masks (fine-tuning data), and the "
+                "memmap path does not apply them yet; it would train on every token"
+            )
         readers = [source.open_random(entry.file) for entry in source.manifest.shards]
         compressed = [r.where for r in readers if r.meta.compressed]
         if compressed:

@@ -6,6 +6,7 @@ of a mix) is made of; ``shardtok.stream.factory`` picks which placed stream a st
 
 from __future__ import annotations
 
+from shardtok.errors import UsageError
 from shardtok.storage.dataset import DatasetSource
 from shardtok.stream.batch import Allocator
 from shardtok.stream.nodes.base import DocumentNode
@@ -22,6 +23,18 @@ from shardtok.stream.plan import EpochPlan, SlicePlan, epoch_plan
 SHUFFLE_STREAM = 2  # rng stream tag of the shuffle buffer's keys
 
 
+def refuse_masked(source: DatasetSource) -> None:
+    """A dataset with loss masks (fine-tuning data) is refused until the stream applies them:
+    streamed as plain tokens it would train on every token, prompts included."""
+    if source.manifest.masked:
+        raise UsageError(
+            f"{source.display}: this dataset has loss masks (fine-tuning data), and this "
+            "release's stream and memmap paths do not apply them yet; streaming it would train "
+            "on every token. Read its masks with shardtok.format.ShardReader(...)"
+            ".documents(with_masks=True)"
+        )
+
+
 def plan_for(
     source: DatasetSource,
     options: StreamOptions,
@@ -30,6 +43,7 @@ def plan_for(
     world_size: int,
     num_workers: int,
 ) -> EpochPlan:
+    refuse_masked(source)
     return epoch_plan(
         source.manifest,
         seq_len=options.seq_len,

@@ -25,7 +25,7 @@ from shardtok.errors import ResumeStateError
 from shardtok.storage.dataset import DatasetSource
 from shardtok.stream import state as envelope
 from shardtok.stream.batch import Allocator, allocate_arrays
-from shardtok.stream.build import plan_for
+from shardtok.stream.build import plan_for, refuse_masked
 from shardtok.stream.mix.sequences import MixedSequences, SourceSequences
 from shardtok.stream.mix.spec import MixSpec, check_tokenizers
 from shardtok.stream.mix.stream import MixedStream
@@ -93,6 +93,10 @@ class StreamSetup:
     options: StreamOptions
     mix: MixSpec | None = None
     _fingerprint: dict | None = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for source in self.sources:
+            refuse_masked(source)
 
     @classmethod
     def single(cls, source: DatasetSource, options: StreamOptions) -> StreamSetup:
