@@ -7,12 +7,11 @@ Each subcommand is an ``add_*parser(subparsers)`` that sets ``run`` as the parse
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 
+from shardtok.cli.arguments import at_least, parse_compression, parse_size
 from shardtok.convert.sample_corpus import write_sample_corpus
 from shardtok.convert.tokenizer import BUNDLED, BUNDLED_NAME
-from shardtok.errors import UsageError
 
 CONVERT_DESCRIPTION = """\
 Tokenize raw text into a shardtok dataset: tar shards with Megatron-compatible indices and
@@ -42,38 +41,6 @@ bad records (invalid JSON, missing or non-string field, invalid UTF-8, empty tex
 with file and line (--on-bad-record error, the default) or are skipped, counted in index.json and
 listed in OUTPUT/rejects.jsonl (--on-bad-record skip).
 """
-
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)b?\s*$", re.IGNORECASE)
-
-
-def parse_size(text: str) -> int:
-    """'64MB' = 64 * 10**6, '64MiB' = 64 * 2**20, '1048576' bytes."""
-    match = _SIZE.match(text)
-    if not match:
-        raise argparse.ArgumentTypeError(
-            f"cannot read size {text!r} (examples: 64MB, 1GiB, 1048576)"
-        )
-    number, prefix, binary = match.groups()
-    power = "kmgt".find(prefix.lower()) + 1 if prefix else 0
-    base = 1024 if binary else 1000
-    size = int(float(number) * base**power)
-    if size <= 0:
-        raise argparse.ArgumentTypeError(f"size {text!r} must be positive")
-    return size
-
-
-def parse_compression(text: str) -> int | None:
-    if text.lower() in ("0", "none", "off"):
-        return None
-    try:
-        level = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"compression level {text!r}: give 1-22, or 0/none"
-        ) from None
-    if not 1 <= level <= 22:
-        raise argparse.ArgumentTypeError(f"compression level {level}: give 1-22, or 0/none")
-    return level
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -122,7 +89,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--workers",
-        type=int,
+        type=at_least(0),
         default=0,
         metavar="N",
         help="tokenizer processes (default: number of cores)",
@@ -202,8 +169,6 @@ def run(args: argparse.Namespace) -> int:
     from shardtok.convert.runner import ConvertOptions, convert
     from shardtok.convert.tokenizer import load_tokenizer
 
-    if args.workers < 0:
-        raise UsageError(f"--workers must be >= 0, got {args.workers}")
     if args.tokenizer == BUNDLED and not args.quiet:
         print(
             f"note: using the bundled demo tokenizer {BUNDLED_NAME} (pass --tokenizer for your model's)",

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
+
+from shardtok.cli.paths import is_dataset, label, locate
 
 
 def add_parser(sub) -> None:
@@ -22,28 +23,16 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from shardtok.format.inspect import format_summary, inspect_dataset, inspect_shard
-    from shardtok.storage import Location, open_source
+    from shardtok.storage import open_source
     from shardtok.storage.dataset import DatasetSource
 
-    where = Location.of(args.path)
-    if _is_dataset(where):
+    where = locate(args.path)
+    if is_dataset(where):
         dataset = DatasetSource(where.url)
         summary = inspect_dataset(
-            dataset.manifest, dataset.open_file, _label(where), dataset.where_of
+            dataset.manifest, dataset.open_file, label(where), dataset.where_of
         )
     else:
-        summary = inspect_shard(open_source(where), _label(where))
+        summary = inspect_shard(open_source(where), label(where))
     print(json.dumps(summary, indent=1, sort_keys=True) if args.json else format_summary(summary))
     return 0
-
-
-def _is_dataset(where) -> bool:
-    """A local folder, or a remote prefix (any URL not naming a .tar file)."""
-    if where.is_local:
-        return Path(where.local_path).is_dir()
-    return not where.name.endswith(".tar")
-
-
-def _label(where) -> str:
-    # Local paths print as pathlib writes them ("data/" -> "data"), as they always have.
-    return str(Path(where.local_path)) if where.is_local else where.display

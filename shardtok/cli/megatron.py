@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from shardtok.cli.convert import parse_compression, parse_size
+from shardtok.cli.arguments import parse_compression, parse_size
 
 
 def _add_writer_options(parser: argparse.ArgumentParser) -> None:

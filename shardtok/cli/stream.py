@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from shardtok.cli.stream_args import at_least
+from shardtok.cli.arguments import at_least
 from shardtok.cli.stream_job import StreamJob
 from shardtok.errors import ShardtokError, UsageError
 from shardtok.stream.batch import IGNORE_INDEX

@@ -37,21 +37,6 @@ def spec_from_args(sources: Sequence[str], storage_options: dict | None = None) 
     return mix_spec([p for p, _ in parsed], storage_options)
 
 
-def at_least(low: int):
-    """An argparse type: an integer >= `low` (argparse turns the refusal into exit status 2)."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
-        return value
-
-    return parse
-
-
 def options_from(args: argparse.Namespace, config: dict | None = None) -> StreamOptions:
     """Command-line values win over the mix config, which wins over the defaults."""
     given = {name: getattr(args, name) for name in OPTION_NAMES}

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from shardtok.errors import ShardtokError
+from shardtok.cli.paths import is_dataset, label, locate
 
 
 def add_parser(sub) -> None:
@@ -34,12 +33,8 @@ def run(args) -> int:
         # object itself need not outlive this call.
         return lambda: open_source(target).open_stream()
 
-    where = Location.of(args.path)
-    if where.is_local and not Path(where.local_path).exists():
-        # Nothing to verify is not a damaged shard.
-        raise ShardtokError(f"{where.local_path}: no such file or folder")
-    local_dir = where.is_local and Path(where.local_path).is_dir()
-    if local_dir or (not where.is_local and not where.name.endswith(".tar")):
+    where = locate(args.path)
+    if is_dataset(where):
         dataset = DatasetSource(where.url)
         report = verify_dataset(
             lambda: dataset.manifest,
@@ -47,8 +42,7 @@ def run(args) -> int:
             dataset.where_of,
         )
     else:
-        label = str(Path(where.local_path)) if where.is_local else where.display
-        report = VerifyReport(shards=[verify_shard(opener(where), label)])
+        report = VerifyReport(shards=[verify_shard(opener(where), label(where))])
     for error in report.errors:
         print(f"BAD  {error}")
     for shard in report.shards:

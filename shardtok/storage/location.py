@@ -17,11 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from shardtok.errors import StorageError
+from shardtok.format.validate import is_plain_name
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
-# What every name a shardtok writer makes looks like: accepted without further work, since
-# joining happens once per shard opened.
-_SIMPLE_NAME = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,254}")
 # Separators, drive/scheme colons, query and fragment marks, control characters: none belongs
 # in one file name, and each could make a name reach outside its folder or origin.
 _NOT_IN_NAME = re.compile(r"[/\\:?#\x00-\x1f\x7f\ufffd]")
@@ -123,7 +121,7 @@ def name_problem(name: object) -> str | None:
     """
     if not isinstance(name, str):
         return "not a string"
-    if _SIMPLE_NAME.fullmatch(name):
+    if is_plain_name(name):  # the manifest's own rule: every name a shardtok writer makes
         return None
     if not name:
         return "empty"

@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from shardtok.errors import UsageError
 from shardtok.stream.sequence import PackedSequence
 
 IGNORE_INDEX = -100
@@ -75,9 +76,11 @@ def to_hf_labels(labels: np.ndarray) -> np.ndarray:
     return labels
 
 
-def _check_labels_format(labels_format: str) -> None:
+def check_labels_format(labels_format: object) -> None:
+    """The one check of a labels format, for the options, the memmap dataset and the batch
+    functions alike (a UsageError, which is also a ValueError)."""
     if labels_format not in LABELS_FORMATS:
-        raise ValueError(f"labels_format must be one of {LABELS_FORMATS}, got {labels_format!r}")
+        raise UsageError(f"labels_format must be one of {LABELS_FORMATS}, got {labels_format!r}")
 
 
 def _fill_labels(
@@ -138,7 +141,7 @@ def assemble_batch(
 
     Work is per segment, not per token: a handful of numpy calls over the whole batch.
     """
-    _check_labels_format(labels_format)
+    check_labels_format(labels_format)
     rows, window = tokens.shape
     seq_len = window - 1
     out = allocate(rows, seq_len)
@@ -209,7 +212,7 @@ def assemble_contiguous_batch(
     Equal to `assemble_batch` on the same rows and starts; the per-token work is the same
     handful of numpy calls, the per-segment bookkeeping is cheaper.
     """
-    _check_labels_format(labels_format)
+    check_labels_format(labels_format)
     window = len(tokens) // rows
     seq_len = window - 1
     total = rows * seq_len

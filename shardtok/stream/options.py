@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 
 from shardtok.errors import UsageError
-from shardtok.stream.batch import LABELS_FORMATS
+from shardtok.stream.batch import check_labels_format
 from shardtok.stream.nodes.base import HISTORY
 
 PACKINGS = ("concat", "greedy", "bfd")
@@ -37,9 +37,9 @@ class StreamOptions:
         # made (the constructor, a mix config, the command line), not a ValueError deep in a
         # DataLoader worker.
         for name, low in (("seq_len", 1), ("batch_size", 1), ("seed", 0), ("shuffle_buffer", 0),
-                          ("interleave", 1), ("lookahead", 1), ("pad_id", 0)):  # fmt: skip
+                          ("interleave", 1), ("lookahead", 1), ("pad_id", 0),
+                          ("bfd_window", 1)):  # fmt: skip
             _check_int(name, getattr(self, name), low)
-        _check_int("bfd_window", self.bfd_window, 1)
         if self.bfd_window > HISTORY:
             raise UsageError(
                 f"bfd_window must be at most {HISTORY} (a window is re-read on resume from "
@@ -58,11 +58,7 @@ class StreamOptions:
             raise UsageError(
                 f"mask_boundary_labels must be true or false, got {self.mask_boundary_labels!r}"
             )
-
-        if self.labels_format not in LABELS_FORMATS:
-            raise UsageError(
-                f"labels_format must be one of {LABELS_FORMATS}, got {self.labels_format!r}"
-            )
+        check_labels_format(self.labels_format)
 
     def to_dict(self) -> dict:
         return asdict(self)

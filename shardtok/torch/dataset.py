@@ -236,11 +236,7 @@ class ShardStreamDataset(IterableDataset):
         stream = pending if self._stream is None else self._stream.state_dict()
         return self._state(stream, self._placement())  # type: ignore[arg-type]
 
-    def _state(
-        self, stream: dict | None, placement: Placement | dict, epoch: int | None = None
-    ) -> dict:
-        if isinstance(placement, dict):
-            placement = Placement(**placement)
+    def _state(self, stream: dict | None, placement: Placement, epoch: int | None = None) -> dict:
         epoch = self.epoch if epoch is None else epoch
         return WorkerState(epoch, placement, stream, self.fingerprint).to_dict()
 

@@ -20,15 +20,14 @@ from typing import NamedTuple
 import numpy as np
 from torch.utils.data import Dataset, get_worker_info
 
-from shardtok.errors import UsageError
 from shardtok.memmap.samples import GPTSamples
 from shardtok.memmap.tokens import open_local_tokens
 from shardtok.stream.batch import (
-    LABELS_FORMATS,
     Allocator,
     allocate_arrays,
     assemble_contiguous_batch,
     build_batch,
+    check_labels_format,
 )
 from shardtok.stream.sequence import PackedSequence
 from shardtok.torch.transport import SlotRing, to_tensors
@@ -53,10 +52,7 @@ class MemmapTokenDataset(Dataset):
         self.seed = seed
         self.cache_dir = cache_dir
         self.mask_boundary_labels = mask_boundary_labels
-        if labels_format not in LABELS_FORMATS:  # here, not in a worker's collate
-            raise UsageError(
-                f"labels_format must be one of {LABELS_FORMATS}, got {labels_format!r}"
-            )
+        check_labels_format(labels_format)  # here, not in a worker's collate
         self.labels_format = labels_format
         self.shared_memory = shared_memory
         self._samples: GPTSamples | None = None

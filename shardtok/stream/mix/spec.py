@@ -67,7 +67,7 @@ def mix_spec(
         return MixSpec([source(dataset_path)], [1])
     if isinstance(dataset_path, Mapping):
         if not dataset_path:
-            raise ShardtokError("a mix needs at least one dataset")
+            raise UsageError("a mix needs at least one dataset")
         sources = [source(p) for p in dataset_path]
         weights = list(dataset_path.values())
         for path, weight in zip(dataset_path, weights, strict=True):
@@ -84,7 +84,7 @@ def mix_spec(
         return MixSpec(sources, weights)
     paths = list(dataset_path)
     if not paths:
-        raise ShardtokError("a mix needs at least one dataset")
+        raise UsageError("a mix needs at least one dataset")
     sources = [source(p) for p in paths]
     return MixSpec(sources, [s.manifest.num_tokens for s in sources])
 

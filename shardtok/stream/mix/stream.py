@@ -10,7 +10,7 @@ from shardtok.stream import state as envelope
 from shardtok.stream.batch import Allocator, allocate_arrays
 from shardtok.stream.build import batcher_for
 from shardtok.stream.mix.sequences import MixedSequences, SourceSequences, with_source_seed
-from shardtok.stream.mix.spec import MixSpec
+from shardtok.stream.mix.spec import MixSpec, load_mix_config
 from shardtok.stream.nodes.base import PlacedStream
 from shardtok.stream.options import StreamOptions
 from shardtok.stream.resume.elastic_mix import check_mix_layout, remainder_packers
@@ -19,8 +19,9 @@ from shardtok.stream.resume.elastic_mix import check_mix_layout, remainder_packe
 class MixedStream(PlacedStream):
     """The exact batches of one (rank, worker) from the weighted sources of `spec`.
 
-    State: ``{"rank", "world_size", "worker", "num_workers", "batcher": {..., "upstream":
-    {"step", "sources": [{"epoch", "sequences", "packer"}, ...]}}}``.
+    State (kind ``mixed_stream``): the placement and ``first_epoch``, the batcher's state (whose
+    upstream is the ``mix_sequences`` state: the schedule step and every source's
+    ``source_sequences`` state) and ``elastic``, the merged layout it finishes first (or null).
     """
 
     KIND = "mixed_stream"
@@ -89,9 +90,7 @@ class MixedStream(PlacedStream):
 
     @classmethod
     def from_config(cls, config, *, stage: str | int = 0, **kwargs) -> MixedStream:
-        """Build from a YAML mix config (see ``mix_config``); keyword options override it."""
-        from shardtok.stream.mix.spec import load_mix_config
-
+        """Build from a YAML mix config (see ``mix.spec``); keyword options override it."""
         spec = load_mix_config(config, stage=stage)
         placement = {
             k: kwargs.pop(k)

@@ -65,16 +65,17 @@ def check_mix_layout(elastic: object, num_sources: int, where: str) -> dict:
     if not isinstance(per_source, list) or len(per_source) != num_sources:
         raise ResumeStateError(f"{where}: field 'sources' must have {num_sources} entries")
     for slices in per_source:
-
-        def entry(value: object, at: str) -> None:
-            if not isinstance(value, dict) or not isinstance(value.get("epoch"), int):
-                raise ResumeStateError(f"{at}: each old slice needs its source 'epoch'")
-            if value["epoch"] < 0:
-                raise ResumeStateError(f"{at}: a source epoch must be >= 0")
-            check_progress({k: v for k, v in value.items() if k != "epoch"}, at)
-
-        check_layout({**elastic, "slices": slices}, where, per_slice=entry)
+        check_layout({**elastic, "slices": slices}, where, per_slice=_check_source_slice)
     return elastic
+
+
+def _check_source_slice(value: object, where: str) -> None:
+    """One old slice of one source: its source epoch and that epoch's progress."""
+    if not isinstance(value, dict) or not isinstance(value.get("epoch"), int):
+        raise ResumeStateError(f"{where}: each old slice needs its source 'epoch'")
+    if value["epoch"] < 0:
+        raise ResumeStateError(f"{where}: a source epoch must be >= 0")
+    check_progress({k: v for k, v in value.items() if k != "epoch"}, where)
 
 
 def remainder_packers(
