@@ -29,13 +29,32 @@ class Rendered:
     """One record rendered to the single string that is encoded once.
 
     ``trained``: character spans ``[start, end)`` whose tokens are training targets (sorted,
-    non-overlapping). ``template``: character spans that came from template text, the only
-    places a special-token string may appear. ``turns``: ``(start, end, trained)`` per message
+    non-overlapping). ``content``: character spans that came from the record's own text
+    (message contents), where a special-token string is a bad record unless content is encoded
+    with special tokens split; everything else is template text. ``turns``: ``(start, end, trained)`` per message
     in order, covering that message's whole turn (header, content, end-of-turn text), used by
     ``truncation: turns``.
     """
 
     text: str
     trained: tuple[tuple[int, int], ...]
-    template: tuple[tuple[int, int], ...] = field(default=())
+    content: tuple[tuple[int, int], ...] = field(default=())
     turns: tuple[tuple[int, int, bool], ...] = field(default=())
+
+
+# Bad-record reasons of SFT records (stable names: rejects.jsonl and the manifest count them).
+NOT_A_LIST = "not_a_list"
+UNKNOWN_ROLE = "unknown_role"
+INVALID_CONVERSATION = "invalid_conversation"
+JQ_ERROR = "jq_error"
+SPECIAL_TOKEN_IN_CONTENT = "special_token_in_content"
+NO_LOSS_TOKENS = "no_loss_tokens"
+TOO_LONG = "too_long"
+
+
+@dataclass(frozen=True, slots=True)
+class SFTBad:
+    """Why one record cannot become a training example (the caller adds file and line)."""
+
+    reason: str
+    detail: str
