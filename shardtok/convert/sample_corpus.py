@@ -3,7 +3,10 @@
 The standard library's source is on every machine that runs shardtok, and its docstrings are
 real prose written by people. This module walks the stdlib with :mod:`ast` (never importing
 anything), collects the docstring of every module, class and function, and writes them as JSONL
-records ``{"text": ..., "source": "module.qualname"}``.
+records ``{"text": ..., "source": "module.qualname"}``. :func:`write_sample_chat` turns the same
+docstrings into chat records (``{"messages": [...]}``, the ``openai`` SFT format): a user asks
+what a name does, the assistant answers with its docstring, and a follow-up turn asks about the
+next name of the same module.
 
 The order is fixed (files sorted by relative path, definitions in source order), so the corpus is
 byte-identical for a given Python version; a different Python version gives a slightly different
@@ -78,20 +81,54 @@ def iter_docstring_records(root: Path | None = None) -> Iterator[dict[str, str]]
             yield {"text": text, "source": qualname}
 
 
+_SYSTEM = "You answer questions about the Python standard library from its documentation."
+
+
+def iter_chat_records(root: Path | None = None) -> Iterator[dict]:
+    """Yield ``{"messages": [...], "source"}`` chat records built from the stdlib docstrings.
+
+    Two consecutive docstrings of one module make a two-turn conversation (the second question
+    asks about the next name); every third conversation starts with a system message, so the
+    records exercise multi-turn masks and system turns, not only one question and one answer.
+    """
+    pending: tuple[str, str] | None = None
+    number = 0
+    for record in iter_docstring_records(root):
+        name, text = record["source"], record["text"].strip()
+        if pending is None:
+            pending = (name, text)
+            continue
+        first_name, first_text = pending
+        pending = None
+        messages = [] if number % 3 else [{"role": "system", "content": _SYSTEM}]
+        messages.append({"role": "user", "content": f"What does `{first_name}` do?"})
+        messages.append({"role": "assistant", "content": first_text})
+        if first_name.split(".")[0] == name.split(".")[0]:
+            messages.append({"role": "user", "content": f"And `{name}`?"})
+            messages.append({"role": "assistant", "content": text})
+        number += 1
+        yield {"messages": messages, "source": first_name}
+
+
 def write_sample_corpus(
-    out_path: str | os.PathLike[str], max_bytes: int | None = DEFAULT_MAX_BYTES
+    out_path: str | os.PathLike[str],
+    max_bytes: int | None = DEFAULT_MAX_BYTES,
+    *,
+    chat: bool = False,
 ) -> tuple[int, int]:
-    """Write the docstring corpus as JSONL, stopping before ``max_bytes`` (None = everything).
+    """Write the docstring corpus as JSONL, stopping before ``max_bytes`` (None = everything);
+    `chat` writes the chat records of :func:`iter_chat_records` instead of plain text.
 
     Returns (records, bytes). The file is written to a temporary name and renamed, so a reader
     never sees half a corpus.
     """
+    source = iter_chat_records() if chat else iter_docstring_records()
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_path.with_name(out_path.name + ".tmp")
     records = written = 0
     with open(tmp, "wb") as out:
-        for record in iter_docstring_records():
+        for record in source:
             line = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
             if max_bytes is not None and written + len(line) > max_bytes:
                 break
