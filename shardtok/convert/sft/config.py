@@ -98,7 +98,9 @@ class SFTConfig:
         all of them (jq patterns may look anywhere)."""
         if self.format == "jq":
             return None
-        return tuple(dict.fromkeys(v.split(".")[0] for k, v in self.column_map.items()))
+        # Both "a.b" and "a": a Parquet column may be named with a dot, or nest.
+        names = [n for v in self.column_map.values() for n in (v, v.split(".")[0])]
+        return tuple(dict.fromkeys(names))
 
     def as_metadata(self, template_name: str | None = None, template_source: str | None = None):
         """Every setting that decides the masks, as recorded in the manifest's ``sft`` (and in
