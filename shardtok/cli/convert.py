@@ -7,6 +7,7 @@ Each subcommand is an ``add_*parser(subparsers)`` that sets ``run`` as the parse
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 from shardtok.cli.arguments import at_least, parse_compression, parse_size
@@ -282,6 +283,9 @@ def run(args: argparse.Namespace) -> int:
 
         path = BUNDLED_PATH if args.tokenizer == BUNDLED else args.tokenizer
         sft = prepare_sft(sft_config, spec, path)
+        spec = dataclasses.replace(
+            spec, backend_note="--sft: loss masks need its character offsets"
+        )
     result = convert(
         ConvertOptions(
             inputs=tuple(args.inputs),

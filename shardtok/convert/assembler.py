@@ -154,7 +154,7 @@ class Assembler:
             "rejected_by_reason": dict(sorted(self.rejected.items())),
         }
         if self.sft is not None:
-            extra["sft"] = dict(self.sft_counts)
+            extra["sft_stats"] = dict(self.sft_counts)
         return self.writer.close(extra=extra), rejects_path
 
     def abandon(self) -> None:

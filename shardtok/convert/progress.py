@@ -72,7 +72,7 @@ class ConvertResult:
     tokenizer_backend: str = ""  # "hf" or "tiktoken"; empty when nothing was tokenized
     tokenizer_backend_note: str = ""
     # SFT conversions: trained_tokens, boundary_tokens, truncated_records (the manifest's
-    # extra["sft"]); None for plain text
+    # extra["sft_stats"]); None for plain text
     sft: dict | None = None
 
     @property

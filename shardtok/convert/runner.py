@@ -196,7 +196,7 @@ def _convert(
             str(out), done, extra.get("records_read", 0), extra.get("documents_written", 0),
             dict(extra.get("rejected_by_reason", {})), already_complete=True,
             rejects_path=str(rejects) if rejects.exists() else None,
-            stored_token_bytes=_stored_token_bytes(out, done), sft=extra.get("sft"),
+            stored_token_bytes=_stored_token_bytes(out, done), sft=extra.get("sft_stats"),
         )  # fmt: skip
 
     units = plan_units(files, unit_size, opts.txt_mode)

@@ -71,16 +71,21 @@ class JqPatterns:
         self._rewrites: dict[int, object] = {}
         self.rewrites: list[tuple[str, str]] = []
 
-    def _retry(self, index: int, record, first: Exception):
+    def _retry(self, index: int, record, first: Exception) -> list | SFTBad:
         pattern = self.patterns[index]
+        failed = f"pattern {pattern!r}: {_error(first)}"
+        if not isinstance(first, ValueError) or _ARRAY_INDEX not in str(first):
+            return SFTBad(JQ_ERROR, failed)
         if index not in self._rewrites:
             other = rewrite(pattern)
             self._rewrites[index] = None if other is None else (other, _compile(other, ""))
-        retry = self._rewrites[index]
-        if retry is None:
-            raise first
-        other, compiled = retry
-        result = compiled.input_value(record).all()
+        if self._rewrites[index] is None:
+            return SFTBad(JQ_ERROR, failed)
+        other, compiled = self._rewrites[index]
+        try:
+            result = compiled.input_value(record).all()
+        except Exception as exc:
+            return SFTBad(JQ_ERROR, f"{failed}; retried as {other!r}: {_error(exc)}")
         if (pattern, other) not in self.rewrites:
             self.rewrites.append((pattern, other))
         return result
@@ -89,14 +94,12 @@ class JqPatterns:
         paths: list[list] = []
         for index, compiled in enumerate(self._compiled):
             try:
-                try:
-                    paths.extend(compiled.input_value(record).all())
-                except ValueError as exc:
-                    if _ARRAY_INDEX not in str(exc):
-                        raise
-                    paths.extend(self._retry(index, record, exc))
+                found = compiled.input_value(record).all()
             except Exception as exc:  # jq raises ValueError; odd Parquet values a TypeError
-                return SFTBad(JQ_ERROR, f"pattern {self.patterns[index]!r}: {_error(exc)}")
+                found = self._retry(index, record, exc)
+                if isinstance(found, SFTBad):
+                    return found
+            paths.extend(found)
         return paths
 
 

@@ -34,17 +34,13 @@ def prepare_sft(config: SFTConfig, spec, tokenizer_path: str | Path) -> SFTSetup
         JqPatterns(config.loss_masking_jq_patterns, config.source)  # compiles, or UsageError
         renderer = jq_renderer(config, spec)
         return SFTSetup(config, renderer, config.as_metadata())
-    from shardtok.convert.sft.templates import load_template
+    from shardtok.convert.sft.templates import load_template, template_tokens
 
     renderer = load_template(
         config.template,
         tokenizer_path=str(tokenizer_path),
-        special_tokens=None,
-        bos_token=None,
-        eos_token=None,
         train_on_input=config.train_on_input,
         train_roles=tuple(config.train_roles),
+        **template_tokens(spec),
     )
-    name = getattr(renderer, "name", config.template)
-    source = getattr(renderer, "source", None)
-    return SFTSetup(config, renderer, config.as_metadata(name, source))
+    return SFTSetup(config, renderer, config.as_metadata(renderer.name, renderer.source))
