@@ -51,7 +51,8 @@ def _compile(pattern: str, where: str):
     try:
         return jq.compile(f"path({pattern})")
     except ValueError as exc:
-        first = str(exc).splitlines()[0].removeprefix("jq: error: ")
+        # Positions would count the path( ) wrapper: keep only what is wrong.
+        first = str(exc).splitlines()[0].removeprefix("jq: error: ").split(" at <top-level>")[0]
         raise UsageError(f"{where}: invalid jq pattern {pattern!r}: {first}") from None
 
 
