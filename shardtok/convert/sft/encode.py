@@ -246,7 +246,7 @@ class SFTEncoder:
                 return SFTBad(
                     SPECIAL_TOKEN_IN_CONTENT,
                     f"{hit.group()!r} at character {start} of the rendered text is made of "
-                    "a message's content and the template's text",
+                    "a message's content and the text next to it",
                 )
         if inside < found:
             return SFTBad(
@@ -286,7 +286,7 @@ class SFTEncoder:
         # whole string (it does for byte-level BPEs; a tokenizer that prefixes each piece, like
         # SentencePiece's "first" Metaspace, would not).
         token = self.special_tokens[-1]
-        probe = f"Hi there{token}\n\n x,y {token}z{token} a"
+        probe = f"Hi there{token}Hi{token}\n\n x, y {token} there{token}"
         whole = self._tokenizer.encode(probe, add_special_tokens=False)
         ids, _ = self._encode_split(Rendered(probe, ()))
         if ids != whole.ids:

@@ -125,8 +125,8 @@ def _tokenizer_template(tokenizer_path: str | None) -> tuple[str, dict]:
     ``chat_template``: a string or named templates, of which "default"), and the special-token
     strings its config names (transformers gives them to the template too)."""
     folder = Path(tokenizer_path) if tokenizer_path else None
-    if folder is not None and folder.is_file():
-        folder = folder.parent
+    if folder is not None and not folder.is_dir():
+        folder = folder.parent  # a tokenizer.json: its folder
     config: dict = {}
     if folder is not None and (folder / "tokenizer_config.json").is_file():
         config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
