@@ -204,7 +204,7 @@ def _add_sft_arguments(p: argparse.ArgumentParser) -> None:
         "--chat-template",
         metavar="NAME|PATH",
         help="tokenizer (its own chat template), a built-in (chatml, llama3, alpaca, raw) or a "
-        "Jinja file with {%% generation %%} blocks",
+        "Jinja file with generation blocks",
     )
     g.add_argument(
         "--train-on-input",

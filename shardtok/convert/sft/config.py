@@ -133,8 +133,10 @@ def _read_yaml(path: Path) -> dict:
 
     try:
         text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        _fail(str(path), f"cannot read the SFT config ({exc.__class__.__name__}: {exc})")
+    except OSError as exc:
+        _fail(str(path), f"cannot read the SFT config: {exc.strerror or exc}")
+    except UnicodeDecodeError as exc:
+        _fail(str(path), f"the SFT config is not UTF-8 text (byte {exc.start})")
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:

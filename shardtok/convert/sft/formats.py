@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from shardtok.convert.records import INVALID_UTF8, MISSING_FIELD
+from shardtok.convert.records import MISSING_FIELD
 from shardtok.convert.sft.config import ROLES, SFTConfig
 from shardtok.convert.sft.conversation import (
     INVALID_CONVERSATION,
@@ -22,6 +22,7 @@ from shardtok.convert.sft.conversation import (
     Message,
     SFTBad,
 )
+from shardtok.convert.sft.fields import check_text, train_flag
 
 Converter = Callable[[object], "Conversation | SFTBad"]
 
@@ -36,23 +37,6 @@ def _get(record: dict, name: str):
             return _MISSING
         value = value[part]
     return value
-
-
-def check_text(value, what: str) -> str | SFTBad:
-    if not isinstance(value, str):
-        kind = "null" if value is None else f"a {type(value).__name__}"
-        return SFTBad(INVALID_CONVERSATION, f"{what} is {kind}, not a string")
-    try:
-        value.encode("utf-8")  # JSON escapes can carry lone surrogates no tokenizer accepts
-    except UnicodeEncodeError as exc:
-        return SFTBad(INVALID_UTF8, f"{what}: {exc.reason} at character {exc.start}")
-    return value
-
-
-def train_flag(value, what: str) -> bool | None | SFTBad:
-    if value is None or isinstance(value, bool):
-        return value
-    return SFTBad(INVALID_CONVERSATION, f"{what}: 'train' is {value!r}, not true or false")
 
 
 def _field(record: dict, name: str):

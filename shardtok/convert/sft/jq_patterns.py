@@ -25,7 +25,7 @@ from shardtok.convert.sft.conversation import (
     Message,
     SFTBad,
 )
-from shardtok.convert.sft.formats import check_text, train_flag
+from shardtok.convert.sft.fields import check_text, train_flag
 from shardtok.errors import UsageError
 
 _ARRAY_INDEX = "Cannot index array with"

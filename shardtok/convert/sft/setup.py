@@ -27,6 +27,12 @@ def prepare_sft(config: SFTConfig, spec, tokenizer_path: str | Path) -> SFTSetup
     """Build and check the renderer for `config` with the tokenizer `spec` (a TokenizerSpec)
     loaded from `tokenizer_path` (a folder or tokenizer.json: the ``tokenizer`` template reads
     its chat template there)."""
+    if config.split_special_tokens:
+        # Its probe refuses a tokenizer that cannot split: here, once, not in every worker.
+        from shardtok.convert.sft.encode import SFTEncoder
+
+        SFTEncoder(spec, max_tokens=config.max_tokens, split_special_tokens=True)
+
     if config.format == "jq":
         from shardtok.convert.sft.construction import jq_renderer
         from shardtok.convert.sft.jq_patterns import JqPatterns
