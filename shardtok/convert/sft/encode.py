@@ -23,6 +23,7 @@ the encoder is built.
 from __future__ import annotations
 
 import bisect
+import itertools
 import json
 from dataclasses import dataclass
 
@@ -171,8 +172,11 @@ class SFTEncoder:
         else:
             encoding = self._tokenizer.encode(text, add_special_tokens=False)
             ids, offsets = encoding.ids, encoding.offsets
-        ids = np.asarray(ids, dtype=np.int64)
-        offsets = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
+        n = len(ids)
+        ids = np.fromiter(ids, dtype=np.int64, count=n)
+        # fromiter over the flattened pairs: half the time of asarray on a list of tuples.
+        flat = itertools.chain.from_iterable(offsets)
+        offsets = np.fromiter(flat, dtype=np.int64, count=2 * n).reshape(n, 2)
         trained, boundary = _overlap(rendered.trained, len(text), offsets[:, 0], offsets[:, 1])
         return ids, trained, boundary, offsets[:, 0]
 

@@ -100,10 +100,29 @@ def compile_template(source: str) -> jinja2.Template:
     return env.from_string(source)
 
 
+class TrackedMessages(list):
+    """A messages list that records, each time a loop takes a message from it, how much text
+    the template had output by then: where the top-level ``{% for message in messages %}``
+    starts each message's turn. (Slices and ``reverse`` give plain lists, not recorded: copy
+    it with ``messages[:]``, never ``list(messages)``, which would be recorded.)"""
+
+    def __init__(self, messages):
+        super().__init__(messages)
+        self.positions: list[int] = []
+        self.output_length = [0]
+
+    def __iter__(self):
+        for message in list.__iter__(self):
+            self.positions.append(self.output_length[0])
+            yield message
+
+
 def render_tracked(template: jinja2.Template, messages, **variables):
     """(text, generation spans) of `template` rendered with ``messages=messages`` and `variables`."""
     tracker: _GenerationTracker = template.environment.generation_tracker
     length, spans, blocks = [0], [], []
+    if isinstance(messages, TrackedMessages):
+        messages.output_length = length
     tracker.output_length, tracker.spans = length, spans
     try:
         for block in template.generate(messages=messages, tools=None, documents=None, **variables):

@@ -11,11 +11,15 @@ Which characters are trained:
   when it has none (a ``user`` listed in ``train_roles``).
 - An untrained message trains nothing, generation blocks included (``train: false``).
 
-A message's turn is found by rendering the conversation's prefixes: turn ``i`` is what
-``messages[:i+1]`` renders beyond ``messages[:i]`` (turn 0 starts at 0, so a BOS belongs to
-it). A template for which that is not a prefix (it changes earlier turns once more follow) is
-refused at start-up when the probe conversations show it, else per record (a bad
-``invalid_conversation``).
+A message's turn is what ``messages[:i+1]`` renders beyond ``messages[:i]`` (turn 0 starts
+at 0, so a BOS belongs to it). A template for which that is not a prefix (it changes earlier
+turns once more follow) is refused at start-up when the probe conversations show it, else per
+record (a bad ``invalid_conversation``). Rendering every prefix costs O(n²) for n messages, so
+where the template's own loop shows where each message starts (TrackedMessages: a top-level
+``for`` over ``messages`` that never peeks ahead with ``loop.last``/``loop.nextitem``), and the
+probe conversations confirm it gives the prefix boundaries, a record is rendered twice: once
+whole, once without its last message (the check that the boundaries hold for it, and the prefix
+``truncation: turns`` would keep); otherwise every prefix is rendered.
 
 The Jinja environment is built lazily in each process, so a renderer pickles as its source and
 settings (spawned workers get it that way).
@@ -27,7 +31,18 @@ import re
 from collections.abc import Collection
 
 from shardtok.convert.sft.conversation import Conversation, Message, Rendered
-from shardtok.convert.sft.jinja_env import compile_template, render_tracked
+from shardtok.convert.sft.jinja_env import TrackedMessages, compile_template, render_tracked
+
+# Loop attributes that take the next message before the current one's turn is output.
+_PEEKS = re.compile(r"\bloop\s*(\.\s*|\[\s*['\"])(last|nextitem)\b")
+# Probe contents: distinct, no whitespace (templates that trim keep them whole).
+PROBE = (
+    {"role": "system", "content": "ProbeSystem"},
+    {"role": "user", "content": "ProbeUser1"},
+    {"role": "assistant", "content": "ProbeAssistant1"},
+    {"role": "user", "content": "ProbeUser2"},
+    {"role": "assistant", "content": "ProbeAssistant2"},
+)
 
 
 class RenderRefused(Exception):
@@ -60,6 +75,7 @@ class ChatTemplateRenderer:
         self.train_on_input = bool(train_on_input)
         self.train_roles = tuple(train_roles)
         self._compiled = None
+        self._loop_bounds: bool | None = None  # whether the fast boundaries hold (probed once)
 
     def __getstate__(self):
         state = dict(self.__dict__)
@@ -88,7 +104,8 @@ class ChatTemplateRenderer:
             raise RenderRefused(f"the chat template cannot render it: {exc}") from None
 
     def turn_bounds(self, messages: list[dict], text: str) -> list[int]:
-        """Character offsets where each message's turn starts in `text`, plus len(text)."""
+        """Character offsets where each message's turn starts in `text`, plus len(text), from
+        a render of every prefix (RenderRefused if one is not a prefix of `text`)."""
         bounds = [0]
         for i in range(1, len(messages)):
             prefix, _ = self._render_or_refuse(messages[:i])
@@ -101,15 +118,55 @@ class ChatTemplateRenderer:
         bounds.append(len(text))
         return bounds
 
+    def _loop_turn_bounds(self, msgs: TrackedMessages, text: str) -> list[int] | None:
+        """The turn bounds where the template's loop took each message, if they can be
+        trusted (see the module docstring), else None."""
+        if self._loop_bounds is None:
+            self._loop_bounds = self._probe_loop_bounds()
+        n, positions = len(msgs), msgs.positions
+        if not self._loop_bounds or len(positions) != n:
+            return None
+        bounds = [0, *positions[1:], len(text)]
+        if any(a > b for a, b in zip(bounds, bounds[1:])):
+            return None
+        if n > 1:
+            prefix, _ = self._render_or_refuse(msgs[:-1])
+            if len(prefix) != bounds[-2] or not text.startswith(prefix):
+                return None
+        return bounds
+
+    def _probe_loop_bounds(self) -> bool:
+        if _PEEKS.search(self.source):
+            return False
+        rendered = 0
+        for n in range(1, len(PROBE) + 1):
+            for probe in (PROBE[:n], PROBE[1 : n + 1]):
+                msgs = TrackedMessages(dict(m) for m in probe)
+                try:
+                    text, _ = self.render_text(msgs)
+                except Exception:
+                    continue  # a template may refuse system messages, or a lone one
+                try:
+                    expected = self.turn_bounds(msgs[:], text)
+                except RenderRefused:
+                    return False
+                found = [0, *msgs.positions[1:], len(text)]
+                if len(msgs.positions) != len(probe) or found != expected:
+                    return False
+                rendered += 1
+        return rendered > 0
+
     def trained(self, message: Message) -> bool:
         if message.train is not None:
             return message.train
         return self.train_on_input or message.role in self.train_roles
 
     def render(self, conversation: Conversation) -> Rendered:
-        msgs = [{"role": m.role, "content": m.content} for m in conversation.messages]
+        msgs = TrackedMessages(
+            {"role": m.role, "content": m.content} for m in conversation.messages
+        )
         text, generation = self._render_or_refuse(msgs)
-        bounds = self.turn_bounds(msgs, text)
+        bounds = self._loop_turn_bounds(msgs, text) or self.turn_bounds(msgs[:], text)
         specials = _Occurrences(self.special_tokens, text)
         trained, content, turns = [], [], []
         for i, message in enumerate(conversation.messages):

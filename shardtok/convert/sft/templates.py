@@ -25,7 +25,7 @@ from collections.abc import Collection
 from importlib import resources
 from pathlib import Path
 
-from shardtok.convert.sft.render import ChatTemplateRenderer, RenderRefused
+from shardtok.convert.sft.render import PROBE, ChatTemplateRenderer, RenderRefused
 from shardtok.errors import UsageError
 
 __all__ = ["BUILTINS", "ChatTemplateRenderer", "RenderRefused", "load_template", "template_tokens"]
@@ -149,16 +149,6 @@ def _tokenizer_template(tokenizer_path: str | None) -> tuple[str, dict]:
     return source, extra
 
 
-# Probe contents: distinct, no whitespace (templates that trim keep them whole).
-_PROBE = [
-    {"role": "system", "content": "ProbeSystem"},
-    {"role": "user", "content": "ProbeUser1"},
-    {"role": "assistant", "content": "ProbeAssistant1"},
-    {"role": "user", "content": "ProbeUser2"},
-    {"role": "assistant", "content": "ProbeAssistant2"},
-]
-
-
 def _check(renderer: ChatTemplateRenderer, tokenizer_path: str | None) -> None:
     """Refuse, at start-up, a template that would give wrong or empty masks."""
     if renderer.name == "tokenizer":
@@ -176,7 +166,7 @@ def _check(renderer: ChatTemplateRenderer, tokenizer_path: str | None) -> None:
         renderer._template()
     except Exception as exc:
         raise UsageError(f"{label} does not compile: {exc}") from None
-    user, assistant = _PROBE[1:3]
+    user, assistant = PROBE[1:3]
     try:
         plain, _ = renderer.render_text([user])
         prompted, _ = renderer.render_text([user], add_generation_prompt=True)
@@ -191,12 +181,13 @@ def _check(renderer: ChatTemplateRenderer, tokenizer_path: str | None) -> None:
             "header): put that text under {% if add_generation_prompt %}, or use "
             "--chat-template llama3"
         )
-    if not any(a <= pair.rfind(assistant["content"]) < b for a, b in spans):
+    if not any(assistant["content"] in pair[a:b] for a, b in spans):
         raise UsageError(
-            f"{label} has {{% generation %}} blocks, but not around the "
-            "assistant's content: put the block around each assistant message's content"
+            f"{label} has {{% generation %}} blocks, but not around the assistant's content "
+            "(inside a macro or a set block their positions are lost): put a block around each "
+            "assistant message's content, outside macros and set blocks"
         )
-    for probe in (_PROBE, _PROBE[1:]):
+    for probe in (list(PROBE), list(PROBE[1:])):
         try:
             text, _ = renderer.render_text(probe)
         except Exception:

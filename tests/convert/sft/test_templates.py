@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shardtok.convert.sft.conversation import Conversation, Message
 from shardtok.convert.sft.jinja_env import compile_template, render_tracked
@@ -235,6 +237,9 @@ def test_tokenizer_template_forms(tmp_path):
         ("{% generation %}{% endgeneration %}{% for m in messages %}{{ m.content }}{% endfor %}"
          "{% if add_generation_prompt %}A:{% endif %}", "not around the assistant's content"),
         ("{% generation %}{{ messages[0].content", "does not compile"),
+        # Inside a macro, a block's position is wrong (transformers' too): it must be refused.
+        ("{% macro all() %}" + GOOD.split("{% if add_generation_prompt %}")[0] + "{% endmacro %}"
+         "{{ all() }}{% if add_generation_prompt %}A: {% endif %}", "not around the assistant's"),
         ("{% generation %}{% endgeneration %}{{ raise_exception('no') }}", "fails on a plain"),
         # Qwen3's way: the last assistant turn is rendered differently from the earlier ones.
         (GOOD.replace("A: ", "A: {% if loop.last %}(last) {% endif %}", 1),
@@ -339,3 +344,71 @@ def test_importing_templates_does_not_import_transformers():
         "assert 'transformers' not in sys.modules, 'transformers imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[3])
+
+
+# -- turn boundaries: the template's loop, or every prefix --------------------------------------
+
+ROLES = st.sampled_from(["system", "user", "assistant"])
+CONTENT = st.lists(st.sampled_from(["a", " ", "\n", "user", "Hi", "é", "<", "|"]), max_size=6)
+
+
+def prefix_turns(r, conversation):
+    msgs = dicts(conversation)
+    text, _ = r.render_text(msgs)
+    return r.turn_bounds(msgs, text)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(ROLES, CONTENT.map("".join)), min_size=1, max_size=7),
+       st.sampled_from(BUILTINS))  # fmt: skip
+def test_loop_turns_are_the_prefix_turns(pairs, name):
+    """The built-ins take the fast path; its turns are what rendering every prefix gives."""
+    tokens = {"chatml": QWEN3_TOKENS, "llama3": LLAMA3_TOKENS}.get(name, BUNDLED_TOKENS)
+    r = load(name, tokens)
+    conversation = conv(*pairs)
+    out = r.render(conversation)
+    assert r._loop_bounds is True
+    bounds = prefix_turns(r, conversation)
+    assert [(a, b) for a, b, _ in out.turns] == list(zip(bounds, bounds[1:]))
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        # Peeks ahead with loop.last (the next message is taken before this turn is output).
+        GOOD.replace("{% endif %}{% endfor %}", "{% endif %}{% if loop.last %}{% endif %}{% endfor %}"),
+        # Loops over a copy (a slice is a plain list): no loop positions.
+        GOOD.replace("in messages", "in messages[0:]"),
+    ],
+)  # fmt: skip
+def test_templates_whose_loop_cannot_tell_turns_render_every_prefix(tmp_path, source):
+    path = tmp_path / "t.jinja"
+    path.write_text(source)
+    r = load(str(path))
+    out = r.render(CHAT)
+    assert r._loop_bounds is False
+    bounds = prefix_turns(r, CHAT)
+    assert [(a, b) for a, b, _ in out.turns] == list(zip(bounds, bounds[1:]))
+    assert trained_text(out) == ["Hello!<|endoftext|>", "ok<|endoftext|>"]
+
+
+def test_a_record_whose_loop_turns_fail_the_check_renders_every_prefix(tmp_path):
+    """A tool message's closing tag comes out when the next message is taken (or after the
+    loop): the loop position would give it to the next turn. The check of the last boundary
+    catches that, and every prefix is rendered."""
+    path = tmp_path / "t.jinja"
+    path.write_text(
+        "{% for m in messages %}{% if loop.previtem and loop.previtem.role == 'tool' %}</tool>"
+        "{% endif %}{% if m.role == 'tool' %}<tool>{{ m.content }}"
+        "{% elif m.role == 'assistant' %}A: {% generation %}{{ m.content }}{{ eos_token }}"
+        "{% endgeneration %}\n{% else %}U: {{ m.content }}\n{% endif %}{% endfor %}"
+        "{% if messages[-1].role == 'tool' %}</tool>{% endif %}"
+        "{% if add_generation_prompt %}A: {% endif %}"
+    )
+    r = load(str(path))
+    conversation = conv(("user", "q"), ("assistant", "call"), ("tool", "42"), ("user", "so?"))
+    out = r.render(conversation)
+    assert r._loop_bounds is True  # the probes have no tool message
+    assert out.text[out.turns[2][0] : out.turns[2][1]] == "<tool>42</tool>"
+    bounds = prefix_turns(r, conversation)
+    assert [(a, b) for a, b, _ in out.turns] == list(zip(bounds, bounds[1:]))
