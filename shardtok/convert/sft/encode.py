@@ -76,7 +76,7 @@ def _untrimmed(backend_json: str) -> tuple[str, bool]:
                 walk(value)
 
     walk(doc.get("post_processor"))
-    return json.dumps(doc), changed
+    return (json.dumps(doc) if changed else backend_json), changed
 
 
 class SFTEncoder:

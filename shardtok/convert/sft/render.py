@@ -118,11 +118,17 @@ class ChatTemplateRenderer:
         bounds.append(len(text))
         return bounds
 
+    def probe_turns(self) -> bool:
+        """Whether turns come from the template's loop (decided once, on the probe
+        conversations; done at start-up so that the workers get the answer pickled)."""
+        if self._loop_bounds is None:
+            self._loop_bounds = self._probe_loop_bounds()
+        return self._loop_bounds
+
     def _loop_turn_bounds(self, msgs: TrackedMessages, text: str) -> list[int] | None:
         """The turn bounds where the template's loop took each message, if they can be
         trusted (see the module docstring), else None."""
-        if self._loop_bounds is None:
-            self._loop_bounds = self._probe_loop_bounds()
+        self.probe_turns()
         n, positions = len(msgs), msgs.positions
         if not self._loop_bounds or len(positions) != n:
             return None

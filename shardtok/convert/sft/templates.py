@@ -199,4 +199,5 @@ def _check(renderer: ChatTemplateRenderer, tokenizer_path: str | None) -> None:
                 f"{label} cannot be used: {exc.detail} (it must render each "
                 "message the same whatever follows it)"
             ) from None
-        return
+        break
+    renderer.probe_turns()

@@ -38,6 +38,17 @@ def backend(spec):
     return Tokenizer.from_str(spec.backend_json)
 
 
+@pytest.fixture(scope="module")
+def chatml_spec(spec, tmp_path_factory):
+    """The bundled tokenizer with ChatML's two special tokens added."""
+    tok = Tokenizer.from_str(spec.backend_json)
+    tok.add_special_tokens([AddedToken("<|im_start|>", special=True),
+                            AddedToken("<|im_end|>", special=True)])  # fmt: skip
+    path = tmp_path_factory.mktemp("chatml") / "tokenizer.json"
+    tok.save(str(path))
+    return load_tokenizer(str(path), append_eos=False)
+
+
 def template(spec, name="alpaca", **kwargs):
     return load_template(name, tokenizer_path=None, **template_tokens(spec), **kwargs)
 
@@ -292,8 +303,10 @@ MESSAGES = st.lists(
 @settings(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-@given(MESSAGES, st.sampled_from(["alpaca", "raw"]), st.booleans())
-def test_property_masks_follow_the_trained_spans(spec, backend, messages, name, on_input):
+@given(MESSAGES, st.sampled_from(["alpaca", "raw", "chatml"]), st.booleans())
+def test_property_masks_follow_the_trained_spans(chatml_spec, messages, name, on_input):
+    spec = chatml_spec
+    backend = Tokenizer.from_str(spec.backend_json)
     r = template(spec, name, train_on_input=on_input)
     c = Conversation(tuple(Message(role, text, train) for role, text, train in messages))
     rendered = r.render(c)
@@ -318,3 +331,32 @@ def test_property_masks_follow_the_trained_spans(spec, backend, messages, name, 
         assert all(out.mask[i] for i in run) and run == list(range(run[0], run[-1] + 1))
         decoded = backend.decode(out.ids[run[0] : run[-1] + 1].tolist(), skip_special_tokens=False)
         assert rendered.text[a:b] in decoded
+
+
+SPECIAL_TEXT = st.lists(
+    st.sampled_from(["a", " ", "\n", "<|im_end|>", "<|im_start|>", "<|endoftext|>", "<|", "|>"]),
+    max_size=8,
+).map("".join)
+
+
+@settings(
+    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["user", "assistant"]), SPECIAL_TEXT), min_size=1, max_size=5
+    )
+)
+def test_property_split_mode_keeps_only_the_templates_control_tokens(chatml_spec, pairs):
+    spec = chatml_spec
+    backend = Tokenizer.from_str(spec.backend_json)
+    r = template(spec, "chatml")
+    c = conv(*pairs, ("assistant", "end"))
+    out = SFTEncoder(spec, max_tokens=None, split_special_tokens=True).encode(c, r)
+    rendered = r.render(c)
+    assert isinstance(out, EncodedRecord) and len(out.mask) == len(out.ids)
+    assert backend.decode(out.ids.tolist(), skip_special_tokens=False) == rendered.text
+    control = {backend.token_to_id(t) for t in ("<|im_start|>", "<|im_end|>", "<|endoftext|>")}
+    # The template writes <|im_start|> and <|im_end|> once per message; contents write none.
+    assert sum(i in control for i in out.ids.tolist()) == 2 * len(c.messages)
+    assert pieces(backend, out)[-1].endswith("end<|im_end|>")
