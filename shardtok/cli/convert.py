@@ -7,6 +7,7 @@ Each subcommand is an ``add_*parser(subparsers)`` that sets ``run`` as the parse
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 from shardtok.cli.arguments import at_least, parse_compression, parse_size
@@ -40,7 +41,26 @@ the same bytes either way.
 bad records (invalid JSON, missing or non-string field, invalid UTF-8, empty text) stop the run
 with file and line (--on-bad-record error, the default) or are skipped, counted in index.json and
 listed in OUTPUT/rejects.jsonl (--on-bad-record skip).
+
+fine-tuning data (--sft CONFIG.yaml): chat or instruction records (sharegpt, openai, alpaca,
+prompt_completion, or the jq patterns of a reference-style YAML) are rendered with a chat
+template and stored with a loss mask per token (1 = trained); see docs/SFT.md.
+  shardtok convert chats.jsonl --output sft/ --tokenizer ./qwen3/ --sft sft.yaml
+  shardtok convert alpaca.jsonl --output sft/ --sft sft.yaml --sft-format alpaca --max-tokens 2048
 """
+
+
+def _given(action: type[argparse.Action]) -> type[argparse.Action]:
+    """`action` that also notes its option in ``namespace.given``: --sft refuses some options
+    when given, not when left at defaults that plain conversions need (--append-eos is on)."""
+
+    class Given(action):
+        def __call__(self, parser, namespace, values, option_string=None):
+            super().__call__(parser, namespace, values, option_string)
+            given = getattr(namespace, "given", None) or set()
+            namespace.given = given | {option_string}
+
+    return Given
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -78,8 +98,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument(
         "--text-key",
         default="text",
+        action=_given(argparse._StoreAction),
         metavar="KEY",
-        help="JSON/Parquet field holding the text; a.b.c reaches nested fields (default text)",
+        help="JSON/Parquet field holding the text; a.b.c reaches nested fields (default text; "
+        "with --sft the YAML's column_map names the fields)",
     )
     p.add_argument(
         "--txt-mode",
@@ -123,14 +145,15 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--append-eos",
-        action=argparse.BooleanOptionalAction,
+        action=_given(argparse.BooleanOptionalAction),
         default=True,
-        help="append the tokenizer's EOS token to every document (default on)",
+        help="append the tokenizer's EOS token to every document (default on; refused with "
+        "--sft, where the chat template decides)",
     )
     p.add_argument(
         "--prepend-bos",
-        action="store_true",
-        help="put the tokenizer's BOS token before every document",
+        action=_given(argparse._StoreTrueAction),
+        help="put the tokenizer's BOS token before every document (refused with --sft)",
     )
     p.add_argument(
         "--eos-token",
@@ -160,15 +183,85 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         action="store_true",
         help="keep OUTPUT/.shardtok-work/ (the per-unit tokens) after success",
     )
+    _add_sft_arguments(p)
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar and no summary")  # fmt: skip
     p.set_defaults(run=run)
     return p
 
 
+def _add_sft_arguments(p: argparse.ArgumentParser) -> None:
+    from shardtok.convert.sft.config import FORMATS, TRUNCATIONS
+
+    g = p.add_argument_group("fine-tuning data (see docs/SFT.md)")
+    g.add_argument(
+        "--sft",
+        metavar="CONFIG.yaml",
+        help="records are chats or instructions: render them as CONFIG.yaml says and store a "
+        "loss mask per token; the options below override the YAML",
+    )
+    g.add_argument("--sft-format", choices=FORMATS, help="the records' format")
+    g.add_argument(
+        "--chat-template",
+        metavar="NAME|PATH",
+        help="tokenizer (its own chat template), a built-in (chatml, llama3, alpaca, raw) or a "
+        "Jinja file with generation blocks",
+    )
+    g.add_argument(
+        "--train-on-input",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="train on every rendered token, prompts included (YAML default: off)",
+    )
+    g.add_argument("--max-tokens", type=at_least(1), metavar="N", help="longest record, in tokens")
+    g.add_argument(
+        "--truncation",
+        choices=TRUNCATIONS,
+        help="a record over --max-tokens: drop it (bad record too_long), drop trailing turns, "
+        "or keep its start",
+    )
+
+
+def _sft_setup(args: argparse.Namespace):
+    """The --sft config with its overrides (read before the tokenizer: its mistakes come first),
+    and the tokenizer options it implies; refuses what does not apply."""
+    from shardtok.convert.sft.config import FLAGS, load_sft_config
+    from shardtok.errors import UsageError
+
+    overrides = {
+        "format": args.sft_format,
+        "template": args.chat_template,
+        "train_on_input": args.train_on_input,
+        "max_tokens": args.max_tokens,
+        "truncation": args.truncation,
+    }
+    if args.sft is None:
+        given = [FLAGS[k] for k, v in overrides.items() if v is not None]
+        if given:
+            raise UsageError(f"{given[0]} applies to fine-tuning data only: add --sft CONFIG.yaml")
+        return None
+    given = getattr(args, "given", None) or set()
+    refused = [f for f in ("--append-eos", "--prepend-bos") if f in given]
+    if refused:
+        raise UsageError(
+            f"{refused[0]} does not apply with --sft: the chat template decides BOS/EOS"
+        )
+    if "--text-key" in given:
+        raise UsageError(
+            "--text-key does not apply with --sft: name fields in the YAML's column_map"
+        )
+    if args.tokenizer_backend == "tiktoken":
+        raise UsageError(
+            "--tokenizer-backend tiktoken does not apply with --sft: loss masks need the "
+            "character offsets of Hugging Face tokenizers"
+        )
+    return load_sft_config(args.sft, overrides)
+
+
 def run(args: argparse.Namespace) -> int:
     from shardtok.convert.runner import ConvertOptions, convert
-    from shardtok.convert.tokenizer import load_tokenizer
+    from shardtok.convert.tokenizer import BUNDLED_PATH, load_tokenizer
 
+    sft_config = _sft_setup(args)
     if args.tokenizer == BUNDLED and not args.quiet:
         print(
             f"note: using the bundled demo tokenizer {BUNDLED_NAME} (pass --tokenizer for your model's)",
@@ -176,18 +269,29 @@ def run(args: argparse.Namespace) -> int:
         )
     spec = load_tokenizer(
         args.tokenizer,
-        append_eos=args.append_eos,
+        append_eos=args.append_eos and sft_config is None,
         prepend_bos=args.prepend_bos,
         eos_token=args.eos_token,
         bos_token=args.bos_token,
-        backend=args.tokenizer_backend,
+        # SFT encodes with offsets, which only tokenizers gives: the tiktoken gate is no use.
+        backend=args.tokenizer_backend if sft_config is None else "hf",
         cache_dir=args.cache_dir,
     )
+    sft = None
+    if sft_config is not None:
+        from shardtok.convert.sft.setup import prepare_sft
+
+        path = BUNDLED_PATH if args.tokenizer == BUNDLED else args.tokenizer
+        sft = prepare_sft(sft_config, spec, path)
+        spec = dataclasses.replace(
+            spec, backend_note="--sft: loss masks need its character offsets"
+        )
     result = convert(
         ConvertOptions(
             inputs=tuple(args.inputs),
             output=args.output,
             tokenizer=spec,
+            sft=sft,
             text_key=args.text_key,
             txt_mode=args.txt_mode,
             workers=args.workers,

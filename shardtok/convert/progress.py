@@ -40,6 +40,13 @@ class ConvertProgress:
             )
             self._bar.update(input_bytes)
 
+    def note(self, text: str) -> None:
+        """A line for the user on stderr, above the bar rather than through it."""
+        if self._bar is not None:
+            self._bar.write(text, file=sys.stderr)
+        else:
+            print(text, file=sys.stderr)
+
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
@@ -64,6 +71,9 @@ class ConvertResult:
     stored_token_bytes: int = 0  # the shards' bin members (frames), for the compression ratio
     tokenizer_backend: str = ""  # "hf" or "tiktoken"; empty when nothing was tokenized
     tokenizer_backend_note: str = ""
+    # SFT conversions: trained_tokens, boundary_tokens, truncated_records (the manifest's
+    # extra["sft_stats"]); None for plain text
+    sft: dict | None = None
 
     @property
     def records_rejected(self) -> int:
@@ -90,6 +100,14 @@ class ConvertResult:
             f"  records     {self.records_read:,} read = {self.documents:,} written + "
             f"{self.records_rejected:,} rejected",
         ]
+        if self.sft is not None:
+            trained = self.sft["trained_tokens"]
+            share = trained / m.num_tokens if m.num_tokens else 0.0
+            lines.append(
+                f"  trained     {trained:,} of {m.num_tokens:,} tokens ({share:.1%})   "
+                f"boundary tokens {self.sft['boundary_tokens']:,}   "
+                f"truncated records {self.sft['truncated_records']:,}"
+            )
         if self.rejected:
             by_reason = ", ".join(f"{k} {v:,}" for k, v in sorted(self.rejected.items()))
             lines.append(f"  rejected    {by_reason}  (details: {self.rejects_path})")

@@ -91,9 +91,24 @@ def _lookup(obj, key_path: tuple[str, ...]):
 
 
 class RangeReader:
-    """Iterates (record number, text or Reject) over one piece; `.records` spans the piece."""
+    """Iterates (record number, text or Reject) over one piece; `.records` spans the piece.
 
-    def __init__(self, file: InputFile, piece: InputRange, text_key: str, txt_mode: str):
+    With `objects=True` (fine-tuning records) it yields each parsed JSON value or Parquet row
+    (a dict) instead of a text field; `fields` then limits the Parquet columns read (None: all).
+    """
+
+    def __init__(
+        self,
+        file: InputFile,
+        piece: InputRange,
+        text_key: str,
+        txt_mode: str,
+        *,
+        objects: bool = False,
+        fields: tuple[str, ...] | None = None,
+    ):
+        self.objects = objects
+        self.fields = fields
         self.file = file
         self.piece = piece
         self.text_key = text_key
@@ -133,6 +148,9 @@ class RangeReader:
             except json.JSONDecodeError as exc:
                 yield number, Reject(number, INVALID_JSON, exc.msg + f" at character {exc.pos}")
                 continue
+            if self.objects:
+                yield number, obj
+                continue
             found, value = _lookup(obj, self.key_path)
             if not found:
                 yield number, Reject(number, MISSING_FIELD, f"no field {self.text_key!r}")
@@ -155,6 +173,9 @@ class RangeReader:
 
         parquet = open_parquet(self.file.path)
         names = parquet.schema_arrow.names
+        if self.objects:
+            yield from self._parquet_rows(parquet, names)
+            return
         # A column literally named "a.b" wins over the nested path a -> b.
         if self.text_key in names:
             column, rest = self.text_key, ()
@@ -175,3 +196,9 @@ class RangeReader:
                 yield number, Reject(number, MISSING_FIELD, f"no field {self.text_key!r}")
             else:
                 yield number, _check_text(number, value, self.text_key)
+
+    def _parquet_rows(self, parquet, names: list[str]) -> Iterator[tuple[int, dict]]:
+        columns = None if self.fields is None else [n for n in names if n in self.fields]
+        table = parquet.read_row_group(self.piece.row_group, columns=columns)
+        self.records = table.num_rows
+        yield from enumerate(table.to_pylist(), start=1)

@@ -17,7 +17,6 @@ half-finished output.
 from __future__ import annotations
 
 import dataclasses
-import io
 import multiprocessing
 import os
 import sys
@@ -26,11 +25,9 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
+from shardtok.convert.assembler import Assembler
 from shardtok.convert.inputs import InputFile, discover
 from shardtok.convert.output_dir import (
-    RejectsFile,
     make_output_folder,
     prepare_output,
     refuse_file_output,
@@ -39,9 +36,10 @@ from shardtok.convert.output_dir import (
 )
 from shardtok.convert.output_lock import OutputLock, os_error
 from shardtok.convert.progress import ConvertProgress, ConvertResult
+from shardtok.convert.sft.setup import SFTSetup
 from shardtok.convert.tokenizer import TokenizerSpec
-from shardtok.convert.units import Unit, auto_unit_size, plan_units
-from shardtok.convert.workdir import UnitResult, WorkDir
+from shardtok.convert.units import auto_unit_size, plan_units
+from shardtok.convert.workdir import UnitResult
 from shardtok.convert.worker import (
     EncoderMismatch,
     UnitFailure,
@@ -49,9 +47,9 @@ from shardtok.convert.worker import (
     init_worker,
     tokenize_unit,
 )
-from shardtok.errors import BadRecordError, TokenizerMismatchError
-from shardtok.format.dataset_writer import DEFAULT_SHARD_SIZE, DatasetWriter
-from shardtok.format.frames import DEFAULT_FRAME_SIZE, FrameBuilder
+from shardtok.errors import UsageError
+from shardtok.format.dataset_writer import DEFAULT_SHARD_SIZE
+from shardtok.format.frames import DEFAULT_FRAME_SIZE
 from shardtok.format.manifest import Manifest
 from shardtok.format.shard_reader import ShardReader
 from shardtok.storage.source import open_source
@@ -77,11 +75,13 @@ class ConvertOptions:
     keep_work: bool = False
     progress: bool = True
     start_method: str | None = None  # workers: None = fork on Linux, spawn elsewhere
+    # Fine-tuning records (see shardtok.convert.sft.setup.prepare_sft); None: text documents.
+    sft: SFTSetup | None = None
 
 
 def _settings(opts: ConvertOptions, files: list[InputFile], unit_size: int) -> dict:
     """The conversion's settings as stored in the manifest (deterministic: no times, no workers)."""
-    return {
+    settings = {
         "unit_size": unit_size,  # frames end at unit ends
         "inputs": [{"path": f.path, "bytes": f.size} for f in files],
         "text_key": opts.text_key,
@@ -93,6 +93,9 @@ def _settings(opts: ConvertOptions, files: list[InputFile], unit_size: int) -> d
         "compression_level": opts.compression_level,
         "frame_size": opts.frame_size,
     }
+    if opts.sft is not None:  # only then: plain conversions keep their settings (and bytes)
+        settings["sft"] = opts.sft.metadata
+    return settings
 
 
 def _plan(opts: ConvertOptions, files: list[InputFile], unit_size: int) -> dict:
@@ -102,7 +105,7 @@ def _plan(opts: ConvertOptions, files: list[InputFile], unit_size: int) -> dict:
     unit persisted under `skip` records its rejects, so either mode can reuse the other's units.
     """
     spec = opts.tokenizer
-    return {
+    plan = {
         "format": _PLAN_FORMAT,
         "inputs": [[f.path, f.kind, f.compression, f.size, f.mtime_ns] for f in files],
         "text_key": opts.text_key,
@@ -113,6 +116,24 @@ def _plan(opts: ConvertOptions, files: list[InputFile], unit_size: int) -> dict:
         "bos_id": spec.bos_id if spec.prepend_bos else None,
         "unit_size": unit_size,
     }
+    if opts.sft is not None:
+        plan["sft"] = opts.sft.metadata
+    return plan
+
+
+def _check_sft(opts: ConvertOptions, files: list[InputFile]) -> None:
+    """SFT records are JSON objects, and the template alone decides BOS/EOS."""
+    if opts.sft is None:
+        return
+    if opts.tokenizer.append_eos or opts.tokenizer.prepend_bos:
+        raise UsageError(
+            "--append-eos/--prepend-bos do not apply with --sft: the chat template decides BOS/EOS"
+        )
+    text = [f.path for f in files if f.kind == "txt"]
+    if text:
+        raise UsageError(
+            f"{text[0]}: --sft reads JSONL or Parquet records, not plain text (.txt) files"
+        )
 
 
 def _stored_token_bytes(out: Path, manifest: Manifest) -> int:
@@ -139,101 +160,6 @@ def _mp_context(start_method: str | None):
     return multiprocessing.get_context("spawn")
 
 
-class _Assembler:
-    """Feeds finished units to the DatasetWriter in unit order and keeps the record accounting."""
-
-    def __init__(
-        self, opts: ConvertOptions, files: list[InputFile], units: list[Unit], workdir: WorkDir
-    ):
-        self.opts = opts
-        self.files = files
-        self.units = units
-        self.workdir = workdir
-        self.dtype = opts.tokenizer.dtype
-        self.writer = DatasetWriter(
-            opts.output,
-            vocab_size=opts.tokenizer.vocab_size,
-            tokenizer=opts.tokenizer.as_metadata(),
-            name=opts.name,
-            shard_size=opts.shard_size,
-            compression_level=opts.compression_level,
-            frame_size=opts.frame_size,
-        )
-        self.rejects = RejectsFile(Path(opts.output)) if opts.on_bad_record == "skip" else None
-        self.records_seen = [0] * len(files)  # lines/rows of each file consumed so far
-        self.records_read = 0
-        self.documents = 0
-        self.rejected: dict[str, int] = {}
-
-    def add(self, result: UnitResult | UnitFailure | EncoderMismatch) -> None:
-        unit = self.units[result.index]
-        bases = []
-        for piece_no, piece in enumerate(unit.pieces):
-            bases.append(self.records_seen[piece.input_index])
-            if isinstance(result, UnitResult):
-                self.records_seen[piece.input_index] += result.piece_records[piece_no]
-        if isinstance(result, UnitFailure):
-            self._raise(unit, bases, result.piece, result.record, result.reason, result.detail)
-        if isinstance(result, EncoderMismatch):
-            path = self.files[unit.pieces[result.piece].input_index].path
-            raise TokenizerMismatchError(
-                path,
-                bases[result.piece] + result.record,
-                f"tiktoken and tokenizers encode this document differently: {result.detail}; "
-                "convert with --tokenizer-backend hf",
-            )
-        for piece_no, record, reason, detail in result.rejects:
-            if self.rejects is None:
-                self._raise(unit, bases, piece_no, record, reason, detail)
-            path = self.files[unit.pieces[piece_no].input_index].path
-            self.rejects.write(path, bases[piece_no] + record, reason, detail)
-            self.rejected[reason] = self.rejected.get(reason, 0) + 1
-        tokens, docs = self.workdir.load_unit(result.index, self.dtype)
-        if result.frame_settings == [self.opts.frame_size, self.opts.compression_level]:
-            frames, stored = result.frames, self.workdir.load_frames(result.index)
-        else:  # persisted by a run with other --frame-size/--compression-level: re-encode
-            buffer = io.BytesIO()
-            framer = FrameBuilder(self.opts.frame_size, self.opts.compression_level, buffer)
-            framer.add(tokens, docs[:, 2])
-            frames, stored = framer.finish(), buffer.getbuffer()
-        paths = [self.files[p.input_index].path for p in unit.pieces]
-        records = np.asarray(bases, dtype=np.int64)[docs[:, 0]] + docs[:, 1]
-        self.writer.add_frames(
-            tokens, docs[:, 2], frames, stored, provenance=(paths, docs[:, 0], records)
-        )
-        self.records_read += result.records_read
-        self.documents += result.num_documents
-
-    def _raise(
-        self, unit: Unit, bases: list[int], piece_no: int, record: int, reason: str, detail: str
-    ):
-        path = self.files[unit.pieces[piece_no].input_index].path
-        raise BadRecordError(path, bases[piece_no] + record, f"{reason}: {detail}")
-
-    def finish(self, settings: dict):
-        rejected_total = sum(self.rejected.values())
-        if self.documents + rejected_total != self.records_read:
-            raise AssertionError(
-                f"record accounting broken: {self.documents} written + {rejected_total} rejected "
-                f"!= {self.records_read} read"
-            )
-        rejects_path = self.rejects.commit() if self.rejects is not None else None
-        if rejects_path is None:
-            (Path(self.opts.output) / "rejects.jsonl").unlink(missing_ok=True)
-        extra = {
-            "convert": settings,
-            "records_read": self.records_read,
-            "documents_written": self.documents,
-            "records_rejected": rejected_total,
-            "rejected_by_reason": dict(sorted(self.rejected.items())),
-        }
-        return self.writer.close(extra=extra), rejects_path
-
-    def abandon(self) -> None:
-        if self.rejects is not None:
-            self.rejects.discard()
-
-
 def convert(opts: ConvertOptions) -> ConvertResult:
     """Run (or resume, or recognise as done) the conversion described by `opts`.
 
@@ -246,6 +172,7 @@ def convert(opts: ConvertOptions) -> ConvertResult:
     try:
         refuse_file_output(out)
         files = discover(list(opts.inputs), exclude_dir=opts.output)
+        _check_sft(opts, files)
         make_output_folder(out)
         with OutputLock(out):
             return _convert(opts, files, out, started)
@@ -269,14 +196,14 @@ def _convert(
             str(out), done, extra.get("records_read", 0), extra.get("documents_written", 0),
             dict(extra.get("rejected_by_reason", {})), already_complete=True,
             rejects_path=str(rejects) if rejects.exists() else None,
-            stored_token_bytes=_stored_token_bytes(out, done),
+            stored_token_bytes=_stored_token_bytes(out, done), sft=extra.get("sft_stats"),
         )  # fmt: skip
 
     units = plan_units(files, unit_size, opts.txt_mode)
     dtype = opts.tokenizer.dtype
     ready: dict[int, UnitResult | UnitFailure | EncoderMismatch | Exception] = {}
     for unit in units:
-        previous = workdir.load_result(unit.index, dtype)
+        previous = workdir.load_result(unit.index, dtype, masks=opts.sft is not None)
         if isinstance(previous, str):
             # Redoing it gives the same bytes, so the output stays identical to a clean run.
             print(
@@ -299,6 +226,7 @@ def _convert(
         opts.tokenizer,
         opts.frame_size,
         opts.compression_level,
+        opts.sft,
     )
     workers = max(1, min(opts.workers or _usable_cores(), len(todo) or 1))
     pool = None
@@ -325,7 +253,7 @@ def _convert(
             progress.unit_done(
                 result.input_bytes, result.num_documents, result.num_tokens, reused=True
             )
-        assembler = _Assembler(opts, files, units, workdir)
+        assembler = Assembler(opts, files, units, workdir, progress.note)
         for next_index in range(len(units)):
             while next_index not in ready:
                 finished, _ = wait(pending, return_when=FIRST_COMPLETED)
@@ -373,4 +301,5 @@ def _convert(
         tokenizer_backend=opts.tokenizer.backend,
         tokenizer_backend_note=opts.tokenizer.backend_note,
         stored_token_bytes=_stored_token_bytes(out, manifest),
+        sft=None if opts.sft is None else dict(assembler.sft_counts),
     )  # fmt: skip

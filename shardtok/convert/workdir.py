@@ -5,14 +5,17 @@ A unit is persisted as four files, each written under a temporary name and renam
 ``unit-NNNNNN.frames`` (the same documents cut into frames and zstd-compressed by the worker),
 ``unit-NNNNNN.docs.npy`` (int64 rows: piece, record number, token count) and last
 ``unit-NNNNNN.json`` (counts, rejects, the frame table, the frame settings used and the crc32 of
-each of the three other files). The json is the finished-unit marker: a unit whose json exists
+each of the three other files). A fine-tuning (``--sft``) unit has a fifth, ``unit-NNNNNN.mask``
+(one uint8 loss-mask value per token, the documents' masks concatenated), covered by the json's
+checksums like the others. The json is the finished-unit marker: a unit whose json exists
 and whose files match its checksums is never tokenized again; one whose files do not (a disk
 error, a file edited or cut) is tokenized again, with a warning. A SIGKILL leaves at worst
 stray temporary files, which are ignored and swept.
 
 `plan.json` holds the fingerprint of everything that decides a unit's content (input files with
-size and mtime, text key, txt mode, tokenizer fingerprint, EOS/BOS, unit size); work from a
-different plan is never reused.
+size and mtime, text key, txt mode, tokenizer fingerprint, EOS/BOS, unit size, and the SFT
+settings); work from a different plan is never reused, so a unit with masks never serves a run
+without them, nor the other way round.
 """
 
 from __future__ import annotations
@@ -55,8 +58,11 @@ class UnitResult:
     # [first document, uncompressed size, stored size, crc32] of each frame in the .frames file
     frames: list[list[int]]
     frame_settings: list  # [frame_size, compression level or None] the frames were made with
-    # crc32 of the unit's files, by suffix (".tokens", ".frames", ".docs.npy"); set by save_unit
+    # crc32 of the unit's files, by suffix (".tokens", ".frames", ".docs.npy", ".mask"); set by
+    # save_unit
     checksums: dict[str, int] | None = None
+    # SFT units: trained_tokens, boundary_tokens, truncated_records, jq_rewrites; else None
+    sft: dict | None = None
 
     def to_json(self) -> bytes:
         doc = dict(self.__dict__, format=_UNIT_FORMAT)
@@ -118,12 +124,16 @@ class WorkDir:
         frames_tmp: Path,
         docs: np.ndarray,
         crcs: tuple[int, int],
+        masks: tuple[Path, int] | None = None,
     ) -> None:
-        """Move a worker's token and frame files (with their crc32s) into place, then the docs
-        array, then the marker that records all three checksums."""
+        """Move a worker's token and frame files (with their crc32s) and, for SFT, its mask file
+        (`masks`: path and crc32) into place, then the docs array, then the marker that records
+        every checksum."""
         base = self._base(result.index)
         os.replace(tokens_tmp, base.with_suffix(".tokens"))
         os.replace(frames_tmp, base.with_suffix(".frames"))
+        if masks is not None:
+            os.replace(masks[0], base.with_suffix(".mask"))
         buffer = io.BytesIO()
         np.save(buffer, docs)
         atomic_write(base.with_suffix(".docs.npy"), buffer.getvalue())
@@ -132,6 +142,8 @@ class WorkDir:
             ".frames": crcs[1],
             ".docs.npy": zlib.crc32(buffer.getvalue()),
         }
+        if masks is not None:
+            result.checksums[".mask"] = masks[1]
         atomic_write(base.with_suffix(".json"), result.to_json())
 
     def token_tmp_path(self, index: int) -> Path:
@@ -140,12 +152,18 @@ class WorkDir:
     def frames_tmp_path(self, index: int) -> Path:
         return self.path / f".unit-{index:06d}.frames.tmp-{os.getpid()}"
 
+    def mask_tmp_path(self, index: int) -> Path:
+        return self.path / f".unit-{index:06d}.mask.tmp-{os.getpid()}"
+
     def unit_name(self, index: int) -> str:
         return str(self._base(index).with_suffix(".json"))
 
-    def load_result(self, index: int, dtype: np.dtype) -> UnitResult | str | None:
+    def load_result(
+        self, index: int, dtype: np.dtype, masks: bool = False
+    ) -> UnitResult | str | None:
         """The unit's result if it finished and its files are intact; None if it never finished
-        (or was written by another unit format); else why it is damaged."""
+        (or was written by another unit format); else why it is damaged. `masks`: whether the
+        run needs the unit's loss masks (SFT)."""
         base = self._base(index)
         marker = base.with_suffix(".json")
         try:
@@ -163,6 +181,8 @@ class WorkDir:
                 if file_crc32(base.with_suffix(suffix)) != crc:
                     return f"{base.with_suffix(suffix).name} fails its crc32 check"
             docs_shape = np.load(base.with_suffix(".docs.npy"), mmap_mode="r").shape
+            has_masks = ".mask" in result.checksums
+            mask_size = base.with_suffix(".mask").stat().st_size if has_masks else 0
         except (OSError, ValueError, TypeError, IndexError, AttributeError, KeyError) as exc:
             return f"cannot be read back ({type(exc).__name__}: {exc})"
         if (
@@ -170,8 +190,14 @@ class WorkDir:
             or tokens_size != result.num_tokens * dtype.itemsize
             or frames_size != stored
             or docs_shape != (result.num_documents, 3)
+            or mask_size != (result.num_tokens if has_masks else 0)
         ):
             return "its files disagree with its marker in size"
+        if has_masks != masks or (result.sft is not None) != masks:
+            # The plan keeps this from happening; a unit is never served to the wrong kind of run.
+            return (
+                "it has loss masks and this run has none" if has_masks else "it has no loss masks"
+            )
         return result
 
     def discard_unit(self, index: int) -> None:
@@ -189,6 +215,13 @@ class WorkDir:
         )
         docs = np.load(base.with_suffix(".docs.npy"))
         return tokens, docs
+
+    def load_masks(self, index: int) -> np.ndarray:
+        """The loss masks of a finished SFT unit (one uint8 per token), memory-mapped."""
+        path = self._base(index).with_suffix(".mask")
+        if not path.stat().st_size:
+            return np.empty(0, dtype=np.uint8)
+        return np.memmap(path, dtype=np.uint8, mode="r")
 
     def load_frames(self, index: int) -> bytes:
         """The unit's encoded frames, concatenated (see UnitResult.frames)."""

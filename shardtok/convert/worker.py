@@ -1,5 +1,9 @@
 """Tokenizing one work unit inside a worker process and persisting its result.
 
+With ``--sft`` each record goes record -> Conversation -> Rendered -> (ids, mask) instead, one
+record at a time (its mask needs the offsets of that record's own encoding), and the unit's
+masks (one uint8 per token) are persisted next to its tokens.
+
 Texts are encoded in batches of about `_BATCH_CHARS` characters; tokens stream to a temporary file
 so a unit made of one large compressed file never holds all its tokens in memory. Under
 ``--on-bad-record error`` a worker stops at the unit's first bad record and reports it without
@@ -20,6 +24,8 @@ import numpy as np
 
 from shardtok.convert.inputs import InputError, InputFile
 from shardtok.convert.records import RangeReader, Reject
+from shardtok.convert.sft.conversation import SFTBad
+from shardtok.convert.sft.setup import SFTSetup
 from shardtok.convert.tokenizer import BatchEncoder, TokenizerSpec
 from shardtok.convert.units import Unit
 from shardtok.convert.workdir import ChecksumWriter, UnitResult, WorkDir
@@ -45,6 +51,7 @@ class WorkerConfig:
     tokenizer: TokenizerSpec
     frame_size: int
     compression_level: int | None
+    sft: SFTSetup | None = None
 
 
 @dataclass(frozen=True)
@@ -70,6 +77,7 @@ class EncoderMismatch:
 
 _config: WorkerConfig | None = None
 _encoder: BatchEncoder | None = None
+_sft: _SFTRecords | None = None
 
 
 def _exit_with_main(alive: Connection) -> None:
@@ -85,13 +93,16 @@ def _exit_with_main(alive: Connection) -> None:
 
 
 def init_worker(config: WorkerConfig, alive: Connection, alive_w: Connection) -> None:
-    global _config, _encoder
+    global _config, _encoder, _sft
     # Before anything slow: a forked worker inherits the write end, and must drop it for the
     # EOF to come when the main process dies.
     alive_w.close()
     threading.Thread(target=_exit_with_main, args=(alive,), daemon=True).start()
     _config = config
-    _encoder = BatchEncoder(config.tokenizer)
+    if config.sft is None:
+        _encoder = BatchEncoder(config.tokenizer)
+    else:
+        _sft = _SFTRecords(config.sft, config.tokenizer)
 
 
 class _UnitTokenizer:
@@ -121,6 +132,90 @@ class _UnitTokenizer:
         self.texts, self.chars = [], 0
 
 
+class _SFTRecords:
+    """A worker's SFT pipeline (built once per worker: the jq patterns compile here) and the
+    current unit's counts."""
+
+    def __init__(self, setup: SFTSetup, spec: TokenizerSpec):
+        from shardtok.convert.sft.encode import SFTEncoder
+        from shardtok.convert.sft.formats import make_converter
+
+        config = setup.config
+        self.fields = config.record_fields()
+        self.convert = make_converter(config)
+        self.renderer = setup.renderer
+        self.encoder = SFTEncoder(
+            spec,
+            max_tokens=config.max_tokens,
+            truncation=config.truncation,
+            split_special_tokens=config.split_special_tokens,
+        )
+        self.start_unit()
+
+    def start_unit(self) -> None:
+        self.boundary = self.truncated = 0
+        # The jq rewrites a unit used travel in its result, so the note is the same whichever
+        # worker (or earlier run) did the unit.
+        if hasattr(self.convert, "rewrites"):
+            self.convert.rewrites.clear()
+
+    def encode(self, record):
+        """EncodedRecord (ids, mask, boundary_tokens, truncated) or SFTBad."""
+        conversation = self.convert(record)
+        if isinstance(conversation, SFTBad):
+            return conversation
+        encoded = self.encoder.encode(conversation, self.renderer)
+        if not isinstance(encoded, SFTBad):
+            self.boundary += int(encoded.boundary_tokens)
+            self.truncated += bool(encoded.truncated)
+        return encoded
+
+    def unit_stats(self, trained: int) -> dict:
+        rewrites = getattr(self.convert, "rewrites", [])
+        return {
+            "trained_tokens": trained,
+            "boundary_tokens": self.boundary,
+            "truncated_records": self.truncated,
+            "jq_rewrites": [list(r) for r in rewrites],
+        }
+
+
+class _SFTUnitWriter:
+    """Encoded records to the unit's token, mask and frame files, in batches."""
+
+    def __init__(self, dtype, out, mask_out, frames: FrameBuilder):
+        self.dtype = dtype
+        self.out = out
+        self.mask_out = mask_out
+        self.frames = frames
+        self.ids: list = []
+        self.masks: list = []
+        self.pending = 0
+        self.sizes: list[np.ndarray] = []
+        self.num_tokens = 0
+        self.trained = 0
+
+    def add(self, ids, mask) -> None:
+        self.ids.append(np.asarray(ids, dtype=self.dtype))
+        self.masks.append(np.asarray(mask, dtype=np.uint8))
+        self.pending += len(self.ids[-1])
+        if self.pending >= _BATCH_CHARS // 4 or len(self.ids) >= _BATCH_DOCS:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.ids:
+            return
+        tokens, mask = np.concatenate(self.ids), np.concatenate(self.masks)
+        sizes = np.fromiter(map(len, self.ids), dtype=np.int32, count=len(self.ids))
+        self.out.write(tokens.data)
+        self.mask_out.write(mask.data)
+        self.frames.add(tokens, sizes)
+        self.sizes.append(sizes)
+        self.num_tokens += tokens.size
+        self.trained += int(np.count_nonzero(mask))
+        self.ids, self.masks, self.pending = [], [], 0
+
+
 def _guarded(reader: RangeReader, path: str):
     """Turn a damaged input (truncated .gz, corrupt .zst or .parquet) into an error naming the file."""
     try:
@@ -135,33 +230,48 @@ def _guarded(reader: RangeReader, path: str):
 
 def tokenize_unit(unit: Unit) -> UnitResult | UnitFailure | EncoderMismatch:
     """Tokenize `unit` and persist it in the work folder (runs in a worker process)."""
-    assert _config is not None and _encoder is not None, "init_worker was not called"
-    config = _config
+    assert _config is not None and (_encoder or _sft) is not None, "init_worker was not called"
+    config, sft = _config, _sft
     workdir = WorkDir(Path(config.out_dir))
     tmp = workdir.token_tmp_path(unit.index)
     frames_tmp = workdir.frames_tmp_path(unit.index)
+    mask_tmp = workdir.mask_tmp_path(unit.index) if sft is not None else None
     doc_rows: list[tuple[int, int]] = []  # (piece, record) of each document
     piece_records: list[int] = []
     rejects: list[list] = []
     records_read = 0
     try:
-        with open(tmp, "wb") as tokens_file, open(frames_tmp, "wb") as frames_file:
-            out, frames_out = ChecksumWriter(tokens_file), ChecksumWriter(frames_file)
+        with contextlib.ExitStack() as files:
+            out = ChecksumWriter(files.enter_context(open(tmp, "wb")))
+            frames_out = ChecksumWriter(files.enter_context(open(frames_tmp, "wb")))
             # Frames end at the unit's end, so the worker can compress them: the assembler
             # then only appends them to shards (see FrameBuilder).
             framer = FrameBuilder(config.frame_size, config.compression_level, frames_out)
-            batcher = _UnitTokenizer(_encoder, out, framer)
+            if sft is None:
+                batcher = _UnitTokenizer(_encoder, out, framer)
+            else:
+                sft.start_unit()
+                mask_out = ChecksumWriter(files.enter_context(open(mask_tmp, "wb")))
+                batcher = _SFTUnitWriter(config.tokenizer.dtype, out, mask_out, framer)
             for piece_no, piece in enumerate(unit.pieces):
                 file = config.files[piece.input_index]
-                reader = RangeReader(file, piece, config.text_key, config.txt_mode)
+                reader = RangeReader(
+                    file, piece, config.text_key, config.txt_mode,
+                    objects=sft is not None, fields=sft.fields if sft is not None else None,
+                )  # fmt: skip
                 for record, item in _guarded(reader, file.path):
                     records_read += 1
-                    if isinstance(item, Reject):
+                    if sft is not None and not isinstance(item, Reject):
+                        item = sft.encode(item)
+                    if isinstance(item, (Reject, SFTBad)):
                         if config.stop_at_bad_record:
                             return UnitFailure(
                                 unit.index, piece_no, record, item.reason, item.detail
                             )
                         rejects.append([piece_no, record, item.reason, item.detail])
+                    elif sft is not None:
+                        doc_rows.append((piece_no, record))
+                        batcher.add(item.ids, item.mask)
                     else:
                         if not doc_rows:
                             budget = max(_CANARY_MIN_CHARS, unit.nbytes // _CANARY_SHARE)
@@ -188,9 +298,13 @@ def tokenize_unit(unit: Unit) -> UnitResult | UnitFailure | EncoderMismatch:
             rejects=rejects,
             frames=frames.tolist(),
             frame_settings=[config.frame_size, config.compression_level],
+            sft=None if sft is None else sft.unit_stats(batcher.trained),
         )
-        workdir.save_unit(result, tmp, frames_tmp, docs, (out.crc, frames_out.crc))
+        masks = None if sft is None else (mask_tmp, mask_out.crc)
+        workdir.save_unit(result, tmp, frames_tmp, docs, (out.crc, frames_out.crc), masks)
         return result
     finally:
         tmp.unlink(missing_ok=True)
         frames_tmp.unlink(missing_ok=True)
+        if mask_tmp is not None:
+            mask_tmp.unlink(missing_ok=True)
