@@ -320,10 +320,22 @@ def add_sample_corpus_parser(subparsers) -> argparse.ArgumentParser:
             '{"text": ..., "source": "module.qualname"}: about 3 MB of real English prose and code, '
             "the same bytes on every machine with the same Python version. Handy for trying convert."
         ),
-        epilog="example:\n  shardtok sample-corpus corpus.jsonl && shardtok convert corpus.jsonl --output data/",
+        epilog=(
+            "examples:\n"
+            "  shardtok sample-corpus corpus.jsonl && shardtok convert corpus.jsonl --output data/\n"
+            "  shardtok sample-corpus --chat chat.jsonl && "
+            "shardtok convert chat.jsonl --output chat/ --sft docs/sft/chat.yaml"
+        ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("output", metavar="OUT.jsonl", help="file to write")
+    p.add_argument(
+        "--chat",
+        action="store_true",
+        help='write chat records instead ({"messages": [...]}, the openai SFT format): a user '
+        "asks what a stdlib name does, the assistant answers with its docstring, sometimes a "
+        "follow-up turn and a system message",
+    )
     p.add_argument(
         "--max-size",
         type=parse_size,
@@ -336,6 +348,7 @@ def add_sample_corpus_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run_sample_corpus(args: argparse.Namespace) -> int:
-    records, nbytes = write_sample_corpus(args.output, args.max_size)
-    print(f"wrote {records:,} documents ({nbytes:,} bytes) to {args.output}")
+    records, nbytes = write_sample_corpus(args.output, args.max_size, chat=args.chat)
+    kind = "conversations" if args.chat else "documents"
+    print(f"wrote {records:,} {kind} ({nbytes:,} bytes) to {args.output}")
     return 0
