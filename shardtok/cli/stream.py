@@ -87,6 +87,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help=f"bfd: documents packed at once (default 1000, at most {HISTORY})",
     )
     p.add_argument(
+        "--overlong",
+        choices=("split", "drop", "truncate"),
+        default=None,
+        help="greedy, bfd: a document longer than seq_len + 1 is split into sequences, "
+        "truncated to its first seq_len + 1 tokens, or dropped (default: truncate for data "
+        "with loss masks, split otherwise); counted in the plan",
+    )
+    p.add_argument(
         "--mask-boundary-labels",
         action="store_true",
         default=None,

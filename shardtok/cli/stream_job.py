@@ -28,7 +28,7 @@ class StreamJob:
             self.setup = StreamSetup.mixed(mix, options)
         else:
             self.setup = StreamSetup.single(DatasetSource(args.dataset), options)
-        self.mix, self.options = mix, options
+        self.mix, self.options = mix, self.setup.options  # with what the data decides
         self.sources = list(self.setup.sources)
         self.args = args
         self.workers = max(args.num_workers, 1)

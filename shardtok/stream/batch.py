@@ -6,8 +6,10 @@ A batch is a dict of numpy arrays, for ``B`` sequences of ``S = seq_len`` inputs
 ``input_ids``       int64 [B, S]  ``tokens[:, :-1]``
 ``labels``          int64 [B, S]  ``labels_format="shifted"``: ``tokens[:, 1:]``, the target
                                   of ``input_ids[:, i]`` at ``i``; -100 where the target is
-                                  padding and, with ``mask_boundary_labels``, where the target
-                                  is the first token of another document.
+                                  padding, where its loss mask is 0 (fine-tuning data) and
+                                  where the target is the first token of another document:
+                                  always for rows of masked data, else with
+                                  ``mask_boundary_labels``.
                                   ``labels_format="hf"``: the same labels moved one to the
                                   right (aligned with ``input_ids``, -100 in column 0), for
                                   models that shift internally; each row's last target
@@ -19,7 +21,10 @@ A batch is a dict of numpy arrays, for ``B`` sequences of ``S = seq_len`` inputs
 ``cu_seqlens``      int32 [n+1]   FlashAttention varlen boundaries over the flattened batch
                                   (``B * S`` tokens, one entry per segment plus the end)
 ``max_seqlen``      int           longest segment, for varlen kernels
+``num_trained_tokens`` int        labels that are not -100 (what a loss is averaged over)
 ==================  ============  ======================================================
+
+Data without loss masks counts as all trained; its batches are built without any mask array.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from shardtok.stream.sequence import PackedSequence
 IGNORE_INDEX = -100
 LABELS_FORMATS = ("shifted", "hf")
 BATCH_KEYS = ("input_ids", "labels", "position_ids", "document_ids", "cu_seqlens")
+SCALAR_KEYS = ("max_seqlen", "num_trained_tokens")  # plain ints, for the whole batch
 
 # Allocator for the output arrays: given (batch_size, seq_len) it returns writable arrays for
 # every key in BATCH_KEYS (cu_seqlens with room for batch_size * seq_len + 1 entries). The torch
@@ -83,23 +89,39 @@ def check_labels_format(labels_format: object) -> None:
         raise UsageError(f"labels_format must be one of {LABELS_FORMATS}, got {labels_format!r}")
 
 
+def _copy_targets(labels: np.ndarray, targets: np.ndarray, mask: np.ndarray | None) -> None:
+    """labels = targets, or -100 where the targets' loss `mask` (uint8, 0 or 1) is 0."""
+    if mask is None:
+        np.copyto(labels, targets, casting="unsafe")
+    else:
+        # One pass with `where` instead of copying then masking: the mask holds only 0 and 1
+        # (the readers refuse anything else), so its bool view is exact.
+        labels.fill(IGNORE_INDEX)
+        np.copyto(labels, targets, casting="unsafe", where=mask.view(np.bool_))
+
+
 def _fill_labels(
-    labels: np.ndarray, grid: np.ndarray, masked: list[int], labels_format: str
+    labels: np.ndarray,
+    grid: np.ndarray,
+    masked: list[int],
+    labels_format: str,
+    mask: np.ndarray | None = None,
 ) -> None:
     """Write the labels of token rows `grid` [B, S + 1] into `labels` [B, S], with -100 at the
-    flat shifted positions `masked`; the result equals `to_hf_labels` of the shifted labels.
+    flat shifted positions `masked` and where the loss `mask` [B, S + 1] of the target is 0;
+    the result equals `to_hf_labels` of the shifted labels.
 
     The hf labels are copied straight from the tokens and the masked positions moved one
     column instead of shifting the finished labels: an overlapping in-place shift goes
     through a temporary buffer and cost a third of the whole batch assembly.
     """
     if labels_format == "shifted":
-        np.copyto(labels, grid[:, 1:], casting="unsafe")
+        _copy_targets(labels, grid[:, 1:], None if mask is None else mask[:, 1:])
         if masked:
             labels.reshape(-1)[masked] = IGNORE_INDEX
         return
     seq_len = labels.shape[1]
-    np.copyto(labels[:, 1:], grid[:, 1:-1], casting="unsafe")
+    _copy_targets(labels[:, 1:], grid[:, 1:-1], None if mask is None else mask[:, 1:-1])
     labels[:, 0] = IGNORE_INDEX
     if masked:
         flat = np.asarray(masked, dtype=np.int64)
@@ -115,8 +137,15 @@ def build_batch(
     labels_format: str = "shifted",
     allocate: Allocator = allocate_arrays,
 ) -> dict:
-    """Stack sequences (all ``seq_len + 1`` tokens) into the batch described above."""
+    """Stack sequences (all ``seq_len + 1`` tokens) into the batch described above. Sequences
+    with a mask are fine-tuning rows; in a batch that has any, the others count as all trained
+    and keep `mask_boundary_labels`."""
     tokens = np.stack([seq.tokens for seq in sequences])
+    mask = sft_rows = None
+    if any(seq.mask is not None for seq in sequences):
+        ones = np.ones(tokens.shape[1], dtype=np.uint8)
+        mask = np.stack([ones if seq.mask is None else seq.mask for seq in sequences])
+        sft_rows = [seq.mask is not None for seq in sequences]
     return assemble_batch(
         tokens,
         [seq.starts for seq in sequences],
@@ -124,6 +153,8 @@ def build_batch(
         mask_boundary_labels=mask_boundary_labels,
         labels_format=labels_format,
         allocate=allocate,
+        mask=mask,
+        sft_rows=sft_rows,
     )
 
 
@@ -135,9 +166,13 @@ def assemble_batch(
     mask_boundary_labels: bool = False,
     labels_format: str = "shifted",
     allocate: Allocator = allocate_arrays,
+    mask: np.ndarray | None = None,
+    sft_rows: Sequence[bool] | None = None,
 ) -> dict:
     """The batch of rows `tokens` [B, seq_len + 1], whose segments begin at `starts` and whose
-    first `lengths` tokens are real (the rest padding).
+    first `lengths` tokens are real (the rest padding). `mask` [B, seq_len + 1] (uint8 0/1,
+    None: all trained) is the rows' loss masks; rows of masked data (`sft_rows`, default: all
+    rows when a mask is given) never train a label across a document boundary.
 
     Work is per segment, not per token: a handful of numpy calls over the whole batch.
     """
@@ -152,12 +187,15 @@ def assemble_batch(
     for b in range(rows):
         row = b * seq_len
         length = lengths[b]
+        boundary = mask_boundary_labels or (
+            mask is not None and (sft_rows is None or bool(sft_rows[b]))
+        )
         n = 0
         for column in starts[b]:
             if column < seq_len:
                 seg_starts.append(row + column)
                 n += 1
-            if mask_boundary_labels and column > 0:
+            if boundary and column > 0:
                 masked.append(row + column - 1)
         if length < window:
             if length < seq_len:
@@ -166,8 +204,26 @@ def assemble_batch(
             masked.extend(range(row + max(length - 1, 0), row + seq_len))
         local_ids.extend(range(n))
     np.copyto(input_ids, tokens[:, :-1], casting="unsafe")
-    _fill_labels(labels, tokens, masked, labels_format)
-    return _with_segments(out, seg_starts, local_ids, rows * seq_len)
+    _fill_labels(labels, tokens, masked, labels_format, mask)
+    batch = _with_segments(out, seg_starts, local_ids, rows * seq_len)
+    batch["num_trained_tokens"] = _trained(labels, masked, labels_format, mask)
+    return batch
+
+
+def _trained(
+    labels: np.ndarray, masked: list[int], labels_format: str, mask: np.ndarray | None
+) -> int:
+    """How many labels are not -100. Without a loss mask it follows from the masked
+    positions (distinct by construction), sparing the unmasked hot path a pass over the
+    labels."""
+    if mask is not None:
+        return int(labels.size - np.count_nonzero(labels == IGNORE_INDEX))
+    rows, seq_len = labels.shape
+    if labels_format == "shifted":
+        return rows * seq_len - len(masked)
+    # hf: column 0 is never trained and each row's last shifted target is dropped.
+    last = seq_len - 1
+    return rows * last - sum(1 for p in masked if p % seq_len != last)
 
 
 def _with_segments(out: dict, starts: list[int], local_ids: list[int], total: int) -> dict:
@@ -203,11 +259,13 @@ def assemble_contiguous_batch(
     mask_boundary_labels: bool = False,
     labels_format: str = "shifted",
     allocate: Allocator = allocate_arrays,
+    mask: np.ndarray | None = None,
 ) -> dict:
     """The batch whose rows are consecutive runs of one token stream: row ``b`` is
     ``tokens[b * W : (b + 1) * W]`` (``W = seq_len + 1``, no padding) and documents begin at
     the flat positions `boundaries` (ints, ascending, in ``(0, len(tokens))``) besides every
-    row start.
+    row start. `mask` (as long as `tokens`, uint8 0/1): the loss masks of one masked dataset,
+    whose labels never cross a document boundary.
 
     Equal to `assemble_batch` on the same rows and starts; the per-token work is the same
     handful of numpy calls, the per-segment bookkeeping is cheaper.
@@ -231,7 +289,10 @@ def assemble_contiguous_batch(
                 starts.append(row * seq_len + column)
             # The target before a document's first token is that token: unpredictable.
             masked.append(row * seq_len + column - 1)
-    _fill_labels(labels, grid, masked if mask_boundary_labels else [], labels_format)
+    if not (mask_boundary_labels or mask is not None):
+        masked = []
+    grid_mask = None if mask is None else mask.reshape(rows, window)
+    _fill_labels(labels, grid, masked, labels_format, grid_mask)
     starts.sort()
     local_ids = []
     row_start = -1
@@ -239,4 +300,6 @@ def assemble_contiguous_batch(
         if start % seq_len == 0:
             row_start = len(local_ids)
         local_ids.append(len(local_ids) - row_start)
-    return _with_segments(out, starts, local_ids, total)
+    batch = _with_segments(out, starts, local_ids, total)
+    batch["num_trained_tokens"] = _trained(labels, masked, labels_format, grid_mask)
+    return batch

@@ -9,7 +9,7 @@ from shardtok.errors import ShardtokError
 from shardtok.storage.dataset import DatasetSource
 from shardtok.stream import state as envelope
 from shardtok.stream.batch import Allocator, allocate_arrays
-from shardtok.stream.build import batcher_for, document_stream, packer_for, plan_for
+from shardtok.stream.build import batcher_for, document_stream, packer_for, plan_for, resolved
 from shardtok.stream.nodes.base import PlacedStream
 from shardtok.stream.options import StreamOptions
 
@@ -40,7 +40,7 @@ class SliceStream(PlacedStream):
     ):
         super().__init__()
         self.source = source if isinstance(source, DatasetSource) else DatasetSource(source)
-        self.options = options
+        options = self.options = resolved(options, [self.source])
         self.epoch = epoch
         self.rank, self.world_size = rank, world_size
         self.worker, self.num_workers = worker, num_workers
@@ -57,7 +57,7 @@ class SliceStream(PlacedStream):
             )
         documents = document_stream(self.source, self.slice, options, epoch)
         self.batcher = batcher_for(
-            packer_for(documents, options),
+            packer_for(documents, options, self.source.manifest.masked),
             options,
             self.plan.batches_per_slice,
             allocate,

@@ -12,6 +12,10 @@ fresh shard permutation) in place, so a mixed stream never ends and every rank y
 batches as it is asked for. The global mix holds because every worker's mix does.
 
 State: the schedule step plus, per source, its epoch and packer state: a few integers per source.
+
+Sources with and without loss masks mix: when any source has masks, every row carries a mask,
+all ones for a row from a source without (pretraining data counts as all trained), and each row
+says whether it is fine-tuning data (``row_masked``) so the batch applies its boundary rule.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from shardtok.index import build_blending_indices
 from shardtok.storage.dataset import DatasetSource
 from shardtok.stream import state as envelope
 from shardtok.stream.build import document_stream, packer_for, plan_for
+from shardtok.stream.masked import MaskedTokens, Row, empty_row
 from shardtok.stream.nodes.packer import Packer
 from shardtok.stream.options import StreamOptions
 from shardtok.stream.sequence import PackedSequence
@@ -101,6 +106,8 @@ class SourceSequences(Packer):
         self.epoch_real_tokens = 0  # real tokens served in the current epoch (or remainder)
         self.source = source
         self.options = options
+        self.masked = source.manifest.masked
+        self._overlong = {"documents": 0, "dropped": 0}  # of the epochs already finished
         self.rank, self.world_size = rank, world_size
         self.worker, self.num_workers = worker, num_workers
         self.first_epoch = first_epoch
@@ -125,7 +132,9 @@ class SourceSequences(Packer):
                 "this source is too small for this many ranks x workers"
             )
         return packer_for(
-            document_stream(self.source, slice_plan, self.options, epoch), self.options
+            document_stream(self.source, slice_plan, self.options, epoch),
+            self.options,
+            self.masked,
         )
 
     def _packer_for_phase(self) -> Packer:
@@ -171,13 +180,17 @@ class SourceSequences(Packer):
         state = cls.parse_state(state)
         return state["epoch"], state["packer"], state["epoch_real_tokens"], state["remainder"]
 
-    def next_into(self, out: np.ndarray) -> tuple[list[int], int]:
+    def next_into(self, out: Row) -> tuple[list[int], int]:
         if not self._started:
             self.reset(None)
         assert self._packer is not None
         for _ in range(2):
             try:
-                placed = self._packer.next_into(out)
+                if isinstance(out, MaskedTokens) and not self.masked:
+                    placed = self._packer.next_into(out.tokens)
+                    out.mask.fill(1)  # no masks: every token is trained
+                else:
+                    placed = self._packer.next_into(out)
             except StopIteration:
                 # this source ran out: its next epoch, a fresh shard order
                 if self.in_remainder:
@@ -185,6 +198,7 @@ class SourceSequences(Packer):
                 else:
                     self.epoch += 1
                 self.epoch_real_tokens = 0
+                self._keep_overlong_counts()
                 self._packer = self._open(self.epoch)
                 self._packer.reset(None)
                 continue
@@ -194,9 +208,25 @@ class SourceSequences(Packer):
         raise ShardtokError(f"{self.source.display}: epoch {self.epoch} gave no sequence")
 
     def _next(self) -> PackedSequence:
-        out = np.empty(self.window, dtype=np.int64)
+        out = empty_row(self.window, np.int64, self.masked)
         starts, length = self.next_into(out)
+        if isinstance(out, MaskedTokens):
+            return PackedSequence(out.tokens, starts, length, out.mask)
         return PackedSequence(out, starts, length)
+
+    def _keep_overlong_counts(self) -> None:
+        counted = getattr(self._packer, "overlong", None)
+        if counted is not None:
+            self._overlong["documents"] += counted.documents
+            self._overlong["dropped"] += counted.dropped
+
+    def overlong_counts(self) -> tuple[int, int]:
+        """(overlong documents met, tokens they lost) in this process, all epochs so far."""
+        counted = getattr(self._packer, "overlong", None)
+        documents, dropped = self._overlong["documents"], self._overlong["dropped"]
+        if counted is not None:
+            documents, dropped = documents + counted.documents, dropped + counted.dropped
+        return documents, dropped
 
 
 class MixedSequences(Packer):
@@ -212,6 +242,8 @@ class MixedSequences(Packer):
         self.sources = list(sources)
         self.schedule = MixSchedule(weights)
         self.window = self.sources[0].window
+        self.masked = any(s.masked for s in self.sources)
+        self._row_masked = False
         self.step = 0
 
     def _reset(self, state: dict | None) -> None:
@@ -239,16 +271,26 @@ class MixedSequences(Packer):
     def source_states(cls, state: dict) -> list[dict]:
         return cls.parse_state(state)["sources"]
 
-    def next_into(self, out: np.ndarray) -> tuple[list[int], int]:
+    @property
+    def row_masked(self) -> bool:
+        return self._row_masked
+
+    def next_into(self, out: Row) -> tuple[list[int], int]:
         if not self._started:
             self.reset(None)
-        placed = self.sources[self.schedule[self.step]].next_into(out)
+        source = self.sources[self.schedule[self.step]]
+        placed = source.next_into(out)
+        self._row_masked = source.masked
         self.step += 1
         return placed
 
     def _next(self) -> PackedSequence:
-        out = np.empty(self.window, dtype=np.int64)
+        out = empty_row(self.window, np.int64, self.masked)
         starts, length = self.next_into(out)
+        if isinstance(out, MaskedTokens):
+            return PackedSequence(
+                out.tokens, starts, length, out.mask if self._row_masked else None
+            )
         return PackedSequence(out, starts, length)
 
     def shares(self) -> list[dict]:
@@ -260,6 +302,8 @@ class MixedSequences(Packer):
                 "sequences": s.sequences,
                 "share": s.sequences / total,
                 "epoch": s.epoch,
+                "overlong_documents": s.overlong_counts()[0],
+                "overlong_tokens_dropped": s.overlong_counts()[1],
             }
             for s in self.sources
         ]

@@ -12,6 +12,7 @@ from shardtok.stream.batch import (
     assemble_batch,
     assemble_contiguous_batch,
 )
+from shardtok.stream.masked import MaskedTokens
 from shardtok.stream.nodes.base import Node
 from shardtok.stream.nodes.packer import Packer
 
@@ -56,6 +57,8 @@ class Batcher(Node[dict]):
         self.allocate = allocate
         self.where = where
         self._rows: np.ndarray | None = None
+        self._masks: np.ndarray | None = None
+        self._row_views: list | None = None  # what the packer writes row b into
         self.batches = 0
         self.real_tokens = 0  # tokens that are not padding (sequence slots: seq_len + 1 each)
         self.sequences = 0
@@ -101,6 +104,9 @@ class Batcher(Node[dict]):
             cut = upstream.next_batch(self.batch_size)
             if cut is not None:
                 tokens, boundaries = cut
+                mask = None
+                if isinstance(tokens, MaskedTokens):
+                    tokens, mask = tokens.tokens, tokens.mask
                 return self._count(
                     assemble_contiguous_batch(
                         tokens,
@@ -109,18 +115,19 @@ class Batcher(Node[dict]):
                         mask_boundary_labels=self.mask_boundary_labels,
                         labels_format=self.labels_format,
                         allocate=self.allocate,
+                        mask=mask,
                     ),
                     self.batch_size * upstream.window,
                 )
             # Not enough data for a whole batch: the row path below reports exactly where.
-        # One reused staging array: the packer writes each sequence straight into its row.
-        if self._rows is None:
-            self._rows = np.empty((self.batch_size, upstream.window), dtype=np.int64)
-        rows = self._rows
-        starts, lengths = [], []
+        if self._row_views is None:
+            self._stage(upstream)
+        rows, masks, views = self._rows, self._masks, self._row_views
+        assert rows is not None and views is not None
+        starts, lengths, sft_rows = [], [], []
         for b in range(self.batch_size):
             try:
-                row_starts, length = upstream.next_into(rows[b])
+                row_starts, length = upstream.next_into(views[b])
             except StopIteration:
                 if self.num_batches is None:  # an open-ended stream drops its partial batch
                     raise
@@ -131,6 +138,8 @@ class Batcher(Node[dict]):
                 ) from None
             starts.append(row_starts)
             lengths.append(length)
+            if masks is not None:
+                sft_rows.append(upstream.row_masked)
         batch = assemble_batch(
             rows,
             starts,
@@ -138,8 +147,20 @@ class Batcher(Node[dict]):
             mask_boundary_labels=self.mask_boundary_labels,
             labels_format=self.labels_format,
             allocate=self.allocate,
+            mask=masks,
+            sft_rows=sft_rows if masks is not None else None,
         )
         return self._count(batch, sum(lengths))
+
+    def _stage(self, upstream: Packer) -> None:
+        """Reused staging arrays: the packer writes each sequence straight into its row (and
+        its loss mask beside it, when the data has masks)."""
+        self._rows = np.empty((self.batch_size, upstream.window), dtype=np.int64)
+        if upstream.masked:
+            self._masks = np.empty((self.batch_size, upstream.window), dtype=np.uint8)
+            self._row_views = [MaskedTokens(t, m) for t, m in zip(self._rows, self._masks)]
+        else:
+            self._row_views = list(self._rows)
 
     def _count(self, batch: dict, real_tokens: int) -> dict:
         self.batches += 1
@@ -152,7 +173,7 @@ class Batcher(Node[dict]):
         """Packing statistics so far; slots count ``seq_len + 1`` tokens per sequence."""
         window = int(self.upstream.window)
         slots = self.sequences * window
-        return {
+        out = {
             "batches": self.batches,
             "sequences": self.sequences,
             "real_tokens": self.real_tokens,
@@ -160,3 +181,7 @@ class Batcher(Node[dict]):
             "packing_efficiency": self.real_tokens / slots if slots else 0.0,
             "segments": self.segments,
         }
+        counted = getattr(self.upstream, "overlong", None)  # greedy, bfd (this process)
+        if counted is not None:
+            out.update(counted.stats())
+        return out
