@@ -224,6 +224,24 @@ class ShardReader:
             shape=(self.meta.num_tokens,),
         )
 
+    def memmap_mask(self) -> np.ndarray:
+        """The loss mask as a zero-copy memmap of the uncompressed mask member (one uint8 per
+        token, local files only); nothing is checked here (the memmap path checks each frame's
+        crc32 and values on first touch)."""
+        mask = self._need_mask()
+        path = getattr(self.source, "path", None)
+        if self.meta.compressed or path is None:
+            raise ValueError(f"{self.where}: memmap needs an uncompressed shard on local disk")
+        if self.meta.num_tokens == 0:
+            return np.empty(0, dtype=np.uint8)
+        return np.memmap(
+            path,
+            dtype=np.uint8,
+            mode="r",
+            offset=mask.header.data_offset,
+            shape=(self.meta.num_tokens,),
+        )
+
 
 class ShardStreamReader:
     """Reads a shard front to back from a non-seekable stream; memory is bounded by one frame.
