@@ -109,6 +109,24 @@ class StreamJob:
             self.taken += 1
             yield batch
 
+    @property
+    def masked(self) -> bool:
+        """Whether any source has loss masks."""
+        return any(source.manifest.masked for source in self.sources)
+
+    def counters(self) -> dict:
+        """Summed over this rank's worker streams: real tokens packed into the sequences
+        yielded, and overlong documents met with the tokens they lost (in this process)."""
+        out = {"real_tokens": 0, "overlong_documents": 0, "overlong_tokens_dropped": 0}
+        for stream in self.streams:
+            stats = stream.batcher.stats()  # type: ignore[attr-defined]
+            rows = stream.stats()["sources"] if self.mix is not None else [stats]  # type: ignore[attr-defined]
+            out["real_tokens"] += stats["real_tokens"]
+            for row in rows:
+                out["overlong_documents"] += row.get("overlong_documents", 0)
+                out["overlong_tokens_dropped"] += row.get("overlong_tokens_dropped", 0)
+        return out
+
     def shares(self) -> list[dict]:
         """Per source, over this rank's worker streams: sequences, share, epochs reached."""
         if self.mix is None:
