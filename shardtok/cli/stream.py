@@ -199,7 +199,7 @@ def run(args: argparse.Namespace) -> int:
     if batches is None:
         batches = job.batches()
     kept: list[dict] = []
-    count = tokens = real = segments = trained = 0
+    count = tokens = real = segments = trained = untrained_batches = 0
     first = None
     in_process = engine == "in process"
     before = job.counters() if in_process else {}
@@ -211,6 +211,7 @@ def run(args: argparse.Namespace) -> int:
         count += 1
         tokens += batch["input_ids"].size
         trained += int(batch["num_trained_tokens"])
+        untrained_batches += int(batch["num_trained_tokens"]) == 0
         if not in_process:  # the worker streams' own counts are out of reach
             real += real_tokens(batch, options.labels_format, options.pad_id, masked)
         segments += len(batch["cu_seqlens"]) - 1
@@ -240,6 +241,7 @@ def run(args: argparse.Namespace) -> int:
         "documents_per_sequence": per_sequence,
         "trained_tokens": trained,
         "trained_share": trained / tokens if tokens else 0.0,
+        "batches_without_trained_tokens": untrained_batches,
         **counted,
     }
     shares = job.shares() if engine == "in process" else []
@@ -260,6 +262,12 @@ def run(args: argparse.Namespace) -> int:
             f"{trained:,} labels trained ({100 * stats['trained_share']:.2f}% of "
             f"{tokens:,}{', the rest prompts, padding or document starts' if masked else ''})"
         )
+        if untrained_batches:
+            print(
+                f"warning: {untrained_batches:,} batches have no trained label (a mean loss over "
+                "one is NaN); with loss masks, check --overlong and --seq-len against the "
+                "conversation lengths"
+            )
         if counted.get("overlong_documents"):
             print(
                 f"overlong documents ({options.overlong or 'truncate or split by source'}): "

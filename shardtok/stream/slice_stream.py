@@ -49,8 +49,13 @@ class SliceStream(PlacedStream):
         )
         self.slice = self.plan.slice_for(rank, worker)
         if self.plan.batches_per_slice == 0:
+            lost = self.plan.overlong_tokens
+            lost_text = (
+                f" ({lost:,} of them lost to overlong={self.plan.overlong!r})" if lost else ""
+            )
             raise ShardtokError(
-                f"{self.source.display}: {self.plan.total_tokens:,} tokens cannot give every one "
+                f"{self.source.display}: {self.plan.total_tokens:,} tokens{lost_text} cannot "
+                f"give every one "
                 f"of {len(self.plan.slices)} (rank, worker) slices a batch of "
                 f"{options.batch_size} x {options.seq_len + 1}-token sequences; use fewer "
                 "ranks, workers or a smaller batch"
