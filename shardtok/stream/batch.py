@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from shardtok.errors import UsageError
+from shardtok.stream.masked import VALUES, flag_untrained
 from shardtok.stream.sequence import PackedSequence
 
 IGNORE_INDEX = -100
@@ -89,42 +90,40 @@ def check_labels_format(labels_format: object) -> None:
         raise UsageError(f"labels_format must be one of {LABELS_FORMATS}, got {labels_format!r}")
 
 
-def _copy_targets(labels: np.ndarray, targets: np.ndarray, mask: np.ndarray | None) -> None:
-    """labels = targets, or -100 where the targets' loss `mask` (uint8, 0 or 1) is 0."""
-    if mask is None:
-        np.copyto(labels, targets, casting="unsafe")
+def _copy_targets(labels: np.ndarray, targets: np.ndarray, flagged: bool) -> None:
+    """labels = targets; with `flagged` tokens (``stream.masked``), -100 where a target is
+    untrained (negative) and the token id elsewhere."""
+    if flagged:  # one pass, no temporary: faster than any compare-and-set
+        np.maximum(targets, IGNORE_INDEX, out=labels, casting="unsafe")
     else:
-        # One pass with `where` instead of copying then masking: the mask holds only 0 and 1
-        # (the readers refuse anything else), so its bool view is exact.
-        labels.fill(IGNORE_INDEX)
-        np.copyto(labels, targets, casting="unsafe", where=mask.view(np.bool_))
+        np.copyto(labels, targets, casting="unsafe")
 
 
 def _fill_labels(
     labels: np.ndarray,
     grid: np.ndarray,
-    masked: list[int],
+    ignored: list[int],
     labels_format: str,
-    mask: np.ndarray | None = None,
+    flagged: bool = False,
 ) -> None:
     """Write the labels of token rows `grid` [B, S + 1] into `labels` [B, S], with -100 at the
-    flat shifted positions `masked` and where the loss `mask` [B, S + 1] of the target is 0;
+    flat shifted positions `ignored` and, for `flagged` rows, where the target is untrained;
     the result equals `to_hf_labels` of the shifted labels.
 
-    The hf labels are copied straight from the tokens and the masked positions moved one
+    The hf labels are copied straight from the tokens and the ignored positions moved one
     column instead of shifting the finished labels: an overlapping in-place shift goes
     through a temporary buffer and cost a third of the whole batch assembly.
     """
     if labels_format == "shifted":
-        _copy_targets(labels, grid[:, 1:], None if mask is None else mask[:, 1:])
-        if masked:
-            labels.reshape(-1)[masked] = IGNORE_INDEX
+        _copy_targets(labels, grid[:, 1:], flagged)
+        if ignored:
+            labels.reshape(-1)[ignored] = IGNORE_INDEX
         return
     seq_len = labels.shape[1]
-    _copy_targets(labels[:, 1:], grid[:, 1:-1], None if mask is None else mask[:, 1:-1])
+    _copy_targets(labels[:, 1:], grid[:, 1:-1], flagged)
     labels[:, 0] = IGNORE_INDEX
-    if masked:
-        flat = np.asarray(masked, dtype=np.int64)
+    if ignored:
+        flat = np.asarray(ignored, dtype=np.int64)
         # A masked last column is the dropped target; it has no hf column to mask.
         flat = flat[flat % seq_len != seq_len - 1]
         labels.reshape(-1)[flat + 1] = IGNORE_INDEX
@@ -140,12 +139,10 @@ def build_batch(
     """Stack sequences (all ``seq_len + 1`` tokens) into the batch described above. Sequences
     with a mask are fine-tuning rows; in a batch that has any, the others count as all trained
     and keep `mask_boundary_labels`."""
-    tokens = np.stack([seq.tokens for seq in sequences])
-    mask = sft_rows = None
-    if any(seq.mask is not None for seq in sequences):
-        ones = np.ones(tokens.shape[1], dtype=np.uint8)
-        mask = np.stack([ones if seq.mask is None else seq.mask for seq in sequences])
-        sft_rows = [seq.mask is not None for seq in sequences]
+    sft_rows = [seq.mask is not None for seq in sequences]
+    tokens = np.stack(
+        [flag_untrained(s.tokens, s.mask) if s.mask is not None else s.tokens for s in sequences]
+    )
     return assemble_batch(
         tokens,
         [seq.starts for seq in sequences],
@@ -153,7 +150,7 @@ def build_batch(
         mask_boundary_labels=mask_boundary_labels,
         labels_format=labels_format,
         allocate=allocate,
-        mask=mask,
+        masked=any(sft_rows),
         sft_rows=sft_rows,
     )
 
@@ -166,13 +163,13 @@ def assemble_batch(
     mask_boundary_labels: bool = False,
     labels_format: str = "shifted",
     allocate: Allocator = allocate_arrays,
-    mask: np.ndarray | None = None,
+    masked: bool = False,
     sft_rows: Sequence[bool] | None = None,
 ) -> dict:
     """The batch of rows `tokens` [B, seq_len + 1], whose segments begin at `starts` and whose
-    first `lengths` tokens are real (the rest padding). `mask` [B, seq_len + 1] (uint8 0/1,
-    None: all trained) is the rows' loss masks; rows of masked data (`sft_rows`, default: all
-    rows when a mask is given) never train a label across a document boundary.
+    first `lengths` tokens are real (the rest padding). `masked`: the tokens carry loss masks
+    as flag bits (``stream.masked``); the rows of masked data (`sft_rows`, default all) never
+    train a label across a document boundary, the others keep `mask_boundary_labels`.
 
     Work is per segment, not per token: a handful of numpy calls over the whole batch.
     """
@@ -183,47 +180,50 @@ def assemble_batch(
     input_ids, labels = out["input_ids"], out["labels"]
     seg_starts: list[int] = []  # flat (row * seq_len + column) start of every input segment
     local_ids: list[int] = []  # segment number within its row
-    masked: list[int] = []  # flat label positions to set to IGNORE_INDEX
+    ignored: list[int] = []  # flat label positions to set to IGNORE_INDEX
     for b in range(rows):
         row = b * seq_len
         length = lengths[b]
-        boundary = mask_boundary_labels or (
-            mask is not None and (sft_rows is None or bool(sft_rows[b]))
-        )
+        boundary = mask_boundary_labels or (masked and (sft_rows is None or sft_rows[b]))
         n = 0
         for column in starts[b]:
             if column < seq_len:
                 seg_starts.append(row + column)
                 n += 1
             if boundary and column > 0:
-                masked.append(row + column - 1)
+                ignored.append(row + column - 1)
         if length < window:
             if length < seq_len:
                 seg_starts.append(row + length)  # padding is a segment of its own
                 n += 1
-            masked.extend(range(row + max(length - 1, 0), row + seq_len))
+            ignored.extend(range(row + max(length - 1, 0), row + seq_len))
         local_ids.extend(range(n))
-    np.copyto(input_ids, tokens[:, :-1], casting="unsafe")
-    _fill_labels(labels, tokens, masked, labels_format, mask)
+    _copy_inputs(input_ids, tokens, masked)
+    _fill_labels(labels, tokens, ignored, labels_format, masked)
     batch = _with_segments(out, seg_starts, local_ids, rows * seq_len)
-    batch["num_trained_tokens"] = _trained(labels, masked, labels_format, mask)
+    batch["num_trained_tokens"] = _trained(labels, ignored, labels_format, masked)
     return batch
 
 
-def _trained(
-    labels: np.ndarray, masked: list[int], labels_format: str, mask: np.ndarray | None
-) -> int:
-    """How many labels are not -100. Without a loss mask it follows from the masked
+def _copy_inputs(input_ids: np.ndarray, grid: np.ndarray, flagged: bool) -> None:
+    if flagged:  # the token ids without the untrained flag
+        np.bitwise_and(grid[:, :-1], VALUES, out=input_ids, casting="unsafe")
+    else:
+        np.copyto(input_ids, grid[:, :-1], casting="unsafe")
+
+
+def _trained(labels: np.ndarray, ignored: list[int], labels_format: str, flagged: bool) -> int:
+    """How many labels are not -100. Without a loss mask it follows from the ignored
     positions (distinct by construction), sparing the unmasked hot path a pass over the
-    labels."""
-    if mask is not None:
+    labels; with one, counting the labels is cheaper than matching the positions to it."""
+    if flagged:
         return int(labels.size - np.count_nonzero(labels == IGNORE_INDEX))
     rows, seq_len = labels.shape
     if labels_format == "shifted":
-        return rows * seq_len - len(masked)
+        return rows * seq_len - len(ignored)
     # hf: column 0 is never trained and each row's last shifted target is dropped.
     last = seq_len - 1
-    return rows * last - sum(1 for p in masked if p % seq_len != last)
+    return rows * last - sum(1 for p in ignored if p % seq_len != last)
 
 
 def _with_segments(out: dict, starts: list[int], local_ids: list[int], total: int) -> dict:
@@ -259,13 +259,13 @@ def assemble_contiguous_batch(
     mask_boundary_labels: bool = False,
     labels_format: str = "shifted",
     allocate: Allocator = allocate_arrays,
-    mask: np.ndarray | None = None,
+    masked: bool = False,
 ) -> dict:
     """The batch whose rows are consecutive runs of one token stream: row ``b`` is
     ``tokens[b * W : (b + 1) * W]`` (``W = seq_len + 1``, no padding) and documents begin at
     the flat positions `boundaries` (ints, ascending, in ``(0, len(tokens))``) besides every
-    row start. `mask` (as long as `tokens`, uint8 0/1): the loss masks of one masked dataset,
-    whose labels never cross a document boundary.
+    row start. `masked`: the tokens are one masked dataset's, with loss masks as flag bits
+    (``stream.masked``); its labels never cross a document boundary.
 
     Equal to `assemble_batch` on the same rows and starts; the per-token work is the same
     handful of numpy calls, the per-segment bookkeeping is cheaper.
@@ -277,22 +277,21 @@ def assemble_contiguous_batch(
     out = allocate(rows, seq_len)
     grid = tokens.reshape(rows, window)
     input_ids, labels = out["input_ids"], out["labels"]
-    np.copyto(input_ids, grid[:, :-1], casting="unsafe")
+    _copy_inputs(input_ids, grid, masked)
 
     # A batch has a few dozen segments: plain Python beats a dozen tiny numpy calls here.
     starts = list(range(0, total, seq_len))  # every row start
-    masked = []
+    ignored = []
     for position in boundaries:
         row, column = divmod(position, window)
         if column:  # a document starting a row is that row's own first segment
             if column < seq_len:  # one starting at the last slot is only a target there
                 starts.append(row * seq_len + column)
             # The target before a document's first token is that token: unpredictable.
-            masked.append(row * seq_len + column - 1)
-    if not (mask_boundary_labels or mask is not None):
-        masked = []
-    grid_mask = None if mask is None else mask.reshape(rows, window)
-    _fill_labels(labels, grid, masked, labels_format, grid_mask)
+            ignored.append(row * seq_len + column - 1)
+    if not (mask_boundary_labels or masked):
+        ignored = []
+    _fill_labels(labels, grid, ignored, labels_format, masked)
     starts.sort()
     local_ids = []
     row_start = -1
@@ -301,5 +300,5 @@ def assemble_contiguous_batch(
             row_start = len(local_ids)
         local_ids.append(len(local_ids) - row_start)
     batch = _with_segments(out, starts, local_ids, total)
-    batch["num_trained_tokens"] = _trained(labels, masked, labels_format, grid_mask)
+    batch["num_trained_tokens"] = _trained(labels, ignored, labels_format, masked)
     return batch

@@ -34,6 +34,7 @@ from shardtok.stream.batch import (
     build_batch,
     check_labels_format,
 )
+from shardtok.stream.masked import flag_untrained
 from shardtok.stream.sequence import PackedSequence
 from shardtok.torch.transport import SlotRing, to_tensors
 
@@ -133,14 +134,15 @@ class MemmapTokenDataset(Dataset):
 
     def assemble(self, gathered: GatheredSamples, allocate: Allocator = allocate_arrays) -> dict:
         """The batch of `gathered` samples as numpy arrays from `allocate`."""
+        masked = gathered.mask is not None
         return assemble_contiguous_batch(
-            gathered.tokens,
+            flag_untrained(gathered.tokens, gathered.mask) if masked else gathered.tokens,
             gathered.boundaries,
             gathered.rows,
             mask_boundary_labels=self.mask_boundary_labels,
             labels_format=self.labels_format,
             allocate=allocate,
-            mask=gathered.mask,
+            masked=masked,
         )
 
     def collate(self, gathered: GatheredSamples) -> dict:

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from shardtok.format import DatasetWriter
-from shardtok.stream.masked import MaskedTokens
+from shardtok.stream.masked import flag_untrained
 
 
 @dataclass
@@ -40,8 +40,9 @@ class Known:
         bounds = np.cumsum([self.first, *self.lengths])
         return [np.arange(a, b, dtype=np.int32) for a, b in zip(bounds, bounds[1:])]
 
-    def masked_documents(self) -> list[MaskedTokens]:
-        return [MaskedTokens(d, self.mask[d]) for d in self.documents()]
+    def masked_documents(self) -> list[np.ndarray]:
+        """The documents as the stream carries masked ones (untrained tokens flagged)."""
+        return [flag_untrained(d, self.mask[d]) for d in self.documents()]
 
     def mine(self, ids: np.ndarray) -> np.ndarray:
         return (ids >= self.first) & (ids < self.end)

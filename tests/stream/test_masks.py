@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardtok.stream.batch import IGNORE_INDEX, to_hf_labels
-from shardtok.stream.masked import MaskedTokens
+from shardtok.stream.masked import flag_untrained
 from shardtok.stream.nodes.array_documents import ArrayDocuments
 from shardtok.stream.nodes.base import take
 from shardtok.stream.nodes.batcher import Batcher
@@ -136,8 +136,8 @@ def test_unmasked_batches_count_their_trained_labels(
 def test_a_worked_example():
     # Two conversations, prompt untrained; greedy packs both into one window of 12 slots.
     docs = [
-        MaskedTokens(np.array([11, 12, 13, 14, 15]), np.array([0, 0, 1, 1, 1], np.uint8)),
-        MaskedTokens(np.array([21, 22, 23, 24]), np.array([0, 1, 1, 1], np.uint8)),
+        flag_untrained(np.array([11, 12, 13, 14, 15]), np.array([0, 0, 1, 1, 1], np.uint8)),
+        flag_untrained(np.array([21, 22, 23, 24]), np.array([0, 1, 1, 1], np.uint8)),
     ]
     batch = next(Batcher(GreedyPacker(ArrayDocuments(docs), 11, masked=True), 1))
     assert batch["input_ids"].tolist() == [[11, 12, 13, 14, 15, 21, 22, 23, 24, 0, 0]]
@@ -150,8 +150,8 @@ def test_a_worked_example():
 
 
 def test_truncate_and_drop_keep_the_start_or_nothing():
-    doc = MaskedTokens(np.arange(1, 11), np.ones(10, np.uint8))
-    short = MaskedTokens(np.array([50, 51]), np.array([0, 1], np.uint8))
+    doc = flag_untrained(np.arange(1, 11), np.ones(10, np.uint8))
+    short = flag_untrained(np.array([50, 51]), np.array([0, 1], np.uint8))
     for overlong, first in (("truncate", list(range(1, 6))), ("drop", [50, 51, 0, 0, 0])):
         for kind in ("greedy", "bfd"):
             seqs = take(make_packer(kind, [doc, short], 4, overlong=overlong), None)

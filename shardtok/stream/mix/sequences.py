@@ -13,9 +13,10 @@ batches as it is asked for. The global mix holds because every worker's mix does
 
 State: the schedule step plus, per source, its epoch and packer state: a few integers per source.
 
-Sources with and without loss masks mix: when any source has masks, every row carries a mask,
-all ones for a row from a source without (pretraining data counts as all trained), and each row
-says whether it is fine-tuning data (``row_masked``) so the batch applies its boundary rule.
+Sources with and without loss masks mix: a row from a masked source carries its mask as flag
+bits of its tokens (``stream.masked``), a row from a source without has none (all trained), and
+each row says whether it is fine-tuning data (``row_masked``) so the batch applies the right
+boundary rule.
 """
 
 from __future__ import annotations
@@ -31,8 +32,7 @@ from shardtok.index import build_blending_indices
 from shardtok.storage.dataset import DatasetSource
 from shardtok.stream import state as envelope
 from shardtok.stream.build import document_stream, packer_for, plan_for
-from shardtok.stream.masked import MaskedTokens, Row, empty_row
-from shardtok.stream.nodes.packer import Packer
+from shardtok.stream.nodes.packer import Packer, packed_sequence
 from shardtok.stream.options import StreamOptions
 from shardtok.stream.sequence import PackedSequence
 
@@ -180,17 +180,13 @@ class SourceSequences(Packer):
         state = cls.parse_state(state)
         return state["epoch"], state["packer"], state["epoch_real_tokens"], state["remainder"]
 
-    def next_into(self, out: Row) -> tuple[list[int], int]:
+    def next_into(self, out: np.ndarray) -> tuple[list[int], int]:
         if not self._started:
             self.reset(None)
         assert self._packer is not None
         for _ in range(2):
             try:
-                if isinstance(out, MaskedTokens) and not self.masked:
-                    placed = self._packer.next_into(out.tokens)
-                    out.mask.fill(1)  # no masks: every token is trained
-                else:
-                    placed = self._packer.next_into(out)
+                placed = self._packer.next_into(out)
             except StopIteration:
                 # this source ran out: its next epoch, a fresh shard order
                 if self.in_remainder:
@@ -208,11 +204,9 @@ class SourceSequences(Packer):
         raise ShardtokError(f"{self.source.display}: epoch {self.epoch} gave no sequence")
 
     def _next(self) -> PackedSequence:
-        out = empty_row(self.window, np.int64, self.masked)
+        out = np.empty(self.window, dtype=np.int64)
         starts, length = self.next_into(out)
-        if isinstance(out, MaskedTokens):
-            return PackedSequence(out.tokens, starts, length, out.mask)
-        return PackedSequence(out, starts, length)
+        return packed_sequence(out, starts, length, self.masked)
 
     def _keep_overlong_counts(self) -> None:
         counted = getattr(self._packer, "overlong", None)
@@ -275,7 +269,7 @@ class MixedSequences(Packer):
     def row_masked(self) -> bool:
         return self._row_masked
 
-    def next_into(self, out: Row) -> tuple[list[int], int]:
+    def next_into(self, out: np.ndarray) -> tuple[list[int], int]:
         if not self._started:
             self.reset(None)
         source = self.sources[self.schedule[self.step]]
@@ -285,13 +279,9 @@ class MixedSequences(Packer):
         return placed
 
     def _next(self) -> PackedSequence:
-        out = empty_row(self.window, np.int64, self.masked)
+        out = np.empty(self.window, dtype=np.int64)
         starts, length = self.next_into(out)
-        if isinstance(out, MaskedTokens):
-            return PackedSequence(
-                out.tokens, starts, length, out.mask if self._row_masked else None
-            )
-        return PackedSequence(out, starts, length)
+        return packed_sequence(out, starts, length, self._row_masked)
 
     def shares(self) -> list[dict]:
         """Per source: sequences served, share of all, epochs started."""

@@ -12,7 +12,6 @@ from shardtok.stream.batch import (
     assemble_batch,
     assemble_contiguous_batch,
 )
-from shardtok.stream.masked import MaskedTokens
 from shardtok.stream.nodes.base import Node
 from shardtok.stream.nodes.packer import Packer
 
@@ -57,8 +56,6 @@ class Batcher(Node[dict]):
         self.allocate = allocate
         self.where = where
         self._rows: np.ndarray | None = None
-        self._masks: np.ndarray | None = None
-        self._row_views: list | None = None  # what the packer writes row b into
         self.batches = 0
         self.real_tokens = 0  # tokens that are not padding (sequence slots: seq_len + 1 each)
         self.sequences = 0
@@ -104,9 +101,6 @@ class Batcher(Node[dict]):
             cut = upstream.next_batch(self.batch_size)
             if cut is not None:
                 tokens, boundaries = cut
-                mask = None
-                if isinstance(tokens, MaskedTokens):
-                    tokens, mask = tokens.tokens, tokens.mask
                 return self._count(
                     assemble_contiguous_batch(
                         tokens,
@@ -115,19 +109,21 @@ class Batcher(Node[dict]):
                         mask_boundary_labels=self.mask_boundary_labels,
                         labels_format=self.labels_format,
                         allocate=self.allocate,
-                        mask=mask,
+                        masked=upstream.masked,
                     ),
                     self.batch_size * upstream.window,
                 )
             # Not enough data for a whole batch: the row path below reports exactly where.
-        if self._row_views is None:
-            self._stage(upstream)
-        rows, masks, views = self._rows, self._masks, self._row_views
-        assert rows is not None and views is not None
-        starts, lengths, sft_rows = [], [], []
+        # One reused staging array: the packer writes each sequence straight into its row.
+        if self._rows is None:
+            self._rows = np.empty((self.batch_size, upstream.window), dtype=np.int64)
+        rows = self._rows
+        starts, lengths = [], []
+        masked = upstream.masked
+        sft_rows = []  # masked data: which rows are (a mix holds both kinds)
         for b in range(self.batch_size):
             try:
-                row_starts, length = upstream.next_into(views[b])
+                row_starts, length = upstream.next_into(rows[b])
             except StopIteration:
                 if self.num_batches is None:  # an open-ended stream drops its partial batch
                     raise
@@ -138,7 +134,7 @@ class Batcher(Node[dict]):
                 ) from None
             starts.append(row_starts)
             lengths.append(length)
-            if masks is not None:
+            if masked:
                 sft_rows.append(upstream.row_masked)
         batch = assemble_batch(
             rows,
@@ -147,20 +143,10 @@ class Batcher(Node[dict]):
             mask_boundary_labels=self.mask_boundary_labels,
             labels_format=self.labels_format,
             allocate=self.allocate,
-            mask=masks,
-            sft_rows=sft_rows if masks is not None else None,
+            masked=masked,
+            sft_rows=sft_rows if masked else None,
         )
         return self._count(batch, sum(lengths))
-
-    def _stage(self, upstream: Packer) -> None:
-        """Reused staging arrays: the packer writes each sequence straight into its row (and
-        its loss mask beside it, when the data has masks)."""
-        self._rows = np.empty((self.batch_size, upstream.window), dtype=np.int64)
-        if upstream.masked:
-            self._masks = np.empty((self.batch_size, upstream.window), dtype=np.uint8)
-            self._row_views = [MaskedTokens(t, m) for t, m in zip(self._rows, self._masks)]
-        else:
-            self._row_views = list(self._rows)
 
     def _count(self, batch: dict, real_tokens: int) -> dict:
         self.batches += 1

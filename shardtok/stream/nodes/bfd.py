@@ -23,7 +23,6 @@ import numpy as np
 
 from shardtok.errors import ResumeStateError
 from shardtok.stream import state as envelope
-from shardtok.stream.masked import Row
 from shardtok.stream.nodes.base import HISTORY, DocumentNode
 from shardtok.stream.nodes.packer import OverlongCount, Packer
 
@@ -190,7 +189,9 @@ class BFDPacker(Packer):
         if self._docs and self.dtype is None:
             self.dtype = self._docs[0].dtype
         counter = self.overlong if count else OverlongCount(self.overlong.mode)
-        self._bins = pack_bfd([counter.keep(len(d), self.window) for d in self._docs], self.window)
+        slots = self.window
+        lengths = [n if n <= slots else counter.keep(n, slots) for n in map(len, self._docs)]
+        self._bins = pack_bfd(lengths, slots)
         self._done = 0
 
     def _prepare(self) -> bool:
@@ -201,7 +202,7 @@ class BFDPacker(Packer):
             self._read_window()
         return True
 
-    def _emit_into(self, out: Row) -> tuple[list[int], int]:
+    def _emit_into(self, out: np.ndarray) -> tuple[list[int], int]:
         refs = self._bins[self._done]
         self._done += 1
         self._emitted += 1

@@ -12,7 +12,7 @@ windows of ``seq_len + 1`` tokens, Megatron style.
 
 A slice of T tokens gives ``(T - L) // stride + 1`` windows (``L = seq_len + 1``, none when
 T < L); the tail that does not fill a window is left unread (the epoch plan counts it).
-Masked documents (``MaskedTokens``) are cut the same way, their masks with them.
+Masked documents are cut the same way: their masks are flag bits of their tokens.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from collections.abc import Iterator
 import numpy as np
 
 from shardtok.stream import state as envelope
-from shardtok.stream.masked import Row, concatenate, concatenate_into
 from shardtok.stream.nodes.base import DocumentNode
 from shardtok.stream.nodes.packer import Packer
 
@@ -148,7 +147,7 @@ class ConcatPacker(Packer):
         batch can be cut in one go by `next_batch`."""
         return self.stride == self.window
 
-    def next_batch(self, rows: int) -> tuple[Row, list[int]] | None:
+    def next_batch(self, rows: int) -> tuple[np.ndarray, list[int]] | None:
         """The next `rows` windows as one flat run of ``rows * window`` tokens (a view when a
         single document holds them all), and the flat positions (ascending, in
         ``(0, rows * window)``) where later documents begin. None, with nothing emitted, when
@@ -163,11 +162,11 @@ class ConcatPacker(Packer):
         if not self._fill(self._offset + span):
             return None
         pieces, boundaries = self._pieces(span)
-        tokens = pieces[0] if len(pieces) == 1 else concatenate(pieces)
+        tokens = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
         self._advance(span, rows)
         return tokens, boundaries
 
-    def _pieces(self, span: int) -> tuple[list[Row], list[int]]:
+    def _pieces(self, span: int) -> tuple[list[np.ndarray], list[int]]:
         """The next `span` tokens (held by now) as slices of the pending documents, and where
         in the span each document after the first begins."""
         offset = self._offset
@@ -197,7 +196,7 @@ class ConcatPacker(Packer):
             self._next_position = self.upstream.position
         self._emitted += windows
 
-    def _emit_into(self, out: Row) -> tuple[list[int], int]:
+    def _emit_into(self, out: np.ndarray) -> tuple[list[int], int]:
         window = self.window
         offset = self._offset
         pending = self._pending
@@ -208,6 +207,6 @@ class ConcatPacker(Packer):
         else:
             pieces, later = self._pieces(window)
             starts = [0, *later]  # every later document begins inside this window
-            concatenate_into(pieces, out)
+            np.concatenate(pieces, out=out, casting="unsafe")
         self._advance(self.stride, 1)
         return starts, window

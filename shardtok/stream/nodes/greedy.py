@@ -23,7 +23,6 @@ import numpy as np
 
 from shardtok.errors import ResumeStateError
 from shardtok.stream import state as envelope
-from shardtok.stream.masked import Row
 from shardtok.stream.nodes.base import DocumentNode
 from shardtok.stream.nodes.packer import OverlongCount, Packer
 
@@ -248,14 +247,15 @@ class GreedyPacker(Packer):
         except StopIteration:
             self._exhausted = True
             return True
-        n = self.overlong.keep(len(doc), self.window)
+        size = len(doc)
+        n = size if size <= self.window else self.overlong.keep(size, self.window)
         if n == 0:
             return True
         self._note_dtype(doc)
         if n > self.window:
             self._long = (pos, doc, 0)
         else:
-            self._place((pos, 0, n), doc[:n] if n < len(doc) else doc)
+            self._place((pos, 0, n), doc[:n] if n < size else doc)
         return True
 
     def _prepare(self) -> bool:
@@ -264,7 +264,7 @@ class GreedyPacker(Packer):
                 return False
         return True
 
-    def _emit_into(self, out: Row) -> tuple[list[int], int]:
+    def _emit_into(self, out: np.ndarray) -> tuple[list[int], int]:
         b = self._ready.popleft()
         self._emitted += 1
         starts = []

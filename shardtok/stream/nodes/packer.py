@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from shardtok.stream.masked import MaskedTokens, Row, empty_row
+from shardtok.stream.masked import split_flags
 from shardtok.stream.nodes.base import Node
 from shardtok.stream.sequence import PackedSequence
 
@@ -18,8 +18,8 @@ class Packer(Node[PackedSequence]):
     sequence straight into a caller's row (the batcher's), saving a copy per token; both paths
     produce the same sequences and advance the same state.
 
-    A ``masked`` packer reads ``MaskedTokens`` documents and writes into ``MaskedTokens`` rows
-    (tokens and loss mask side by side); an unmasked one reads and writes plain arrays.
+    A ``masked`` packer's documents carry their loss masks as flag bits (``stream.masked``):
+    it moves them like any tokens, and the sequences it yields carry the mask again.
     """
 
     window: int
@@ -32,7 +32,7 @@ class Packer(Node[PackedSequence]):
         such rows never train a label across a document boundary. A mix answers per row."""
         return self.masked
 
-    def next_into(self, out: Row) -> tuple[list[int], int]:
+    def next_into(self, out: np.ndarray) -> tuple[list[int], int]:
         """Write the next sequence into `out` (``window`` slots); return (starts, length)."""
         if not self._started:
             self.reset(None)
@@ -43,17 +43,15 @@ class Packer(Node[PackedSequence]):
     def _next(self) -> PackedSequence:
         if not self._prepare():
             raise StopIteration
-        out = empty_row(self.window, self.dtype, self.masked)
+        out = np.empty(self.window, dtype=self.dtype)
         starts, length = self._emit_into(out)
-        if isinstance(out, MaskedTokens):
-            return PackedSequence(out.tokens, starts, length, out.mask)
-        return PackedSequence(out, starts, length)
+        return packed_sequence(out, starts, length, self.masked)
 
     def _prepare(self) -> bool:
         """Read until the next sequence is complete; False at the end of the stream."""
         raise NotImplementedError
 
-    def _emit_into(self, out: Row) -> tuple[list[int], int]:
+    def _emit_into(self, out: np.ndarray) -> tuple[list[int], int]:
         raise NotImplementedError
 
     # -- what elastic resume needs (shardtok.stream.resume.elastic) -------------------------
@@ -64,6 +62,16 @@ class Packer(Node[PackedSequence]):
         pad; concat, whose windows overlap with a stride, overrides this)."""
         cls.parse_state(state)
         return max(0, total - real_tokens)
+
+
+def packed_sequence(row: np.ndarray, starts: list[int], length: int, masked: bool):
+    """A ``PackedSequence`` of a written row; a masked row's flags become its mask (padding:
+    0, never trained)."""
+    if not masked:
+        return PackedSequence(row, starts, length)
+    tokens, mask = split_flags(row)
+    mask[length:] = 0
+    return PackedSequence(tokens, starts, length, mask)
 
 
 class OverlongCount:

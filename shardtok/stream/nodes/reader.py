@@ -12,8 +12,9 @@ State: ``{"group", "ordinal", "position"}``: the group, how many documents of th
 emitted (the round-robin rule turns that back into a cursor per piece), and the position in
 the slice. Only the shard heads (json and idx) of one group are read to restore.
 
-With ``masked`` (a dataset with loss masks) every document is a ``MaskedTokens``: mask frame n
-is read beside token frame n, and trimming a document trims its mask with it.
+With ``masked`` (a dataset with loss masks) mask frame n is read beside token frame n and put
+into the tokens as their sign, once per frame (``shardtok.stream.masked``): documents are int32
+arrays whose untrained tokens are negative, and trimming one trims its mask with it.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import numpy as np
 
 from shardtok.storage.dataset import DatasetSource
 from shardtok.stream import state as envelope
-from shardtok.stream.masked import pair_documents
+from shardtok.stream.masked import flag_untrained
 from shardtok.stream.nodes.base import DocumentNode
 from shardtok.stream.plan import Piece
 
@@ -82,9 +83,10 @@ class _OpenPiece:
         first, last = self.first, self.stop - 1
         doc_no = first + skip
         try:
-            docs = self.reader.documents(doc_no, self.stop, with_masks=self.masked)
-            if self.masked:
-                docs = pair_documents(docs)
+            docs = self.reader.documents(
+                doc_no, self.stop, with_masks=self.masked,
+                combine=flag_untrained if self.masked else None,
+            )  # fmt: skip
             if doc_no == first and self.head_trim:
                 doc = next(docs)[self.head_trim :]
                 yield doc[: self.tail_keep - self.head_trim] if first == last else doc
