@@ -6,6 +6,8 @@ Token ids say where they come from and their mask bit is a function of the id
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -19,6 +21,7 @@ from shardtok.stream.nodes.bfd import BFDPacker
 from shardtok.stream.nodes.concat import ConcatPacker
 from shardtok.stream.nodes.greedy import GreedyPacker
 from shardtok.stream.nodes.packer import OVERLONG
+from shardtok.stream.nodes.shuffle import ShuffleBuffer
 from shardtok.testing.save_restore import check_save_restore
 from tests.helpers.masked import Known, expected_shifted_labels
 
@@ -167,3 +170,30 @@ def test_masked_packers_save_and_restore():
                 lambda k=kind, o=overlong: make_packer(k, known.masked_documents(), 23, 7, o),
                 midpoints=(0, 1, 5, 17, -1),
             )
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 70), min_size=1, max_size=60),
+    seq_len=st.integers(1, 24),
+    window=st.integers(1, 12),
+    shuffle=st.integers(1, 16),
+    overlong=st.sampled_from(OVERLONG),
+    midpoints=st.lists(st.integers(0, 40), min_size=1, max_size=4),
+)
+def test_bfd_with_masks_resumes_exactly_anywhere(
+    lengths, seq_len, window, shuffle, overlong, midpoints
+):
+    # Behind a shuffle buffer, as in a stream: the state holds positions only, and the window
+    # re-read on restore brings its masks back with its tokens.
+    known = Known(lengths, seed=len(lengths))
+
+    def make():
+        documents = ShuffleBuffer(ArrayDocuments(known.masked_documents()), shuffle, (3, 1))
+        packer = BFDPacker(documents, seq_len, bfd_window=window, overlong=overlong, masked=True)
+        return Batcher(packer, 2, labels_format="hf")
+
+    batches = check_save_restore(make, midpoints=midpoints)
+    state = make()
+    take(state, len(batches) // 2)
+    assert "mask" not in json.dumps(state.state_dict())  # positions, never tokens or masks
