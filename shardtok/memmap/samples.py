@@ -176,18 +176,19 @@ class GPTSamples:
         offsets = np.cumsum(lengths) - lengths
         boundaries = offsets[(lengths > 0) & (offsets % window != 0)].tolist()
         begins_list, lengths_list = begins.tolist(), lengths.tolist()
-        pieces = read_ranges(self.tokens, begins_list, lengths_list)
+        if with_masks:
+            pieces, mask_pieces = read_paired_ranges(
+                self.tokens, self.masks, begins_list, lengths_list
+            )
+        else:
+            pieces = read_ranges(self.tokens, begins_list, lengths_list)
         tokens = np.concatenate(pieces) if len(pieces) != 1 else pieces[0]
         if len(tokens) != rows * window:
             raise AssertionError(f"gathered {len(tokens)} tokens for {rows} samples of {window}")
         if not with_masks:
             return tokens, boundaries, None
-        pieces = read_ranges(self.masks, begins_list, lengths_list)
-        return (
-            tokens,
-            boundaries,
-            _zero_or_one(np.concatenate(pieces) if len(pieces) != 1 else pieces[0]),
-        )
+        mask = np.concatenate(mask_pieces) if len(mask_pieces) != 1 else mask_pieces[0]
+        return tokens, boundaries, _zero_or_one(mask)
 
     def _check_index(self, i: int) -> int:
         i = operator.index(i)
@@ -203,6 +204,15 @@ def _zero_or_one(mask: np.ndarray) -> np.ndarray:
     if mask.size and int(mask.max()) > 1:
         raise ValueError(f"a loss mask holds the value {int(mask.max())}: masks are 0 or 1")
     return mask
+
+
+def read_paired_ranges(tokens, masks, begins: list[int], lengths: list[int]):
+    """`read_ranges` of `tokens` and of the `masks` beside them, in one pass when both are
+    shards' ConcatTokens (which share their bounds)."""
+    paired = getattr(tokens, "paired_ranges", None)
+    if paired is not None and getattr(masks, "paired_ranges", None) is not None:
+        return paired(begins, lengths, masks)
+    return read_ranges(tokens, begins, lengths), read_ranges(masks, begins, lengths)
 
 
 def read_ranges(tokens, begins: list[int], lengths: list[int]) -> list[np.ndarray]:

@@ -104,6 +104,30 @@ class ConcatTokens:
                 out.append(self._range(b, b + n))
         return out
 
+    def paired_ranges(
+        self, begins: list[int], lengths: list[int], other: ConcatTokens
+    ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """`ranges` of these arrays and of `other` (arrays of the same lengths: a masked
+        dataset's masks beside its tokens) in one pass: half the lookups of two calls."""
+        if self.check is not None:
+            self.check.ranges(begins, lengths)
+        if other.check is not None:
+            other.check.ranges(begins, lengths)
+        which = (np.searchsorted(self.bounds, begins, side="right") - 1).tolist()
+        bounds = self.bounds.tolist()
+        mine, theirs = [], []
+        for k, b, n in zip(which, begins, lengths):
+            if not n:
+                continue
+            if b + n <= bounds[k + 1]:
+                at = b - bounds[k]
+                mine.append(self.arrays[k][at : at + n])
+                theirs.append(other.arrays[k][at : at + n])
+            else:
+                mine.append(self._range(b, b + n))
+                theirs.append(other._range(b, b + n))
+        return mine, theirs
+
     def _range(self, start: int, stop: int) -> np.ndarray:
         if stop <= start:
             return np.empty(0, dtype=self.dtype)
