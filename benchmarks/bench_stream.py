@@ -4,6 +4,8 @@
     python benchmarks/bench_stream.py throughput           # zstd stream and memmap path, 0/1/2 workers
     python benchmarks/bench_stream.py stages               # CPU per batch of each stage, in process
     python benchmarks/bench_stream.py memory --big-gb 5    # worker RSS: 0.2 GB vs >= 5 GB dataset
+    python benchmarks/bench_stream.py prepare --masked     # + the same tokens with loss masks
+    python benchmarks/bench_stream.py masks                # masked vs the same tokens unmasked
 
 Data: synthetic text-like tokens (Zipf ids, vocab 128256 so int32, log-normal document lengths
 with mean 1000, EOS at every end), written once compressed (zstd level 3, 1 MiB frames, 64 MiB
@@ -37,6 +39,42 @@ def load() -> str:
 # -- data -------------------------------------------------------------------------------------
 
 
+def mask_of(length: int, rng):
+    """A conversation-like loss mask: alternating untrained (prompt) and trained (response)
+    runs, log-normal run lengths (mean ~120 tokens), about half the tokens trained."""
+    import numpy as np
+
+    runs = np.maximum(1, rng.lognormal(np.log(120) - 0.5, 1.0, size=length // 40 + 2).astype(int))
+    bits = np.repeat(np.arange(len(runs)) % 2, runs)
+    while len(bits) < length:  # rare: short runs
+        bits = np.concatenate([bits, 1 - bits[-1:].repeat(length)])
+    return bits[:length].astype(np.uint8)
+
+
+def prepare_masked(manifest) -> None:
+    """zstd-masked (and plain-masked for the memmap path): the zstd data's documents again,
+    with loss masks; tokens, shards and frames as in the unmasked copies."""
+    import numpy as np
+
+    from shardtok.format import DatasetWriter, ShardReader, load_manifest
+
+    for name, level in (("zstd-masked", 3), ("plain-masked", None)):
+        out = BENCH / name
+        if (out / "index.json").exists():
+            continue
+        rng = np.random.default_rng(1)
+        t0 = time.perf_counter()
+        with DatasetWriter(out, vocab_size=manifest.vocab_size, tokenizer=manifest.tokenizer,
+                           compression_level=level, masks=True,
+                           sft={"synthetic": "alternating runs, mean 120"}) as writer:  # fmt: skip
+            for entry in manifest.shards:
+                for doc in ShardReader(BENCH / "zstd" / entry.file).documents():
+                    writer.add(doc, mask=mask_of(len(doc), rng))
+        m = load_manifest(out)
+        print(f"{name}: {m.num_tokens:,} tokens, {100 * m.trained_tokens / m.num_tokens:.1f}% "
+              f"trained, {m.num_bytes / 1e6:.0f} MB in {time.perf_counter() - t0:.1f} s")  # fmt: skip
+
+
 def prepare(args) -> None:
     from shardtok.format import DatasetWriter, ShardReader, load_manifest, write_megatron_pair
     from shardtok.testing.synthetic import write_synthetic_dataset
@@ -67,6 +105,8 @@ def prepare(args) -> None:
 
         write_megatron_pair(pair, documents(), manifest.dtype)
         print(f"megatron pair: {pair}.bin")
+    if args.masked:
+        prepare_masked(manifest)
 
 
 # -- one measured run (child process) -----------------------------------------------------------
@@ -136,25 +176,29 @@ def child(args) -> None:
     context = (
         {"multiprocessing_context": args.start_method} if workers and args.start_method else {}
     )
+    packing = {"packing": args.packing} if args.packing else {}
+    if args.overlong:
+        packing["overlong"] = args.overlong
+    plain = BENCH / args.data.replace("zstd", "plain")  # the memmap kinds' uncompressed copy
     if args.kind == "zstd":
         from shardtok.torch import ShardStreamDataset
 
         ds = ShardStreamDataset(BENCH / args.data, seq_len=SEQ_LEN, batch_size=BATCH,
                                 shuffle_buffer=args.shuffle_buffer,
-                                labels_format=args.labels_format)  # fmt: skip
+                                labels_format=args.labels_format, **packing)  # fmt: skip
         loader = DataLoader(ds, batch_size=None, num_workers=workers, **extra)
     elif args.kind == "lean":
         from shardtok.torch import ShardLoader, ShardStreamDataset
 
         ds = ShardStreamDataset(BENCH / args.data, seq_len=SEQ_LEN, batch_size=BATCH,
                                 shuffle_buffer=args.shuffle_buffer,
-                                labels_format=args.labels_format)  # fmt: skip
+                                labels_format=args.labels_format, **packing)  # fmt: skip
         loader = ShardLoader(ds, num_workers=workers, prefetch=args.prefetch, **context)
     elif args.kind == "memlean":
         from shardtok.torch import ShardLoader
         from shardtok.torch.memmap_dataset import MemmapTokenDataset
 
-        ds = MemmapTokenDataset(BENCH / "plain", seq_len=SEQ_LEN, num_samples=args.batches * BATCH,
+        ds = MemmapTokenDataset(plain, seq_len=SEQ_LEN, num_samples=args.batches * BATCH,
                                 seed=1234, cache_dir=BENCH / "index-cache",
                                 labels_format=args.labels_format)  # fmt: skip
         loader = ShardLoader(ds, batch_size=BATCH, num_workers=workers, prefetch=args.prefetch,
@@ -162,7 +206,7 @@ def child(args) -> None:
     elif args.kind == "memmap":
         from shardtok.torch.memmap_dataset import MemmapTokenDataset
 
-        ds = MemmapTokenDataset(BENCH / "plain", seq_len=SEQ_LEN, num_samples=args.batches * BATCH,
+        ds = MemmapTokenDataset(plain, seq_len=SEQ_LEN, num_samples=args.batches * BATCH,
                                 seed=1234, cache_dir=BENCH / "index-cache",
                                 labels_format=args.labels_format)  # fmt: skip
         loader = DataLoader(
@@ -301,6 +345,46 @@ def throughput(args) -> None:
                   f"{best['worker_cpu_us_per_batch']:.0f} | {capacity(best):.0f} | {best['load']} |")  # fmt: skip
 
 
+def masks(args) -> None:
+    """The same tokens with and without loss masks, same loader and packing, alternating runs
+    (issue 14's target: masked at least 85% of unmasked tokens/s)."""
+    rows = []
+    for rep in range(args.repeat):
+        for kind in args.kinds:
+            for packing in args.packings if kind == "lean" else ["-"]:
+                for data in ("zstd", "zstd-masked"):
+                    # overlong: split for both, so both pack the very same tokens (masked data
+                    # would truncate long documents by default and read more per batch)
+                    r = run_child(kind=kind, data=data, workers=args.workers, batches=args.batches,
+                                  labels_format=args.labels_format, overlong="split",
+                                  **({"packing": packing} if packing != "-" else {}))  # fmt: skip
+                    r["packing"] = packing
+                    rows.append(r)
+                    print(f"[{rep}] {kind} {packing:6s} {data:11s}: {r['tokens_per_s'] / 1e6:6.1f} M tok/s, "
+                          f"workers {r['worker_cpu_us_per_batch']:.0f} us/b, load {r['load']}", flush=True)  # fmt: skip
+    # Each masked run directly follows its unmasked twin, so the load on the shared cores is
+    # alike within a pair: the median of the pairs' ratios is the figure, not a ratio of medians.
+    print("\n| loader | packing | unmasked: M tokens/s, median (runs) | masked: median (runs) | "
+          "masked / unmasked: median of pairs (range) | worker CPU µs/batch unmasked / masked |"
+          "\n|---|---|---|---|---|---|")  # fmt: skip
+    for kind in args.kinds:
+        for packing in args.packings if kind == "lean" else ["-"]:
+            mine = [r for r in rows if (r["kind"], r["packing"]) == (kind, packing)]
+            plain = [r for r in mine if r["data"] == "zstd"]
+            masked = [r for r in mine if r["data"] == "zstd-masked"]
+            ratios = sorted(m["tokens_per_s"] / p["tokens_per_s"] for p, m in zip(plain, masked))
+            cells = []
+            for runs in (plain, masked):
+                speeds = sorted(r["tokens_per_s"] / 1e6 for r in runs)
+                cpu = sorted(r["worker_cpu_us_per_batch"] for r in runs)
+                text = ", ".join(f"{x:.1f}" for x in speeds)
+                cells.append((f"{speeds[len(speeds) // 2]:.1f} ({text})", cpu[len(cpu) // 2]))
+            print(f"| {LABELS[kind]}, {args.workers} workers | {packing} | {cells[0][0]} | "
+                  f"{cells[1][0]} | {100 * ratios[len(ratios) // 2]:.1f}% "
+                  f"({100 * ratios[0]:.0f}-{100 * ratios[-1]:.0f}%) | "
+                  f"{cells[0][1]:.0f} / {cells[1][1]:.0f} |")  # fmt: skip
+
+
 def stages(args) -> None:
     """CPU time per batch of each stage, measured in process (cumulative: each row adds one)."""
     import numpy as np
@@ -428,6 +512,14 @@ def main() -> None:
     sub = parser.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("prepare")
     p.add_argument("--tokens", type=float, default=52.5e6)
+    p.add_argument("--masked", action="store_true", help="also write the masked copies")
+    p = sub.add_parser("masks")
+    p.add_argument("--kinds", type=kinds, default="lean", help="lean and/or memlean")
+    p.add_argument("--packings", nargs="+", default=["concat", "greedy"])
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--batches", type=int, default=2500)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--labels-format", choices=["shifted", "hf"], default="shifted")
     p = sub.add_parser("throughput")
     p.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--kinds", type=kinds, default="lean,memlean,zstd,memmap,plain", help=KINDS_HELP)
@@ -458,10 +550,12 @@ def main() -> None:
     p.add_argument("--shuffle-buffer", type=int, default=4096)
     p.add_argument("--start-method", default=None)
     p.add_argument("--labels-format", default="shifted")
+    p.add_argument("--packing", default=None)
+    p.add_argument("--overlong", default=None)
     args = parser.parse_args()
     BENCH = args.dir
     {"prepare": prepare, "throughput": throughput, "stages": stages, "memory": memory,
-     "_child": child}[args.cmd](args)  # fmt: skip
+     "masks": masks, "_child": child}[args.cmd](args)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from collections.abc import Iterator
 
@@ -17,8 +16,8 @@ import numpy as np
 
 from shardtok.cli.arguments import at_least
 from shardtok.cli.stream_job import StreamJob
+from shardtok.cli.stream_output import decode_batches, dump_batches, real_tokens
 from shardtok.errors import ShardtokError, UsageError
-from shardtok.stream.batch import IGNORE_INDEX
 from shardtok.stream.nodes.base import HISTORY
 from shardtok.stream.options import PACKINGS
 
@@ -87,6 +86,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help=f"bfd: documents packed at once (default 1000, at most {HISTORY})",
     )
     p.add_argument(
+        "--overlong",
+        choices=("split", "drop", "truncate"),
+        default=None,
+        help="greedy, bfd: a document longer than seq_len + 1 is split into sequences, "
+        "truncated to its first seq_len + 1 tokens, or dropped (default: truncate for data "
+        "with loss masks, split otherwise); counted in the plan",
+    )
+    p.add_argument(
         "--mask-boundary-labels",
         action="store_true",
         default=None,
@@ -123,7 +130,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="mix datasets whose tokenizer fingerprints or vocabularies differ (refused by "
         "default: their ids would be read as each other's tokens)",
     )
-    p.add_argument("--dump", metavar="OUT.npz", help="save the exact batches")
+    p.add_argument(
+        "--dump",
+        metavar="OUT.npz",
+        help="save the exact batches (input_ids, labels, position_ids, document_ids, "
+        "cu_seqlens, max_seqlen, num_trained_tokens)",
+    )
     p.add_argument(
         "--decode",
         type=int,
@@ -131,7 +143,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         const=2,
         default=0,
         metavar="N",
-        help="print the text of the first N sequences (default 2), document by document",
+        help="print the text of the first N sequences (default 2), document by document; "
+        "untrained tokens (label -100: prompts, padding, document starts) are dimmed on a "
+        "terminal and in [[double brackets]] otherwise",
     )
     p.add_argument(
         "--tokenizer",
@@ -167,70 +181,6 @@ def _torch_batches(args, job: StreamJob) -> Iterator[dict] | None:
     return ({k: v.numpy() if hasattr(v, "numpy") else v for k, v in b.items()} for b in loader)
 
 
-def real_tokens(batch: dict, labels_format: str = "shifted") -> int:
-    """Tokens that are not padding (inputs plus the last target), from the labels' -100 tail."""
-    labels = batch["labels"]
-    rows, seq_len = labels.shape
-    ignored = labels == IGNORE_INDEX
-    tail = np.where(ignored.all(axis=1), seq_len, np.argmin(ignored[:, ::-1], axis=1))
-    if labels_format == "hf":
-        # hf labels sit one column right of the shifted ones, so a padded row's -100 tail is
-        # one shorter: the padding after `length` real tokens covers seq_len - length labels.
-        tail = tail + (tail > 0)
-    return int(rows * (seq_len + 1) - tail.sum())
-
-
-def _decode(args, manifest, batches: list[dict]) -> None:
-    from shardtok.convert.tokenizer import BUNDLED, load_tokenizer
-
-    spec = load_tokenizer(args.tokenizer or BUNDLED, backend="hf")  # decoding: no tiktoken gate
-    recorded = (manifest.tokenizer or {}).get("fingerprint")
-    if recorded and recorded != spec.fingerprint:
-        message = (
-            f"the dataset was tokenized with {manifest.tokenizer.get('name')!r} "
-            f"({recorded[:19]}...), not with {spec.name!r}"
-        )
-        if args.tokenizer is None:
-            raise UsageError(f"{message}; pass --tokenizer PATH")
-        print(f"warning: {message}", file=sys.stderr)
-    from tokenizers import Tokenizer
-
-    tokenizer = Tokenizer.from_str(spec.backend_json)
-    shown = 0
-    for b, batch in enumerate(batches):
-        for row in range(len(batch["input_ids"])):
-            if shown >= args.decode:
-                return
-            ids = batch["input_ids"][row]
-            docs = batch["document_ids"][row]
-            print(f"=== batch {b} sequence {row} ===")
-            bounds = [0, *np.flatnonzero(np.diff(docs)) + 1, len(ids)]
-            for a, c in zip(bounds, bounds[1:]):
-                masked = int((batch["labels"][row, a:c] == IGNORE_INDEX).sum())
-                print(
-                    f"--- document {docs[a]}: positions {a}..{c - 1}, {masked} labels ignored ---"
-                )
-                print(tokenizer.decode(ids[a:c].tolist(), skip_special_tokens=False))
-            shown += 1
-
-
-def _dump(path: str, batches: list[dict], plan_json: str) -> None:
-    cu = [b["cu_seqlens"] for b in batches]
-    offsets = np.zeros(len(cu) + 1, dtype=np.int64)
-    np.cumsum([len(c) for c in cu], out=offsets[1:])
-    np.savez(
-        path,
-        input_ids=np.stack([b["input_ids"] for b in batches]),
-        labels=np.stack([b["labels"] for b in batches]),
-        position_ids=np.stack([b["position_ids"] for b in batches]),
-        document_ids=np.stack([b["document_ids"] for b in batches]),
-        cu_seqlens=np.concatenate(cu) if cu else np.empty(0, np.int32),
-        cu_seqlens_offsets=offsets,
-        max_seqlen=np.array([b["max_seqlen"] for b in batches], dtype=np.int64),
-        plan=np.array(plan_json),
-    )
-
-
 def run(args: argparse.Namespace) -> int:
     job = StreamJob(args)
     plan = job.plan
@@ -249,21 +199,31 @@ def run(args: argparse.Namespace) -> int:
     if batches is None:
         batches = job.batches()
     kept: list[dict] = []
-    count = tokens = real = segments = 0
+    count = tokens = real = segments = trained = untrained_batches = 0
     first = None
+    in_process = engine == "in process"
+    before = job.counters() if in_process else {}
+    masked, options = job.masked, job.options
     started = time.perf_counter()
     for batch in batches:
         if first is None:
             first = time.perf_counter() - started
         count += 1
         tokens += batch["input_ids"].size
-        real += real_tokens(batch, job.options.labels_format)
+        trained += int(batch["num_trained_tokens"])
+        untrained_batches += int(batch["num_trained_tokens"]) == 0
+        if not in_process:  # the worker streams' own counts are out of reach
+            real += real_tokens(batch, options.labels_format, options.pad_id, masked)
         segments += len(batch["cu_seqlens"]) - 1
         if keep:
             kept.append({k: np.array(v) for k, v in batch.items()})
         if args.max_batches is not None and count >= args.max_batches:
             break
     elapsed = time.perf_counter() - started
+    counted = {}
+    if in_process:  # exact: what the packers put into the yielded sequences
+        counted = {k: v - before[k] for k, v in job.counters().items()}
+        real = counted.pop("real_tokens")
     sequences = count * job.options.batch_size
     speed = tokens / elapsed if elapsed else 0.0
     efficiency = real / (sequences * (job.options.seq_len + 1)) if sequences else 0.0
@@ -279,6 +239,10 @@ def run(args: argparse.Namespace) -> int:
         "first_batch_seconds": round(first or 0.0, 4),
         "packing_efficiency": efficiency,
         "documents_per_sequence": per_sequence,
+        "trained_tokens": trained,
+        "trained_share": trained / tokens if tokens else 0.0,
+        "batches_without_trained_tokens": untrained_batches,
+        **counted,
     }
     shares = job.shares() if engine == "in process" else []
     if shares:
@@ -294,8 +258,22 @@ def run(args: argparse.Namespace) -> int:
         )
         print(
             f"packing: {100 * efficiency:.2f}% of slots hold real tokens, "
-            f"{per_sequence:.2f} document segments per sequence"
+            f"{per_sequence:.2f} document segments per sequence; "
+            f"{trained:,} labels trained ({100 * stats['trained_share']:.2f}% of "
+            f"{tokens:,}{', the rest prompts, padding or document starts' if masked else ''})"
         )
+        if untrained_batches:
+            print(
+                f"warning: {untrained_batches:,} batches have no trained label (a mean loss over "
+                "one is NaN); with loss masks, check --overlong and --seq-len against the "
+                "conversation lengths"
+            )
+        if counted.get("overlong_documents"):
+            print(
+                f"overlong documents ({options.overlong or 'truncate or split by source'}): "
+                f"{counted['overlong_documents']:,} met, "
+                f"{counted['overlong_tokens_dropped']:,} tokens dropped"
+            )
         for row in shares:
             print(
                 f"source {row['source']}: weight {100 * row['weight']:.2f}%, "
@@ -309,9 +287,10 @@ def run(args: argparse.Namespace) -> int:
         if not args.json:
             print(f"saved the stream position after {job.taken:,} batches to {args.state_out}")
     if args.dump:
-        _dump(args.dump, kept, plan.to_json() if plan is not None else json.dumps(job.fingerprint))
+        plan_json = plan.to_json() if plan is not None else json.dumps(job.fingerprint)
+        dump_batches(args.dump, kept, plan_json)
         if not args.json:
             print(f"wrote {len(kept)} batches to {args.dump}")
     if args.decode:
-        _decode(args, job.sources[0].manifest, kept)
+        decode_batches(args, job.sources[0].manifest, kept, options.labels_format)
     return 0

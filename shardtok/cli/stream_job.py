@@ -28,7 +28,7 @@ class StreamJob:
             self.setup = StreamSetup.mixed(mix, options)
         else:
             self.setup = StreamSetup.single(DatasetSource(args.dataset), options)
-        self.mix, self.options = mix, options
+        self.mix, self.options = mix, self.setup.options  # with what the data decides
         self.sources = list(self.setup.sources)
         self.args = args
         self.workers = max(args.num_workers, 1)
@@ -108,6 +108,24 @@ class StreamJob:
             self.next_worker = (self.next_worker + 1) % self.workers
             self.taken += 1
             yield batch
+
+    @property
+    def masked(self) -> bool:
+        """Whether any source has loss masks."""
+        return any(source.manifest.masked for source in self.sources)
+
+    def counters(self) -> dict:
+        """Summed over this rank's worker streams: real tokens packed into the sequences
+        yielded, and overlong documents met with the tokens they lost (in this process)."""
+        out = {"real_tokens": 0, "overlong_documents": 0, "overlong_tokens_dropped": 0}
+        for stream in self.streams:
+            stats = stream.batcher.stats()  # type: ignore[attr-defined]
+            rows = stream.stats()["sources"] if self.mix is not None else [stats]  # type: ignore[attr-defined]
+            out["real_tokens"] += stats["real_tokens"]
+            for row in rows:
+                out["overlong_documents"] += row.get("overlong_documents", 0)
+                out["overlong_tokens_dropped"] += row.get("overlong_tokens_dropped", 0)
+        return out
 
     def shares(self) -> list[dict]:
         """Per source, over this rank's worker streams: sequences, share, epochs reached."""

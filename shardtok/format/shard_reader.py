@@ -83,9 +83,18 @@ def read_source_head(source: RangeSource, where: str) -> ShardHead:
 
 
 def _document_slices(
-    head: ShardHead, frame_no: int, raw: bytes, start: int, stop: int, dtype=None
-) -> list[np.ndarray]:
-    """Views of the documents of [start, stop) that begin in frame `frame_no`, decoded as `raw`."""
+    head: ShardHead,
+    frame_no: int,
+    raw: bytes,
+    start: int,
+    stop: int,
+    dtype=None,
+    bits=None,
+    combine=None,
+) -> list:
+    """Views of the documents of [start, stop) that begin in frame `frame_no`, decoded as `raw`;
+    with `bits` (the frame's decoded mask), (tokens, mask) pairs of views, or with `combine`
+    too, views of ``combine(tokens, mask)`` (one array for the frame)."""
     meta = head.meta
     frames = meta.frames
     first = frames[frame_no].first_document
@@ -101,7 +110,14 @@ def _document_slices(
     # is what bounds streaming speed for short documents.
     begins = (head.index.pointers[lo:hi] // itemsize - base).tolist()
     sizes = head.index.sizes[lo:hi].tolist()
-    return [tokens[b : b + n] for b, n in zip(begins, sizes)]
+    if bits is None:
+        return [tokens[b : b + n] for b, n in zip(begins, sizes)]
+    # The mask frame's offsets in mask bytes equal the token frame's in tokens.
+    mask = np.frombuffer(bits, dtype=np.uint8)
+    if combine is not None:
+        both = combine(tokens, mask)
+        return [both[b : b + n] for b, n in zip(begins, sizes)]
+    return [(tokens[b : b + n], mask[b : b + n]) for b, n in zip(begins, sizes)]
 
 
 def _frame_range(meta: ShardMeta, start: int, stop: int) -> range:
@@ -111,12 +127,13 @@ def _frame_range(meta: ShardMeta, start: int, stop: int) -> range:
     return range(max(lo, 0), hi)
 
 
-def _with_masks(docs, head, frame_no: int, masks, source, start: int, stop: int):
-    """`docs` of one frame, paired with their masks (read from `source`) when `masks` is set."""
-    if masks is None:
-        return docs
-    bits = masks.frame(source, frame_no)
-    return zip(docs, _document_slices(head, frame_no, bits, start, stop, np.uint8))
+def _frame_documents(
+    head, frame_no: int, raw: bytes, masks, source, start: int, stop: int, combine=None
+):
+    """The documents of one frame, paired with their masks (read from `source`) when `masks`
+    is set (or combined with them by `combine`)."""
+    bits = None if masks is None else masks.frame(source, frame_no)
+    return _document_slices(head, frame_no, raw, start, stop, bits=bits, combine=combine)
 
 
 class ShardReader:
@@ -201,8 +218,8 @@ class ShardReader:
         stop = len(self) if stop is None else min(stop, len(self))
         mask = self._need_mask() if with_masks else None
         for frame_no in _frame_range(self.meta, start, stop):
-            docs = _document_slices(self.head, frame_no, self._frame_bytes(frame_no), start, stop)
-            yield from _with_masks(docs, self.head, frame_no, mask, self.source, start, stop)
+            raw = self._frame_bytes(frame_no)
+            yield from _frame_documents(self.head, frame_no, raw, mask, self.source, start, stop)
 
     def _need_mask(self) -> MaskFrames:
         if self._mask is None:
@@ -221,6 +238,24 @@ class ShardReader:
             dtype=self.meta.dtype,
             mode="r",
             offset=self.head.bin_header.data_offset,
+            shape=(self.meta.num_tokens,),
+        )
+
+    def memmap_mask(self) -> np.ndarray:
+        """The loss mask as a zero-copy memmap of the uncompressed mask member (one uint8 per
+        token, local files only); nothing is checked here (the memmap path checks each frame's
+        crc32 and values on first touch)."""
+        mask = self._need_mask()
+        path = getattr(self.source, "path", None)
+        if self.meta.compressed or path is None:
+            raise ValueError(f"{self.where}: memmap needs an uncompressed shard on local disk")
+        if self.meta.num_tokens == 0:
+            return np.empty(0, dtype=np.uint8)
+        return np.memmap(
+            path,
+            dtype=np.uint8,
+            mode="r",
+            offset=mask.header.data_offset,
             shape=(self.meta.num_tokens,),
         )
 
@@ -320,10 +355,14 @@ class ShardStreamReader:
         return MaskFrames(self.head, header, self.where, self.full_checks)
 
     def documents(
-        self, start: int = 0, stop: int | None = None, *, with_masks: bool = False
+        self, start: int = 0, stop: int | None = None, *, with_masks: bool = False, combine=None
     ) -> Iterator:
         """Yield documents [start, stop) (with_masks: (tokens, mask) pairs); with full_checks, a
-        whole-shard read also checks bin_sha256, the mask member and the archive end."""
+        whole-shard read also checks bin_sha256, the mask member and the archive end.
+
+        `combine` (with masks): a function of a frame's (tokens, mask) arrays returning one
+        array, applied once per frame; the documents are then slices of what it returns (the
+        stream keeps masks as flag bits of the tokens this way: one pass per frame)."""
         masks = self._open_masks() if with_masks else None
         if self._consumed:
             raise RuntimeError(f"{self.where}: a stream reader yields its documents once")
@@ -345,8 +384,9 @@ class ShardStreamReader:
             raw = self._decoder.decode(frame, stored, frame_no)
             if bin_hash is not None:
                 bin_hash.update(raw)
-            docs = _document_slices(self.head, frame_no, raw, start, stop)
-            yield from _with_masks(docs, self.head, frame_no, masks, self.mask_source, start, stop)
+            yield from _frame_documents(
+                self.head, frame_no, raw, masks, self.mask_source, start, stop, combine
+            )
         if bin_hash is not None:
             if bin_hash.hexdigest() != meta.bin_sha256:
                 raise CorruptShardError(

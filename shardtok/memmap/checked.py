@@ -5,6 +5,9 @@ on disk would otherwise become a wrong token. Uncompressed shards keep a crc32 p
 1 MiB) in their json; checking a frame on first touch costs one pass over bytes that are about
 to be read anyway, and nothing is read up front. Each process (DataLoader worker) keeps its own
 record of checked frames, since each maps the files itself.
+
+Loss masks of uncompressed shards are mapped the same way, and their frames get the same check
+(each mask frame's own crc32) plus the one a mask needs: every value is 0 or 1.
 """
 
 from __future__ import annotations
@@ -15,14 +18,19 @@ from collections.abc import Sequence
 import numpy as np
 
 from shardtok.errors import CorruptShardError
+from shardtok.format.mask_meta import check_mask_values
 from shardtok.format.shard_reader import ShardReader
 
 
 class FrameCheck:
     """Which token positions of the concatenated shards lie in which frame, and which frames
-    this process has checked. `arrays[k]` are the tokens of `readers[k]`, end to end."""
+    this process has checked. `arrays[k]` are the tokens of `readers[k]`, end to end (with
+    `masks`, their loss masks: the mask frames are checked)."""
 
-    def __init__(self, readers: Sequence[ShardReader], arrays: Sequence[np.ndarray]):
+    def __init__(
+        self, readers: Sequence[ShardReader], arrays: Sequence[np.ndarray], masks: bool = False
+    ):
+        self.masks = masks
         self._arrays = list(arrays)
         self._readers = list(readers)
         starts, sizes, owners = [], [], []
@@ -82,18 +90,34 @@ class FrameCheck:
             local = int(self.starts[j] - self._bases[k])
             data = self._arrays[k][local : local + self._sizes[j]]
             reader = self._readers[k]
-            frame = reader.meta.frames[number]
-            if zlib.crc32(data) != frame.crc32:
-                bin_header = reader.head.bin_header
-                raise CorruptShardError(
-                    reader.where,
-                    bin_header.name,
-                    bin_header.data_offset + frame.uncompressed_offset,
-                    f"frame {number} ({frame.uncompressed_size} bytes from here) fails its "
-                    "crc32 check: the file was damaged after it was written",
-                )
+            if self.masks:
+                self._check_mask_frame(reader, number, data)
+            else:
+                frame = reader.meta.frames[number]
+                self._check_crc(
+                    reader, reader.head.bin_header, frame.uncompressed_offset,
+                    frame.uncompressed_size, frame.crc32, number, data,
+                )  # fmt: skip
             self.checked[j] = True
         self.done = bool(self.checked.all())
+
+    def _check_mask_frame(self, reader: ShardReader, number: int, data: np.ndarray) -> None:
+        header = reader._mask.header  # type: ignore[union-attr]  # a masked shard
+        offset = reader.meta.frames[number].uncompressed_offset // reader.meta.dtype.itemsize
+        crc = reader.meta.mask.frames[number].crc32  # type: ignore[union-attr]
+        self._check_crc(reader, header, offset, len(data), crc, number, data)
+        check_mask_values(data, reader.where, header.name, header.data_offset + offset, number)
+
+    @staticmethod
+    def _check_crc(reader, header, offset: int, size: int, crc: int, number: int, data) -> None:
+        if zlib.crc32(data) != crc:
+            raise CorruptShardError(
+                reader.where,
+                header.name,
+                header.data_offset + offset,
+                f"frame {number} ({size} bytes from here) fails its crc32 check: the file was "
+                "damaged after it was written",
+            )
 
 
 __all__ = ["FrameCheck"]

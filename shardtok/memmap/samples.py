@@ -46,6 +46,8 @@ class GPTSamples:
         documents: the document ids of this split (Megatron's ``indexed_indices``); None: all.
         cache_dir: if given, the indices are stored there and memory-mapped on later runs
             (:func:`shardtok.index.cache.cached_gpt_indices`).
+        masks: loss masks beside `tokens` (one uint8 0/1 per token), or None; a sample's mask
+            is cut from them exactly as its tokens are (``mask``, ``gather_with_masks``).
 
     ``len()`` is the number of samples the built epochs hold, as Megatron's ``len(GPTDataset)``:
     at least ``num_samples``, possibly a few more.
@@ -60,6 +62,7 @@ class GPTSamples:
         seed: int = 1234,
         documents: np.ndarray | Sequence[int] | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
+        masks: np.ndarray | None = None,
     ) -> None:
         if tokens.ndim != 1:
             raise ValueError(f"tokens must be a 1-D array, got shape {tokens.shape}")
@@ -74,7 +77,10 @@ class GPTSamples:
             raise ValueError(
                 f"sizes add up to {total} tokens but the token array holds {tokens.shape[0]}"
             )
+        if masks is not None and len(masks) != tokens.shape[0]:
+            raise ValueError(f"{len(masks)} mask values for {tokens.shape[0]} tokens")
         self.tokens = tokens
+        self.masks = masks
         self.sizes = sizes
         self.seq_length = int(seq_length)
         self.document_starts = ends - sizes
@@ -106,16 +112,25 @@ class GPTSamples:
 
     def __getitem__(self, i: int) -> np.ndarray:
         """Sample ``i``: ``seq_length + 1`` tokens (int64), Megatron's ``tokens`` + last label."""
+        return np.asarray(self._sample(self.tokens, i), dtype=np.int64)
+
+    def mask(self, i: int) -> np.ndarray:
+        """The loss mask (uint8) of sample ``i``'s tokens; needs `masks`."""
+        if self.masks is None:
+            raise ValueError("these samples have no loss masks")
+        return _zero_or_one(np.asarray(self._sample(self.masks, i), dtype=np.uint8))
+
+    def _sample(self, values, i: int):
         pieces = self.document_boundaries(i)
         flat_starts = self.document_starts[pieces.document_ids] + pieces.starts
         if flat_starts.shape[0] == 1:
             begin = int(flat_starts[0])
-            return np.asarray(self.tokens[begin : begin + int(pieces.lengths[0])], dtype=np.int64)
+            return values[begin : begin + int(pieces.lengths[0])]
         # One gather for all pieces: token positions = piece start + position inside the piece.
         piece_offsets = np.cumsum(pieces.lengths) - pieces.lengths
         positions = np.repeat(flat_starts - piece_offsets, pieces.lengths)
         positions += np.arange(positions.shape[0], dtype=np.int64)
-        return np.asarray(self.tokens[positions], dtype=np.int64)
+        return values[positions]
 
     def gather(self, indices: Sequence[int]) -> tuple[np.ndarray, list[int]]:
         """Samples `indices` end to end: ``len(indices) * (seq_length + 1)`` tokens in the stored
@@ -125,6 +140,16 @@ class GPTSamples:
 
         Vectorized over the batch: one copy per document piece, no per-sample numpy calls.
         """
+        tokens, boundaries, _ = self._gather(indices, False)
+        return tokens, boundaries
+
+    def gather_with_masks(self, indices: Sequence[int]) -> tuple[np.ndarray, list[int], np.ndarray]:
+        """`gather`, plus the samples' loss masks end to end (uint8, as long as the tokens)."""
+        if self.masks is None:
+            raise ValueError("these samples have no loss masks")
+        return self._gather(indices, True)  # type: ignore[return-value]
+
+    def _gather(self, indices: Sequence[int], with_masks: bool):
         rows = len(indices)
         length = len(self)
         checked = np.asarray(indices, dtype=np.int64)
@@ -150,11 +175,20 @@ class GPTSamples:
         window = self.seq_length + 1
         offsets = np.cumsum(lengths) - lengths
         boundaries = offsets[(lengths > 0) & (offsets % window != 0)].tolist()
-        pieces = read_ranges(self.tokens, begins.tolist(), lengths.tolist())
+        begins_list, lengths_list = begins.tolist(), lengths.tolist()
+        if with_masks:
+            pieces, mask_pieces = read_paired_ranges(
+                self.tokens, self.masks, begins_list, lengths_list
+            )
+        else:
+            pieces = read_ranges(self.tokens, begins_list, lengths_list)
         tokens = np.concatenate(pieces) if len(pieces) != 1 else pieces[0]
         if len(tokens) != rows * window:
             raise AssertionError(f"gathered {len(tokens)} tokens for {rows} samples of {window}")
-        return tokens, boundaries
+        if not with_masks:
+            return tokens, boundaries, None
+        mask = np.concatenate(mask_pieces) if len(mask_pieces) != 1 else mask_pieces[0]
+        return tokens, boundaries, _zero_or_one(mask)
 
     def _check_index(self, i: int) -> int:
         i = operator.index(i)
@@ -162,6 +196,23 @@ class GPTSamples:
         if not -length <= i < length:
             raise IndexError(f"sample {i} out of range for {length} samples")
         return i + length if i < 0 else i
+
+
+def _zero_or_one(mask: np.ndarray) -> np.ndarray:
+    # Shard masks are checked per frame; a Megatron mask pair has no checksums, and a mask
+    # byte above 1 would otherwise be read as "trained" by the batch builder's bool view.
+    if mask.size and int(mask.max()) > 1:
+        raise ValueError(f"a loss mask holds the value {int(mask.max())}: masks are 0 or 1")
+    return mask
+
+
+def read_paired_ranges(tokens, masks, begins: list[int], lengths: list[int]):
+    """`read_ranges` of `tokens` and of the `masks` beside them, in one pass when both are
+    shards' ConcatTokens (which share their bounds)."""
+    paired = getattr(tokens, "paired_ranges", None)
+    if paired is not None and getattr(masks, "paired_ranges", None) is not None:
+        return paired(begins, lengths, masks)
+    return read_ranges(tokens, begins, lengths), read_ranges(masks, begins, lengths)
 
 
 def read_ranges(tokens, begins: list[int], lengths: list[int]) -> list[np.ndarray]:

@@ -12,6 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from shardtok.errors import CorruptShardError
 from shardtok.format.identity import check_shard_identity
 from shardtok.format.manifest import MANIFEST_NAME, Manifest, ShardEntry
@@ -54,6 +56,7 @@ class DatasetSource:
         self._manifest: Manifest | None = None
         self._entries: dict[str, ShardEntry] | None = None
         self._prefetcher: Prefetcher | None = None
+        self._sizes: dict[str, np.ndarray] = {}
 
     def __getstate__(self) -> dict:
         return {
@@ -70,6 +73,7 @@ class DatasetSource:
         self._manifest = None
         self._entries = None
         self._prefetcher = None
+        self._sizes = {}
 
     def _opener(self) -> Prefetcher:
         """The process's prefetcher: opens shards, starting on the next remote ones early."""
@@ -166,6 +170,16 @@ class DatasetSource:
         except BaseException:
             fileobj.close()
             raise
+
+    def document_sizes(self, name: str) -> np.ndarray:
+        """Tokens per document of shard `name`, from its idx (read once per process: a
+        range read of the shard's head, checked like any open)."""
+        sizes = self._sizes.get(name)
+        if sizes is None:
+            reader = self.open_random(name)
+            sizes = self._sizes[name] = np.asarray(reader.sizes)
+            reader.source.close()
+        return sizes
 
     def open_random(self, name: str) -> ShardReader:
         """A random-access reader of shard `name` (range reads), checked as in open_stream."""

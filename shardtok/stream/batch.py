@@ -6,8 +6,10 @@ A batch is a dict of numpy arrays, for ``B`` sequences of ``S = seq_len`` inputs
 ``input_ids``       int64 [B, S]  ``tokens[:, :-1]``
 ``labels``          int64 [B, S]  ``labels_format="shifted"``: ``tokens[:, 1:]``, the target
                                   of ``input_ids[:, i]`` at ``i``; -100 where the target is
-                                  padding and, with ``mask_boundary_labels``, where the target
-                                  is the first token of another document.
+                                  padding, where its loss mask is 0 (fine-tuning data) and
+                                  where the target is the first token of another document:
+                                  always for rows of masked data, else with
+                                  ``mask_boundary_labels``.
                                   ``labels_format="hf"``: the same labels moved one to the
                                   right (aligned with ``input_ids``, -100 in column 0), for
                                   models that shift internally; each row's last target
@@ -19,7 +21,10 @@ A batch is a dict of numpy arrays, for ``B`` sequences of ``S = seq_len`` inputs
 ``cu_seqlens``      int32 [n+1]   FlashAttention varlen boundaries over the flattened batch
                                   (``B * S`` tokens, one entry per segment plus the end)
 ``max_seqlen``      int           longest segment, for varlen kernels
+``num_trained_tokens`` int        labels that are not -100 (what a loss is averaged over)
 ==================  ============  ======================================================
+
+Data without loss masks counts as all trained; its batches are built without any mask array.
 """
 
 from __future__ import annotations
@@ -29,11 +34,13 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from shardtok.errors import UsageError
+from shardtok.stream.masked import VALUES, flag_untrained
 from shardtok.stream.sequence import PackedSequence
 
 IGNORE_INDEX = -100
 LABELS_FORMATS = ("shifted", "hf")
 BATCH_KEYS = ("input_ids", "labels", "position_ids", "document_ids", "cu_seqlens")
+SCALAR_KEYS = ("max_seqlen", "num_trained_tokens")  # plain ints, for the whole batch
 
 # Allocator for the output arrays: given (batch_size, seq_len) it returns writable arrays for
 # every key in BATCH_KEYS (cu_seqlens with room for batch_size * seq_len + 1 entries). The torch
@@ -83,26 +90,51 @@ def check_labels_format(labels_format: object) -> None:
         raise UsageError(f"labels_format must be one of {LABELS_FORMATS}, got {labels_format!r}")
 
 
+_FLOORS: dict[tuple[int, ...], np.ndarray] = {}
+
+
+def _floor(shape: tuple[int, ...]) -> np.ndarray:
+    """An int64 array of -100 (numpy's ``maximum`` with a scalar is not vectorized, with an
+    array it is: 1.8 µs against 6 µs for a batch)."""
+    out = _FLOORS.get(shape)
+    if out is None:
+        out = _FLOORS[shape] = np.full(shape, IGNORE_INDEX, dtype=np.int64)
+    return out
+
+
+def _copy_targets(labels: np.ndarray, targets: np.ndarray, flagged: bool) -> None:
+    """labels = targets; with `flagged` tokens (``stream.masked``), -100 where a target is
+    untrained (negative) and the token id elsewhere: max(target, -100), no compare-and-set."""
+    np.copyto(labels, targets, casting="unsafe")
+    if flagged:
+        np.maximum(labels, _floor(labels.shape), out=labels)
+
+
 def _fill_labels(
-    labels: np.ndarray, grid: np.ndarray, masked: list[int], labels_format: str
+    labels: np.ndarray,
+    grid: np.ndarray,
+    ignored: list[int],
+    labels_format: str,
+    flagged: bool = False,
 ) -> None:
     """Write the labels of token rows `grid` [B, S + 1] into `labels` [B, S], with -100 at the
-    flat shifted positions `masked`; the result equals `to_hf_labels` of the shifted labels.
+    flat shifted positions `ignored` and, for `flagged` rows, where the target is untrained;
+    the result equals `to_hf_labels` of the shifted labels.
 
-    The hf labels are copied straight from the tokens and the masked positions moved one
+    The hf labels are copied straight from the tokens and the ignored positions moved one
     column instead of shifting the finished labels: an overlapping in-place shift goes
     through a temporary buffer and cost a third of the whole batch assembly.
     """
     if labels_format == "shifted":
-        np.copyto(labels, grid[:, 1:], casting="unsafe")
-        if masked:
-            labels.reshape(-1)[masked] = IGNORE_INDEX
+        _copy_targets(labels, grid[:, 1:], flagged)
+        if ignored:
+            labels.reshape(-1)[ignored] = IGNORE_INDEX
         return
     seq_len = labels.shape[1]
-    np.copyto(labels[:, 1:], grid[:, 1:-1], casting="unsafe")
+    _copy_targets(labels[:, 1:], grid[:, 1:-1], flagged)
     labels[:, 0] = IGNORE_INDEX
-    if masked:
-        flat = np.asarray(masked, dtype=np.int64)
+    if ignored:
+        flat = np.asarray(ignored, dtype=np.int64)
         # A masked last column is the dropped target; it has no hf column to mask.
         flat = flat[flat % seq_len != seq_len - 1]
         labels.reshape(-1)[flat + 1] = IGNORE_INDEX
@@ -115,8 +147,13 @@ def build_batch(
     labels_format: str = "shifted",
     allocate: Allocator = allocate_arrays,
 ) -> dict:
-    """Stack sequences (all ``seq_len + 1`` tokens) into the batch described above."""
-    tokens = np.stack([seq.tokens for seq in sequences])
+    """Stack sequences (all ``seq_len + 1`` tokens) into the batch described above. Sequences
+    with a mask are fine-tuning rows; in a batch that has any, the others count as all trained
+    and keep `mask_boundary_labels`."""
+    sft_rows = [seq.mask is not None for seq in sequences]
+    tokens = np.stack(
+        [flag_untrained(s.tokens, s.mask) if s.mask is not None else s.tokens for s in sequences]
+    )
     return assemble_batch(
         tokens,
         [seq.starts for seq in sequences],
@@ -124,6 +161,8 @@ def build_batch(
         mask_boundary_labels=mask_boundary_labels,
         labels_format=labels_format,
         allocate=allocate,
+        masked=any(sft_rows),
+        sft_rows=sft_rows,
     )
 
 
@@ -135,9 +174,13 @@ def assemble_batch(
     mask_boundary_labels: bool = False,
     labels_format: str = "shifted",
     allocate: Allocator = allocate_arrays,
+    masked: bool = False,
+    sft_rows: Sequence[bool] | None = None,
 ) -> dict:
     """The batch of rows `tokens` [B, seq_len + 1], whose segments begin at `starts` and whose
-    first `lengths` tokens are real (the rest padding).
+    first `lengths` tokens are real (the rest padding). `masked`: the tokens carry loss masks
+    as flag bits (``stream.masked``); the rows of masked data (`sft_rows`, default all) never
+    train a label across a document boundary, the others keep `mask_boundary_labels`.
 
     Work is per segment, not per token: a handful of numpy calls over the whole batch.
     """
@@ -148,26 +191,50 @@ def assemble_batch(
     input_ids, labels = out["input_ids"], out["labels"]
     seg_starts: list[int] = []  # flat (row * seq_len + column) start of every input segment
     local_ids: list[int] = []  # segment number within its row
-    masked: list[int] = []  # flat label positions to set to IGNORE_INDEX
+    ignored: list[int] = []  # flat label positions to set to IGNORE_INDEX
     for b in range(rows):
         row = b * seq_len
         length = lengths[b]
+        boundary = mask_boundary_labels or (masked and (sft_rows is None or sft_rows[b]))
         n = 0
         for column in starts[b]:
             if column < seq_len:
                 seg_starts.append(row + column)
                 n += 1
-            if mask_boundary_labels and column > 0:
-                masked.append(row + column - 1)
+            if boundary and column > 0:
+                ignored.append(row + column - 1)
         if length < window:
             if length < seq_len:
                 seg_starts.append(row + length)  # padding is a segment of its own
                 n += 1
-            masked.extend(range(row + max(length - 1, 0), row + seq_len))
+            ignored.extend(range(row + max(length - 1, 0), row + seq_len))
         local_ids.extend(range(n))
-    np.copyto(input_ids, tokens[:, :-1], casting="unsafe")
-    _fill_labels(labels, tokens, masked, labels_format)
-    return _with_segments(out, seg_starts, local_ids, rows * seq_len)
+    _copy_inputs(input_ids, tokens, masked)
+    _fill_labels(labels, tokens, ignored, labels_format, masked)
+    batch = _with_segments(out, seg_starts, local_ids, rows * seq_len)
+    batch["num_trained_tokens"] = _trained(labels, ignored, labels_format, masked)
+    return batch
+
+
+def _copy_inputs(input_ids: np.ndarray, grid: np.ndarray, flagged: bool) -> None:
+    if flagged:  # the token ids without the untrained flag
+        np.bitwise_and(grid[:, :-1], VALUES, out=input_ids, casting="unsafe")
+    else:
+        np.copyto(input_ids, grid[:, :-1], casting="unsafe")
+
+
+def _trained(labels: np.ndarray, ignored: list[int], labels_format: str, flagged: bool) -> int:
+    """How many labels are not -100. Without a loss mask it follows from the ignored
+    positions (distinct by construction), sparing the unmasked hot path a pass over the
+    labels; with one, counting the labels is cheaper than matching the positions to it."""
+    if flagged:
+        return int(labels.size - np.count_nonzero(labels == IGNORE_INDEX))
+    rows, seq_len = labels.shape
+    if labels_format == "shifted":
+        return rows * seq_len - len(ignored)
+    # hf: column 0 is never trained and each row's last shifted target is dropped.
+    last = seq_len - 1
+    return rows * last - sum(1 for p in ignored if p % seq_len != last)
 
 
 def _with_segments(out: dict, starts: list[int], local_ids: list[int], total: int) -> dict:
@@ -203,11 +270,13 @@ def assemble_contiguous_batch(
     mask_boundary_labels: bool = False,
     labels_format: str = "shifted",
     allocate: Allocator = allocate_arrays,
+    masked: bool = False,
 ) -> dict:
     """The batch whose rows are consecutive runs of one token stream: row ``b`` is
     ``tokens[b * W : (b + 1) * W]`` (``W = seq_len + 1``, no padding) and documents begin at
     the flat positions `boundaries` (ints, ascending, in ``(0, len(tokens))``) besides every
-    row start.
+    row start. `masked`: the tokens are one masked dataset's, with loss masks as flag bits
+    (``stream.masked``); its labels never cross a document boundary.
 
     Equal to `assemble_batch` on the same rows and starts; the per-token work is the same
     handful of numpy calls, the per-segment bookkeeping is cheaper.
@@ -219,19 +288,21 @@ def assemble_contiguous_batch(
     out = allocate(rows, seq_len)
     grid = tokens.reshape(rows, window)
     input_ids, labels = out["input_ids"], out["labels"]
-    np.copyto(input_ids, grid[:, :-1], casting="unsafe")
+    _copy_inputs(input_ids, grid, masked)
 
     # A batch has a few dozen segments: plain Python beats a dozen tiny numpy calls here.
     starts = list(range(0, total, seq_len))  # every row start
-    masked = []
+    ignored = []
     for position in boundaries:
         row, column = divmod(position, window)
         if column:  # a document starting a row is that row's own first segment
             if column < seq_len:  # one starting at the last slot is only a target there
                 starts.append(row * seq_len + column)
             # The target before a document's first token is that token: unpredictable.
-            masked.append(row * seq_len + column - 1)
-    _fill_labels(labels, grid, masked if mask_boundary_labels else [], labels_format)
+            ignored.append(row * seq_len + column - 1)
+    if not (mask_boundary_labels or masked):
+        ignored = []
+    _fill_labels(labels, grid, ignored, labels_format, masked)
     starts.sort()
     local_ids = []
     row_start = -1
@@ -239,4 +310,6 @@ def assemble_contiguous_batch(
         if start % seq_len == 0:
             row_start = len(local_ids)
         local_ids.append(len(local_ids) - row_start)
-    return _with_segments(out, starts, local_ids, total)
+    batch = _with_segments(out, starts, local_ids, total)
+    batch["num_trained_tokens"] = _trained(labels, ignored, labels_format, masked)
+    return batch

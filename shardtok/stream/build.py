@@ -6,7 +6,8 @@ of a mix) is made of; ``shardtok.stream.factory`` picks which placed stream a st
 
 from __future__ import annotations
 
-from shardtok.errors import UsageError
+from collections.abc import Sequence
+
 from shardtok.storage.dataset import DatasetSource
 from shardtok.stream.batch import Allocator
 from shardtok.stream.nodes.base import DocumentNode
@@ -23,16 +24,9 @@ from shardtok.stream.plan import EpochPlan, SlicePlan, epoch_plan
 SHUFFLE_STREAM = 2  # rng stream tag of the shuffle buffer's keys
 
 
-def refuse_masked(source: DatasetSource) -> None:
-    """A dataset with loss masks (fine-tuning data) is refused until the stream applies them:
-    streamed as plain tokens it would train on every token, prompts included."""
-    if source.manifest.masked:
-        raise UsageError(
-            f"{source.display}: this dataset has loss masks (fine-tuning data), and this "
-            "release's stream and memmap paths do not apply them yet; streaming it would train "
-            "on every token. Read its masks with shardtok.format.ShardReader(...)"
-            ".documents(with_masks=True)"
-        )
+def resolved(options: StreamOptions, sources: Sequence[DatasetSource]) -> StreamOptions:
+    """`options` with the values left to the data decided (``StreamOptions.resolve``)."""
+    return options.resolve([s.manifest.masked for s in sources])
 
 
 def plan_for(
@@ -43,7 +37,7 @@ def plan_for(
     world_size: int,
     num_workers: int,
 ) -> EpochPlan:
-    refuse_masked(source)
+    options = resolved(options, [source])  # a source of a mix: its own overlong rule
     return epoch_plan(
         source.manifest,
         seq_len=options.seq_len,
@@ -52,15 +46,18 @@ def plan_for(
         epoch=epoch,
         world_size=world_size,
         num_workers=num_workers,
-        packing=options.packing,
+        packing=options.packing,  # type: ignore[arg-type]  # resolved
         stride=options.stride,
+        overlong=options.overlong_for(source.manifest.masked),
+        document_sizes=lambda shard: source.document_sizes(source.manifest.shards[shard].file),
     )
 
 
 def document_stream(
     source: DatasetSource, slice_plan: SlicePlan, options: StreamOptions, epoch: int
 ) -> DocumentNode:
-    node: DocumentNode = SliceReader(source, slice_plan.pieces, options.interleave)
+    masked = source.manifest.masked
+    node: DocumentNode = SliceReader(source, slice_plan.pieces, options.interleave, masked)
     if options.shuffle_buffer:
         seed = (options.seed, epoch, SHUFFLE_STREAM, slice_plan.index)
         node = ShuffleBuffer(node, options.shuffle_buffer, seed)
@@ -78,16 +75,21 @@ def packer_class(packing: str) -> type[ConcatPacker] | type[GreedyPacker] | type
     return PACKER_CLASSES[packing]  # type: ignore[return-value]
 
 
-def packer_for(documents: DocumentNode, options: StreamOptions) -> Packer:
-    if options.packing == "concat":
-        return ConcatPacker(documents, options.seq_len, options.stride)
-    if options.packing == "bfd":
+def packer_for(documents: DocumentNode, options: StreamOptions, masked: bool) -> Packer:
+    """The packer of `options` over `documents`, which carry loss masks when `masked`."""
+    packing = options.resolve([masked]).packing if options.packing is None else options.packing
+    if packing == "concat":
+        return ConcatPacker(documents, options.seq_len, options.stride, masked=masked)
+    overlong = options.overlong_for(masked)
+    if packing == "bfd":
         return BFDPacker(
-            documents, options.seq_len, bfd_window=options.bfd_window, pad_id=options.pad_id
-        )
+            documents, options.seq_len, bfd_window=options.bfd_window, pad_id=options.pad_id,
+            overlong=overlong, masked=masked,
+        )  # fmt: skip
     return GreedyPacker(
-        documents, options.seq_len, lookahead=options.lookahead, pad_id=options.pad_id
-    )
+        documents, options.seq_len, lookahead=options.lookahead, pad_id=options.pad_id,
+        overlong=overlong, masked=masked,
+    )  # fmt: skip
 
 
 def batcher_for(

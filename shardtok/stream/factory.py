@@ -25,7 +25,7 @@ from shardtok.errors import ResumeStateError
 from shardtok.storage.dataset import DatasetSource
 from shardtok.stream import state as envelope
 from shardtok.stream.batch import Allocator, allocate_arrays
-from shardtok.stream.build import plan_for, refuse_masked
+from shardtok.stream.build import plan_for, resolved
 from shardtok.stream.mix.sequences import MixedSequences, SourceSequences
 from shardtok.stream.mix.spec import MixSpec, check_tokenizers
 from shardtok.stream.mix.stream import MixedStream
@@ -95,8 +95,9 @@ class StreamSetup:
     _fingerprint: dict | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        for source in self.sources:
-            refuse_masked(source)
+        # What the data decides (packing, overlong) is fixed here, so fingerprints, plans and
+        # 0.1-state upgrades all see the options the stream really runs with.
+        self.options = resolved(self.options, self.sources)
 
     @classmethod
     def single(cls, source: DatasetSource, options: StreamOptions) -> StreamSetup:

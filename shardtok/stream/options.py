@@ -6,20 +6,27 @@ options: the torch dataset, the CLI and mix configs all take their names from he
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, fields, replace
 
 from shardtok.errors import UsageError
 from shardtok.stream.batch import check_labels_format
 from shardtok.stream.nodes.base import HISTORY
+from shardtok.stream.nodes.packer import OVERLONG
 
 PACKINGS = ("concat", "greedy", "bfd")
+# What a field left unset means for data without loss masks: what it always meant before the
+# value started to depend on the data (states saved then compare as these).
+UNMASKED_DEFAULTS = {"packing": "concat", "overlong": "split"}
 
 
 @dataclass(frozen=True)
 class StreamOptions:
     seq_len: int
     batch_size: int
-    packing: str = "concat"  # or "greedy", "bfd"
+    # None: by the data, "greedy" when a source has loss masks (fine-tuning data: whole
+    # conversations per sequence), else "concat"; see resolve()
+    packing: str | None = None
     seed: int = 0
     shuffle_buffer: int = 4096  # documents; 0 turns shuffling off
     interleave: int = 4  # shards read round-robin at once by each worker
@@ -31,6 +38,10 @@ class StreamOptions:
     # before them lack the key and compare as the default (resume.fingerprint).
     bfd_window: int = 1000
     labels_format: str = "shifted"  # or "hf": aligned with input_ids, for models that shift
+    # greedy, bfd: a document longer than seq_len + 1: "split" into sequences, "truncate" to
+    # its first seq_len + 1 tokens, or "drop"; None: truncate fine-tuning data (a conversation's
+    # tail without its prompt teaches nothing good), split the rest (keeps every token)
+    overlong: str | None = None
 
     def __post_init__(self) -> None:
         # Checked here, once, so that a bad value is one clear error where the options are
@@ -46,8 +57,10 @@ class StreamOptions:
                 f"its first document, which the stream remembers that far back), got "
                 f"{self.bfd_window}"
             )
-        if self.packing not in PACKINGS:
+        if self.packing is not None and self.packing not in PACKINGS:
             raise UsageError(f"packing must be one of {PACKINGS}, got {self.packing!r}")
+        if self.overlong is not None and self.overlong not in OVERLONG:
+            raise UsageError(f"overlong must be one of {OVERLONG}, got {self.overlong!r}")
         if self.stride is not None:
             _check_int("stride", self.stride, 1)
             if self.stride > self.seq_len + 1:
@@ -62,6 +75,23 @@ class StreamOptions:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def resolve(self, masked: Sequence[bool]) -> StreamOptions:
+        """These options for sources whose loss-mask flags are `masked`: an unset packing
+        becomes "greedy" if any source has masks, else "concat"; an unset overlong becomes
+        "truncate" when every source has masks, "split" when none has, and stays unset (each
+        source by its own data, ``overlong_for``) for a mix of both."""
+        packing = self.packing or ("greedy" if any(masked) else "concat")
+        overlong = self.overlong
+        if overlong is None and not any(masked):
+            overlong = "split"
+        elif overlong is None and all(masked):
+            overlong = "truncate"
+        return replace(self, packing=packing, overlong=overlong)
+
+    def overlong_for(self, masked: bool) -> str:
+        """The overlong rule for one source (see ``resolve``)."""
+        return self.overlong or ("truncate" if masked else "split")
 
     @classmethod
     def from_dict(cls, data: dict) -> StreamOptions:

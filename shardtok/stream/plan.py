@@ -10,8 +10,10 @@ Computed from the manifest alone, before any shard is opened:
    (shard, token range); a document cut by a slice boundary becomes two documents, so no token
    is lost or read twice, and fewer shards than slices works;
 4. count the sequences each slice can make: concat, exactly ``(T_s - L) // stride + 1``
-   (``L = seq_len + 1``); greedy and bfd, at least ``ceil(T_s / L)`` (a sequence holds at most L real
-   tokens);
+   (``L = seq_len + 1``); greedy and bfd, at least ``ceil(K_s / L)`` (a sequence holds at most L
+   real tokens), where K_s = T_s unless documents longer than L are truncated or dropped
+   (``overlong``): then the shards' document sizes (their idx) give the exact K_s, and the
+   overlong documents and the tokens they lose are counted;
 5. every slice yields exactly ``B = min_s(sequences_s // batch_size)`` batches, so every rank
    yields ``B * num_workers``. What is left of a slice is not read this epoch and is reported:
    for concat (stride L) fewer than ``(batch_size + 1) * L`` tokens per slice.
@@ -20,6 +22,7 @@ Computed from the manifest alone, before any shard is opened:
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -56,10 +59,16 @@ class SlicePlan:
     stop: int
     pieces: tuple[Piece, ...]
     num_sequences: int  # exact for concat, a guaranteed lower bound for greedy and bfd
+    overlong_documents: int = 0  # longer than seq_len + 1 (counted unless split)
+    overlong_tokens: int = 0  # of those, tokens truncated or dropped
 
     @property
     def num_tokens(self) -> int:
         return self.stop - self.start
+
+    @property
+    def kept_tokens(self) -> int:
+        return self.num_tokens - self.overlong_tokens
 
 
 @dataclass(frozen=True)
@@ -76,6 +85,15 @@ class EpochPlan:
     total_tokens: int
     slices: tuple[SlicePlan, ...]
     batches_per_slice: int
+    overlong: str = "split"
+
+    @property
+    def overlong_documents(self) -> int:
+        return sum(s.overlong_documents for s in self.slices)
+
+    @property
+    def overlong_tokens(self) -> int:
+        return sum(s.overlong_tokens for s in self.slices)
 
     @property
     def batches_per_rank(self) -> int:
@@ -101,17 +119,20 @@ class EpochPlan:
             return 0
         if self.packing == "concat":
             return (n - 1) * self.stride + window
-        return min(s.num_tokens, n * window)
+        return min(s.kept_tokens, n * window)
 
     @property
     def tokens_unread(self) -> int:
-        """Concat: exactly the tokens no window covers. Greedy: a lower bound (padding adds more)."""
+        """Concat: exactly the tokens no window covers. Greedy: a lower bound (padding adds
+        more), overlong documents' truncated or dropped tokens included."""
         return sum(s.num_tokens - self.tokens_read(s) for s in self.slices)
 
     def to_dict(self) -> dict:
         out = asdict(self)
         out["batches_per_rank"] = self.batches_per_rank
         out["tokens_unread"] = self.tokens_unread
+        out["overlong_documents"] = self.overlong_documents
+        out["overlong_tokens"] = self.overlong_tokens
         return out
 
     def to_json(self) -> str:
@@ -143,8 +164,19 @@ class EpochPlan:
                 f"{self.batches_per_rank * self.world_size:,} in all",
                 f"  tokens left unread this epoch{exact}: {unread:,} "
                 f"({100.0 * unread / max(self.total_tokens, 1):.4f}%)",
+                *self._overlong_line(),
             ]
         )
+
+    def _overlong_line(self) -> list[str]:
+        if self.packing == "concat":
+            return []
+        if self.overlong == "split":
+            return [f"  documents longer than {self.seq_len + 1} tokens: split into sequences"]
+        return [
+            f"  documents longer than {self.seq_len + 1} tokens ({self.overlong}): "
+            f"{self.overlong_documents:,}, losing {self.overlong_tokens:,} tokens"
+        ]
 
 
 def shard_order(num_shards: int, seed: int, epoch: int) -> np.ndarray:
@@ -170,6 +202,27 @@ def cut_slices(segments: list[Piece], count: int) -> list[tuple[int, int, tuple[
     return out
 
 
+def overlong_in(
+    pieces: tuple[Piece, ...], sizes: Callable[[int], np.ndarray], window: int, overlong: str
+) -> tuple[int, int]:
+    """(documents longer than `window`, tokens they lose to `overlong`) among the documents of
+    `pieces` as the reader yields them (trimmed to each piece's token range)."""
+    documents = lost = 0
+    for piece in pieces:
+        lengths = np.asarray(sizes(piece.shard), dtype=np.int64)
+        ends = np.cumsum(lengths)
+        begins = ends - lengths
+        first = int(np.searchsorted(ends, piece.start, side="right"))
+        last = int(np.searchsorted(begins, piece.stop, side="left"))
+        trimmed = np.minimum(ends[first:last], piece.stop) - np.maximum(
+            begins[first:last], piece.start
+        )
+        long = trimmed[trimmed > window]
+        documents += len(long)
+        lost += int(long.sum()) - (window * len(long) if overlong == "truncate" else 0)
+    return documents, lost
+
+
 def sequence_count(num_tokens: int, packing: str, seq_len: int, stride: int) -> int:
     if packing == "concat":
         return concat_window_count(num_tokens, seq_len, stride)
@@ -187,8 +240,12 @@ def epoch_plan(
     num_workers: int = 1,
     packing: str = "concat",
     stride: int | None = None,
+    overlong: str = "split",
+    document_sizes: Callable[[int], np.ndarray] | None = None,
 ) -> EpochPlan:
-    """Plan one epoch for every (rank, worker). Reads nothing but the manifest."""
+    """Plan one epoch for every (rank, worker). Reads nothing but the manifest, except
+    `document_sizes(shard)` (the shard's idx sizes) when greedy or bfd truncate or drop
+    overlong documents, which changes how many tokens are packed."""
     if packing not in PACKINGS:
         raise UsageError(f"packing must be one of {PACKINGS}, got {packing!r}")
     if world_size < 1 or num_workers < 1 or batch_size < 1 or seq_len < 1:
@@ -207,10 +264,14 @@ def epoch_plan(
     ]
     count = world_size * num_workers
     slices = []
+    counted = packing != "concat" and overlong != "split"
+    if counted and document_sizes is None:
+        raise ValueError(f"overlong={overlong!r} packing needs the shards' document sizes")
     for s, (a, b, pieces) in enumerate(cut_slices(segments, count)):
         rank, worker = divmod(s, num_workers)
-        n = sequence_count(b - a, packing, seq_len, stride)
-        slices.append(SlicePlan(s, rank, worker, a, b, pieces, n))
+        long = overlong_in(pieces, document_sizes, window, overlong) if counted else (0, 0)  # type: ignore[arg-type]
+        n = sequence_count(b - a - long[1], packing, seq_len, stride)
+        slices.append(SlicePlan(s, rank, worker, a, b, pieces, n, *long))
     batches = min(s.num_sequences for s in slices) // batch_size
     return EpochPlan(
         seed=seed,
@@ -225,4 +286,5 @@ def epoch_plan(
         total_tokens=manifest.num_tokens,
         slices=tuple(slices),
         batches_per_slice=batches,
+        overlong=overlong if packing != "concat" else "split",
     )

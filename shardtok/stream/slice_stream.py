@@ -9,7 +9,7 @@ from shardtok.errors import ShardtokError
 from shardtok.storage.dataset import DatasetSource
 from shardtok.stream import state as envelope
 from shardtok.stream.batch import Allocator, allocate_arrays
-from shardtok.stream.build import batcher_for, document_stream, packer_for, plan_for
+from shardtok.stream.build import batcher_for, document_stream, packer_for, plan_for, resolved
 from shardtok.stream.nodes.base import PlacedStream
 from shardtok.stream.options import StreamOptions
 
@@ -40,7 +40,7 @@ class SliceStream(PlacedStream):
     ):
         super().__init__()
         self.source = source if isinstance(source, DatasetSource) else DatasetSource(source)
-        self.options = options
+        options = self.options = resolved(options, [self.source])
         self.epoch = epoch
         self.rank, self.world_size = rank, world_size
         self.worker, self.num_workers = worker, num_workers
@@ -49,15 +49,20 @@ class SliceStream(PlacedStream):
         )
         self.slice = self.plan.slice_for(rank, worker)
         if self.plan.batches_per_slice == 0:
+            lost = self.plan.overlong_tokens
+            lost_text = (
+                f" ({lost:,} of them lost to overlong={self.plan.overlong!r})" if lost else ""
+            )
             raise ShardtokError(
-                f"{self.source.display}: {self.plan.total_tokens:,} tokens cannot give every one "
+                f"{self.source.display}: {self.plan.total_tokens:,} tokens{lost_text} cannot "
+                f"give every one "
                 f"of {len(self.plan.slices)} (rank, worker) slices a batch of "
                 f"{options.batch_size} x {options.seq_len + 1}-token sequences; use fewer "
                 "ranks, workers or a smaller batch"
             )
         documents = document_stream(self.source, self.slice, options, epoch)
         self.batcher = batcher_for(
-            packer_for(documents, options),
+            packer_for(documents, options, self.source.manifest.masked),
             options,
             self.plan.batches_per_slice,
             allocate,

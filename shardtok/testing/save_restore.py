@@ -35,6 +35,9 @@ def assert_items_equal(a: Any, b: Any, where: str = "item") -> None:
         assert_items_equal(a.tokens, b.tokens, where + ".tokens")
         assert a.starts == b.starts, f"{where}: starts {a.starts} != {b.starts}"
         assert a.length == b.length, f"{where}: length {a.length} != {b.length}"
+        assert (a.mask is None) == (b.mask is None), f"{where}: a mask on one side only"
+        if a.mask is not None:
+            assert_items_equal(a.mask, b.mask, where + ".mask")
     elif isinstance(a, Mapping):
         assert isinstance(b, Mapping) and set(a) == set(b), f"{where}: keys differ"
         for key in a:

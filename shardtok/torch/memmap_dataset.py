@@ -9,6 +9,10 @@ last epoch); it comes out with the same keys as the streaming batches::
                         sampler=DistributedSampler(ds))  # when data-parallel
 
 ``collate`` builds the batch in the worker (in shared memory, like the streaming dataset).
+
+Loss masks are served when the data has them (a masked dataset's uncompressed shards, or a
+Megatron prefix with the ``PREFIX_mask`` pair ``export-megatron --mask`` writes): labels are
+-100 where the target is untrained and, always for such data, where it starts a document.
 """
 
 from __future__ import annotations
@@ -21,14 +25,16 @@ import numpy as np
 from torch.utils.data import Dataset, get_worker_info
 
 from shardtok.memmap.samples import GPTSamples
-from shardtok.memmap.tokens import open_local_tokens
+from shardtok.memmap.tokens import open_local_data
 from shardtok.stream.batch import (
+    BATCH_KEYS,
     Allocator,
     allocate_arrays,
     assemble_contiguous_batch,
     build_batch,
     check_labels_format,
 )
+from shardtok.stream.masked import flag_untrained
 from shardtok.stream.sequence import PackedSequence
 from shardtok.torch.transport import SlotRing, to_tensors
 
@@ -62,7 +68,7 @@ class MemmapTokenDataset(Dataset):
     @property
     def samples(self) -> GPTSamples:
         if self._samples is None:  # opened per process: memmaps are not pickled to workers
-            tokens, sizes = open_local_tokens(self.path)
+            tokens, sizes, masks = open_local_data(self.path)
             samples = GPTSamples(
                 tokens,  # type: ignore[arg-type]  # ConcatTokens indexes like an ndarray
                 sizes,
@@ -70,6 +76,7 @@ class MemmapTokenDataset(Dataset):
                 self.num_samples,
                 self.seed,
                 cache_dir=self.cache_dir,
+                masks=masks,  # type: ignore[arg-type]
             )
             self._samples = samples
         return self._samples
@@ -79,6 +86,11 @@ class MemmapTokenDataset(Dataset):
 
     def __len__(self) -> int:
         return self._length
+
+    @property
+    def masked(self) -> bool:
+        """Whether the data has loss masks (fine-tuning data)."""
+        return self.samples.masks is not None
 
     def sequence(self, i: int) -> PackedSequence:
         """Sample `i` as ``seq_len + 1`` tokens with the starts of its document pieces.
@@ -90,12 +102,17 @@ class MemmapTokenDataset(Dataset):
         pieces = samples.document_boundaries(i)
         lengths = pieces.lengths
         begins = samples.document_starts[pieces.document_ids] + pieces.starts
-        tokens = samples.tokens
-        parts = [tokens[b : b + n] for b, n in zip(begins.tolist(), lengths.tolist()) if n]
-        window = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        ranges = [(b, n) for b, n in zip(begins.tolist(), lengths.tolist()) if n]
+
+        def cut(values):
+            parts = [values[b : b + n] for b, n in ranges]
+            return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+        window = cut(samples.tokens)
+        mask = None if samples.masks is None else samples.mask(i)
         starts = np.cumsum(lengths) - lengths
         keep = (lengths > 0) & (starts < len(window))
-        return PackedSequence(window, [int(s) for s in starts[keep]], len(window))
+        return PackedSequence(window, [int(s) for s in starts[keep]], len(window), mask)
 
     def __getitem__(self, i: int) -> dict:
         """One sample as tensors: the streaming batch keys without the batch dimension."""
@@ -104,23 +121,28 @@ class MemmapTokenDataset(Dataset):
             mask_boundary_labels=self.mask_boundary_labels,
             labels_format=self.labels_format,
         )
-        out = {k: (v[0] if k not in ("cu_seqlens", "max_seqlen") else v) for k, v in batch.items()}
+        out = {k: (v[0] if k in BATCH_KEYS and k != "cu_seqlens" else v) for k, v in batch.items()}
         return to_tensors(out)
 
     def __getitems__(self, indices: list[int]) -> GatheredSamples:
         """The DataLoader's batched fetch: the samples' tokens gathered in one pass."""
-        tokens, boundaries = self.samples.gather(indices)
-        return GatheredSamples(tokens, boundaries, len(indices))
+        if self.samples.masks is None:
+            tokens, boundaries = self.samples.gather(indices)
+            return GatheredSamples(tokens, boundaries, len(indices))
+        tokens, boundaries, mask = self.samples.gather_with_masks(indices)
+        return GatheredSamples(tokens, boundaries, len(indices), mask)
 
     def assemble(self, gathered: GatheredSamples, allocate: Allocator = allocate_arrays) -> dict:
         """The batch of `gathered` samples as numpy arrays from `allocate`."""
+        masked = gathered.mask is not None
         return assemble_contiguous_batch(
-            gathered.tokens,
+            flag_untrained(gathered.tokens, gathered.mask) if masked else gathered.tokens,
             gathered.boundaries,
             gathered.rows,
             mask_boundary_labels=self.mask_boundary_labels,
             labels_format=self.labels_format,
             allocate=allocate,
+            masked=masked,
         )
 
     def collate(self, gathered: GatheredSamples) -> dict:
@@ -147,3 +169,4 @@ class GatheredSamples(NamedTuple):
     tokens: np.ndarray
     boundaries: list[int]
     rows: int
+    mask: np.ndarray | None = None  # loss masks beside the tokens (masked data only)

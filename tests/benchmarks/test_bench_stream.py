@@ -37,3 +37,14 @@ def test_an_unknown_kind_stops_before_measuring(tmp_path):
     done = _bench(tmp_path, "throughput", "--kinds", "lean,windows")
     assert done.returncode == 2 and "KeyError" not in done.stderr
     assert "unknown kind 'windows'" in done.stderr and "'plain'" in done.stderr
+
+
+def test_masked_copy_and_its_comparison_run(tmp_path):
+    data = tmp_path / "stream"
+    done = _bench(data, "prepare", "--tokens", "1e6", "--masked")
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "zstd-masked:" in done.stdout and "% trained" in done.stdout
+    done = _bench(data, "masks", "--kinds", "lean,memlean", "--packings", "concat", "greedy",
+                  "--workers", "0", "--batches", "20", "--repeat", "1")  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.stdout.count("| shardtok ") == 3  # lean concat, lean greedy, memlean

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from shardtok.cli.main import run as main
-from shardtok.errors import UsageError
+from shardtok.errors import ShardtokError, UsageError
 from shardtok.format import DatasetWriter
 from shardtok.stream.nodes.base import take
 from shardtok.stream.options import StreamOptions
@@ -97,3 +97,66 @@ def test_bfd_packing_and_its_window(dataset, tmp_path, capsys):
     too_big = args[:9] + ["70000"]
     with pytest.raises(UsageError, match="bfd_window must be at most 65536"):
         main(too_big)
+
+
+def bundled_sft_dataset(path):
+    """Prompt/response pairs in the bundled tokenizer, the prompt untrained."""
+    from tokenizers import Tokenizer
+
+    from shardtok.convert.tokenizer import BUNDLED, BUNDLED_PATH, load_tokenizer
+
+    spec = load_tokenizer(BUNDLED)
+    tokenizer = Tokenizer.from_file(str(BUNDLED_PATH / "tokenizer.json"))
+    with DatasetWriter(path, vocab_size=spec.vocab_size, tokenizer=spec.as_metadata(),
+                       masks=True, sft={"format": "test"}) as writer:  # fmt: skip
+        for i in range(30):
+            prompt = tokenizer.encode(f"Question {i}: what is two plus two?\nAnswer:").ids
+            answer = tokenizer.encode(" Four.").ids + [spec.eos_id]
+            writer.add(np.array(prompt + answer), mask=[0] * len(prompt) + [1] * len(answer))
+    return path
+
+
+def test_decode_brackets_untrained_text_and_dump_holds_the_labels(tmp_path, capsys):
+    data = bundled_sft_dataset(tmp_path / "sft")
+    out = tmp_path / "b.npz"
+    args = ["stream", str(data), "--seq-len", "40", "--batch-size", "2", "--shuffle-buffer",
+            "0", "--max-batches", "2", "--decode", "1", "--dump", str(out)]  # fmt: skip
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "greedy packing" in text  # the default for data with loss masks
+    # capsys is not a terminal: brackets, around the prompt and never around the answer.
+    assert "[[Question 0: what is two plus two?\nAnswer:]] Four." in text
+    assert "4 of 20 tokens trained" in text and "\x1b[" not in text
+    dump = np.load(out)
+    labels = dump["labels"]
+    assert labels.shape == (2, 2, 40)
+    assert dump["num_trained_tokens"].tolist() == [int((b != -100).sum()) for b in labels]
+    trained = labels[labels != -100]
+    assert 0 < len(trained) < labels.size / 3  # the prompts are not trained
+
+
+def test_decode_colours_untrained_text_on_a_terminal(tmp_path, capsys, monkeypatch):
+    import sys
+
+    data = bundled_sft_dataset(tmp_path / "sft")
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    args = ["stream", str(data), "--seq-len", "40", "--batch-size", "1", "--shuffle-buffer",
+            "0", "--max-batches", "1", "--decode", "1"]  # fmt: skip
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "\x1b[2;37mQuestion 0: what is two plus two?\nAnswer:\x1b[0m Four." in text
+    assert "[[" not in text
+
+
+def test_overlong_option_and_statistics(tmp_path, capsys):
+    data = bundled_sft_dataset(tmp_path / "sft")
+    args = ["stream", str(data), "--seq-len", "9", "--batch-size", "2", "--json"]
+    with pytest.raises(ShardtokError, match="600 tokens .600 of them lost to overlong='drop'"):
+        main([*args, "--overlong", "drop"])  # every document is longer than a sequence
+    assert main([*args, "--overlong", "truncate", "--max-batches", "3"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["overlong_documents"] == 6 and stats["overlong_tokens_dropped"] > 0
+    # Truncated to their prompts, these conversations train nothing: said, not hidden.
+    assert stats["trained_share"] == 0 and stats["batches_without_trained_tokens"] == 3
+    assert main([*args[:-1], "--overlong", "truncate", "--max-batches", "1"]) == 0
+    assert "warning: 1 batches have no trained label" in capsys.readouterr().out

@@ -306,19 +306,3 @@ def test_mask_header_claiming_more_than_the_frame_table_is_refused_unread(tmp_pa
             next(stream.documents(with_masks=True))
     report = verify_shard(lambda: open(path, "rb"), str(path), manifest.shards[0], manifest)  # noqa: SIM115
     assert not report.ok and "mask frame table says" in report.error
-
-
-def test_streaming_and_memmap_refuse_masked_data_until_they_apply_masks(tmp_path):
-    """Streamed as plain tokens, fine-tuning data would train on every token, prompts included."""
-    from shardtok.errors import UsageError
-    from shardtok.memmap.tokens import open_local_tokens
-    from shardtok.stream import SliceStream, StreamOptions
-
-    folder = tmp_path / "sft"
-    with DatasetWriter(folder, vocab_size=100, masks=True, sft={"format": "test"},
-                       compression_level=None) as writer:  # fmt: skip
-        writer.add(np.arange(40) % 100, mask=np.arange(40) % 2)
-    with pytest.raises(UsageError, match="has loss masks"):
-        SliceStream(str(folder), StreamOptions(seq_len=7, batch_size=1))
-    with pytest.raises(UsageError, match="has loss masks"):
-        open_local_tokens(folder)

@@ -26,3 +26,25 @@ def test_http_dataset_streams_like_local(tmp_path, http_server):  # noqa: F811
         assert len(got) == len(want) > 0
         for a, b in zip(got, want):
             assert all(np.array_equal(a[k], b[k]) for k in b if k != "max_seqlen")
+
+
+def test_masks_stream_from_http_and_a_local_cache_like_from_disk(tmp_path, http_server):  # noqa: F811
+    # Mask frames are read by range beside the streamed token frames: over HTTP and through
+    # the shard cache too.
+    from shardtok.storage.dataset import DatasetSource
+    from tests.helpers.masked import Known
+
+    known = Known([int(n) for n in np.random.default_rng(4).integers(1, 80, size=150)])
+    local = known.write(tmp_path / "sft")
+    shutil.copytree(local, http_server.root / "sft")
+    options = StreamOptions(seq_len=31, batch_size=2, shuffle_buffer=20, packing="bfd")
+    url = http_server.url("sft")
+    cached = DatasetSource(url, cache_dir=tmp_path / "cache", cache_bytes=1 << 30)
+    for worker in range(2):
+        want = take(SliceStream(local, options, worker=worker, num_workers=2), None)
+        for source in (url, cached):
+            got = take(SliceStream(source, options, worker=worker, num_workers=2), None)
+            assert len(got) == len(want) > 0
+            for a, b in zip(got, want):
+                assert all(np.array_equal(a[k], b[k]) for k in b)
+        assert any(b["num_trained_tokens"] < b["labels"].size for b in want)

@@ -59,7 +59,11 @@ def run_old_layout(path, packing, world, workers, steps):
             it = iter(loader)
             for _ in range(steps):
                 batches.append(
-                    {k: v.numpy().copy() for k, v in next(it).items() if k != "max_seqlen"}
+                    {
+                        k: v.numpy().copy()
+                        for k, v in next(it).items()
+                        if isinstance(v, torch.Tensor)
+                    }
                 )
             states += dataset_states(loader.state_dict())
             del it, loader
@@ -73,7 +77,7 @@ def run_new_layout(path, packing, merged, world, workers):
     for rank in range(world):
         ds = ShardStreamDataset(path, **OPTIONS, packing=packing, rank=rank, world_size=world)
         ds.load_state_dict(merged)
-        mine = [{k: v.numpy() for k, v in b.items() if k != "max_seqlen"}
+        mine = [{k: v.numpy() for k, v in b.items() if isinstance(v, torch.Tensor)}
                 for b in DataLoader(ds, batch_size=None, num_workers=workers)]  # fmt: skip
         counts.append(len(mine))
         batches += mine
@@ -190,7 +194,7 @@ def test_a_mix_finishes_its_source_epochs_in_another_layout(two_sources, packing
         warnings.simplefilter("ignore")
         it = iter(loader)
         before = [
-            {k: v.numpy().copy() for k, v in next(it).items() if k != "max_seqlen"}
+            {k: v.numpy().copy() for k, v in next(it).items() if isinstance(v, torch.Tensor)}
             for _ in range(7)
         ]
         merged = merge_states(json.loads(json.dumps(dataset_states(loader.state_dict()))))

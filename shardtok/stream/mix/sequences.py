@@ -12,6 +12,11 @@ fresh shard permutation) in place, so a mixed stream never ends and every rank y
 batches as it is asked for. The global mix holds because every worker's mix does.
 
 State: the schedule step plus, per source, its epoch and packer state: a few integers per source.
+
+Sources with and without loss masks mix: a row from a masked source carries its mask as flag
+bits of its tokens (``stream.masked``), a row from a source without has none (all trained), and
+each row says whether it is fine-tuning data (``row_masked``) so the batch applies the right
+boundary rule.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from shardtok.index import build_blending_indices
 from shardtok.storage.dataset import DatasetSource
 from shardtok.stream import state as envelope
 from shardtok.stream.build import document_stream, packer_for, plan_for
-from shardtok.stream.nodes.packer import Packer
+from shardtok.stream.nodes.packer import Packer, packed_sequence
 from shardtok.stream.options import StreamOptions
 from shardtok.stream.sequence import PackedSequence
 
@@ -101,6 +106,8 @@ class SourceSequences(Packer):
         self.epoch_real_tokens = 0  # real tokens served in the current epoch (or remainder)
         self.source = source
         self.options = options
+        self.masked = source.manifest.masked
+        self._overlong = {"documents": 0, "dropped": 0}  # of the epochs already finished
         self.rank, self.world_size = rank, world_size
         self.worker, self.num_workers = worker, num_workers
         self.first_epoch = first_epoch
@@ -125,7 +132,9 @@ class SourceSequences(Packer):
                 "this source is too small for this many ranks x workers"
             )
         return packer_for(
-            document_stream(self.source, slice_plan, self.options, epoch), self.options
+            document_stream(self.source, slice_plan, self.options, epoch),
+            self.options,
+            self.masked,
         )
 
     def _packer_for_phase(self) -> Packer:
@@ -185,6 +194,7 @@ class SourceSequences(Packer):
                 else:
                     self.epoch += 1
                 self.epoch_real_tokens = 0
+                self._keep_overlong_counts()
                 self._packer = self._open(self.epoch)
                 self._packer.reset(None)
                 continue
@@ -196,7 +206,21 @@ class SourceSequences(Packer):
     def _next(self) -> PackedSequence:
         out = np.empty(self.window, dtype=np.int64)
         starts, length = self.next_into(out)
-        return PackedSequence(out, starts, length)
+        return packed_sequence(out, starts, length, self.masked)
+
+    def _keep_overlong_counts(self) -> None:
+        counted = getattr(self._packer, "overlong", None)
+        if counted is not None:
+            self._overlong["documents"] += counted.documents
+            self._overlong["dropped"] += counted.dropped
+
+    def overlong_counts(self) -> tuple[int, int]:
+        """(overlong documents met, tokens they lost) in this process, all epochs so far."""
+        counted = getattr(self._packer, "overlong", None)
+        documents, dropped = self._overlong["documents"], self._overlong["dropped"]
+        if counted is not None:
+            documents, dropped = documents + counted.documents, dropped + counted.dropped
+        return documents, dropped
 
 
 class MixedSequences(Packer):
@@ -212,6 +236,8 @@ class MixedSequences(Packer):
         self.sources = list(sources)
         self.schedule = MixSchedule(weights)
         self.window = self.sources[0].window
+        self.masked = any(s.masked for s in self.sources)
+        self._row_masked = False
         self.step = 0
 
     def _reset(self, state: dict | None) -> None:
@@ -239,17 +265,23 @@ class MixedSequences(Packer):
     def source_states(cls, state: dict) -> list[dict]:
         return cls.parse_state(state)["sources"]
 
+    @property
+    def row_masked(self) -> bool:
+        return self._row_masked
+
     def next_into(self, out: np.ndarray) -> tuple[list[int], int]:
         if not self._started:
             self.reset(None)
-        placed = self.sources[self.schedule[self.step]].next_into(out)
+        source = self.sources[self.schedule[self.step]]
+        placed = source.next_into(out)
+        self._row_masked = source.masked
         self.step += 1
         return placed
 
     def _next(self) -> PackedSequence:
         out = np.empty(self.window, dtype=np.int64)
         starts, length = self.next_into(out)
-        return PackedSequence(out, starts, length)
+        return packed_sequence(out, starts, length, self._row_masked)
 
     def shares(self) -> list[dict]:
         """Per source: sequences served, share of all, epochs started."""
@@ -260,6 +292,8 @@ class MixedSequences(Packer):
                 "sequences": s.sequences,
                 "share": s.sequences / total,
                 "epoch": s.epoch,
+                "overlong_documents": s.overlong_counts()[0],
+                "overlong_tokens_dropped": s.overlong_counts()[1],
             }
             for s in self.sources
         ]

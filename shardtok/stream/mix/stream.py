@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from shardtok.stream import state as envelope
 from shardtok.stream.batch import Allocator, allocate_arrays
-from shardtok.stream.build import batcher_for
+from shardtok.stream.build import batcher_for, resolved
 from shardtok.stream.mix.sequences import MixedSequences, SourceSequences, with_source_seed
 from shardtok.stream.mix.spec import MixSpec, load_mix_config
 from shardtok.stream.nodes.base import PlacedStream
@@ -52,6 +52,7 @@ class MixedStream(PlacedStream):
         if elastic is not None:
             elastic = check_mix_layout(elastic, len(spec.sources), "mixed stream elastic state")
         self.elastic = elastic
+        options = resolved(options, spec.sources)
         self.spec, self.options = spec, options
         self.rank, self.world_size = rank, world_size
         self.worker, self.num_workers = worker, num_workers

@@ -109,6 +109,7 @@ class Batcher(Node[dict]):
                         mask_boundary_labels=self.mask_boundary_labels,
                         labels_format=self.labels_format,
                         allocate=self.allocate,
+                        masked=upstream.masked,
                     ),
                     self.batch_size * upstream.window,
                 )
@@ -118,6 +119,8 @@ class Batcher(Node[dict]):
             self._rows = np.empty((self.batch_size, upstream.window), dtype=np.int64)
         rows = self._rows
         starts, lengths = [], []
+        masked = upstream.masked
+        sft_rows = []  # masked data: which rows are (a mix holds both kinds)
         for b in range(self.batch_size):
             try:
                 row_starts, length = upstream.next_into(rows[b])
@@ -131,6 +134,8 @@ class Batcher(Node[dict]):
                 ) from None
             starts.append(row_starts)
             lengths.append(length)
+            if masked:
+                sft_rows.append(upstream.row_masked)
         batch = assemble_batch(
             rows,
             starts,
@@ -138,6 +143,8 @@ class Batcher(Node[dict]):
             mask_boundary_labels=self.mask_boundary_labels,
             labels_format=self.labels_format,
             allocate=self.allocate,
+            masked=masked,
+            sft_rows=sft_rows if masked else None,
         )
         return self._count(batch, sum(lengths))
 
@@ -152,7 +159,7 @@ class Batcher(Node[dict]):
         """Packing statistics so far; slots count ``seq_len + 1`` tokens per sequence."""
         window = int(self.upstream.window)
         slots = self.sequences * window
-        return {
+        out = {
             "batches": self.batches,
             "sequences": self.sequences,
             "real_tokens": self.real_tokens,
@@ -160,3 +167,7 @@ class Batcher(Node[dict]):
             "packing_efficiency": self.real_tokens / slots if slots else 0.0,
             "segments": self.segments,
         }
+        counted = getattr(self.upstream, "overlong", None)  # greedy, bfd (this process)
+        if counted is not None:
+            out.update(counted.stats())
+        return out

@@ -1,7 +1,8 @@
 """Best-fit-decreasing packing over a window of documents, online, tail padded.
 
 The packer reads ``bfd_window`` documents, cuts each longer than ``seq_len + 1`` tokens into
-full ``seq_len + 1``-token pieces (sequences of their own) plus a remainder, and packs all
+full ``seq_len + 1``-token pieces (sequences of their own) plus a remainder (``overlong="split"``;
+``truncate`` keeps only its first ``seq_len + 1`` tokens, ``drop`` none), and packs all
 pieces best-fit-decreasing: longest first, each into the open sequence with the least room
 that still fits it, a new one when none does. It emits that window's sequences, then reads the
 next window. A sequence holds at most ``seq_len + 1`` real tokens, so a slice of T tokens always
@@ -23,7 +24,7 @@ import numpy as np
 from shardtok.errors import ResumeStateError
 from shardtok.stream import state as envelope
 from shardtok.stream.nodes.base import HISTORY, DocumentNode
-from shardtok.stream.nodes.packer import Packer
+from shardtok.stream.nodes.packer import OverlongCount, Packer
 
 # The window is re-read from the state at its first document, which document nodes can only
 # describe HISTORY documents back.
@@ -79,9 +80,18 @@ class BFDPacker(Packer):
     }
 
     def __init__(
-        self, upstream: DocumentNode, seq_len: int, *, bfd_window: int = 1000, pad_id: int = 0
+        self,
+        upstream: DocumentNode,
+        seq_len: int,
+        *,
+        bfd_window: int = 1000,
+        pad_id: int = 0,
+        overlong: str = "split",
+        masked: bool = False,
     ):
         super().__init__()
+        self.masked = masked
+        self.overlong = OverlongCount(overlong)
         if seq_len < 1:
             raise ValueError(f"seq_len must be at least 1, got {seq_len}")
         if not 1 <= bfd_window <= MAX_BFD_WINDOW:
@@ -130,14 +140,17 @@ class BFDPacker(Packer):
 
     # -- what elastic resume needs (shardtok.stream.resume.elastic) ---------------------
     @classmethod
-    def residual_documents(cls, state: dict, documents: DocumentNode) -> Iterator[np.ndarray]:
+    def residual_documents(
+        cls, state: dict, documents: DocumentNode, overlong: str = "split"
+    ) -> Iterator[np.ndarray]:
         """The pieces of the window's unemitted sequences (in document order), then every
-        later document."""
+        later document. `overlong`: the packer's option (the window is re-packed with it)."""
         state = cls.parse_state(state)
         documents.reset(state["upstream"])
         if state["done"]:
             docs = documents._next_many(state["window"])
-            bins = pack_bfd([len(d) for d in docs], state["slots"])
+            lengths = [OverlongCount(overlong).keep(len(d), state["slots"]) for d in docs]
+            bins = pack_bfd(lengths, state["slots"])
             if state["done"] > len(bins):
                 raise ResumeStateError(_past_window(state["done"], len(bins)))
             for i, start, stop in sorted(r for b in bins[state["done"] :] for r in b):
@@ -162,20 +175,23 @@ class BFDPacker(Packer):
         self._emitted = state["emitted"]
         self._exhausted = state["exhausted"]
         if state["done"]:
-            self._read_window()
+            self._read_window(count=False)  # its overlong documents were counted before
             if state["done"] > len(self._bins):
                 raise ResumeStateError(_past_window(state["done"], len(self._bins)))
             self._done = state["done"]
 
     # -- packing ------------------------------------------------------------------------
-    def _read_window(self) -> None:
+    def _read_window(self, count: bool = True) -> None:
         self._start = self.upstream.position
         self._docs = self.upstream._next_many(self.bfd_window)  # started by reset
         # A short window is the last: asking an ended upstream again is not part of its contract.
         self._exhausted = len(self._docs) < self.bfd_window
         if self._docs and self.dtype is None:
             self.dtype = self._docs[0].dtype
-        self._bins = pack_bfd([len(d) for d in self._docs], self.window)
+        counter = self.overlong if count else OverlongCount(self.overlong.mode)
+        slots = self.window
+        lengths = [n if n <= slots else counter.keep(n, slots) for n in map(len, self._docs)]
+        self._bins = pack_bfd(lengths, slots)
         self._done = 0
 
     def _prepare(self) -> bool:

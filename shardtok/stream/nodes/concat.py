@@ -12,6 +12,7 @@ windows of ``seq_len + 1`` tokens, Megatron style.
 
 A slice of T tokens gives ``(T - L) // stride + 1`` windows (``L = seq_len + 1``, none when
 T < L); the tail that does not fill a window is left unread (the epoch plan counts it).
+Masked documents are cut the same way: their masks are flag bits of their tokens.
 """
 
 from __future__ import annotations
@@ -45,8 +46,16 @@ class ConcatPacker(Packer):
     KIND = "concat"
     FIELDS = {"upstream": envelope.STATE, "skip": envelope.INT, "emitted": envelope.INT}
 
-    def __init__(self, upstream: DocumentNode, seq_len: int, stride: int | None = None):
+    def __init__(
+        self,
+        upstream: DocumentNode,
+        seq_len: int,
+        stride: int | None = None,
+        *,
+        masked: bool = False,
+    ):
         super().__init__()
+        self.masked = masked
         if seq_len < 1:
             raise ValueError(f"seq_len must be at least 1, got {seq_len}")
         self.upstream = upstream
@@ -93,8 +102,11 @@ class ConcatPacker(Packer):
         return max(0, total - cls.parse_state(state)["emitted"] * stride)
 
     @classmethod
-    def residual_documents(cls, state: dict, documents: DocumentNode) -> Iterator[np.ndarray]:
-        """From `state` on, the tokens not yet in a yielded window, document by document."""
+    def residual_documents(
+        cls, state: dict, documents: DocumentNode, overlong: str = "split"
+    ) -> Iterator[np.ndarray]:
+        """From `state` on, the tokens not yet in a yielded window, document by document
+        (`overlong` does not apply: concat cuts every document)."""
         state = cls.parse_state(state)
         documents.reset(state["upstream"])
         first = next(documents, None)

@@ -2,10 +2,12 @@
 
 Each document goes into the first of up to ``lookahead`` open sequences with room for it
 (first fit); when none has room and all are open, the oldest is closed and emitted. A sequence
-that fills up exactly is emitted at once. A document longer than ``seq_len + 1`` tokens is cut:
-its full ``seq_len + 1``-token pieces become sequences of their own, the remainder is placed
-like any document. A sequence holds at most ``seq_len + 1`` real tokens, so a slice of T tokens
-always yields at least ``ceil(T / (seq_len + 1))`` sequences (the epoch plan relies on this).
+that fills up exactly is emitted at once. A document longer than ``seq_len + 1`` tokens is
+handled by ``overlong``: ``split`` cuts it (its full ``seq_len + 1``-token pieces become sequences
+of their own, the remainder is placed like any document), ``truncate`` keeps its first
+``seq_len + 1`` tokens as a sequence of their own, ``drop`` leaves it out. A sequence holds at
+most ``seq_len + 1`` real tokens, so a slice of T tokens, K of them kept, always yields at least
+``ceil(K / (seq_len + 1))`` sequences (the epoch plan relies on this and counts K).
 
 State: the open and finished-but-unemitted sequences are described by the upstream positions
 and token ranges of the documents in them (a few integers each), plus the upstream state at the
@@ -22,7 +24,7 @@ import numpy as np
 from shardtok.errors import ResumeStateError
 from shardtok.stream import state as envelope
 from shardtok.stream.nodes.base import DocumentNode
-from shardtok.stream.nodes.packer import Packer
+from shardtok.stream.nodes.packer import OverlongCount, Packer
 
 # An open sequence whose first document is this many documents old is closed, so the state
 # never reaches further back than document nodes remember (node.HISTORY).
@@ -65,8 +67,12 @@ class GreedyPacker(Packer):
         *,
         lookahead: int = 8,
         pad_id: int = 0,
+        overlong: str = "split",
+        masked: bool = False,
     ):
         super().__init__()
+        self.masked = masked
+        self.overlong = OverlongCount(overlong)
         if seq_len < 1:
             raise ValueError(f"seq_len must be at least 1, got {seq_len}")
         if lookahead < 1:
@@ -128,8 +134,11 @@ class GreedyPacker(Packer):
 
     # -- what elastic resume needs (shardtok.stream.resume.elastic) ---------------------
     @classmethod
-    def residual_documents(cls, state: dict, documents: DocumentNode) -> Iterator[np.ndarray]:
-        """The pieces held in open and unyielded sequences, then every later document."""
+    def residual_documents(
+        cls, state: dict, documents: DocumentNode, overlong: str = "split"
+    ) -> Iterator[np.ndarray]:
+        """The pieces held in open and unyielded sequences, then every later document (whole:
+        the packer that takes them applies `overlong` again)."""
         state = cls.parse_state(state)
         documents.reset(state["upstream"])
         wanted: dict[int, list[tuple[int, int | None]]] = {}
@@ -238,14 +247,15 @@ class GreedyPacker(Packer):
         except StopIteration:
             self._exhausted = True
             return True
-        n = len(doc)
+        size = len(doc)
+        n = size if size <= self.window else self.overlong.keep(size, self.window)
         if n == 0:
             return True
         self._note_dtype(doc)
         if n > self.window:
             self._long = (pos, doc, 0)
         else:
-            self._place((pos, 0, n), doc)
+            self._place((pos, 0, n), doc[:n] if n < size else doc)
         return True
 
     def _prepare(self) -> bool:

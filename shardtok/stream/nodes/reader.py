@@ -11,6 +11,10 @@ range (the other part belongs to the neighbouring slice).
 State: ``{"group", "ordinal", "position"}``: the group, how many documents of the group were
 emitted (the round-robin rule turns that back into a cursor per piece), and the position in
 the slice. Only the shard heads (json and idx) of one group are read to restore.
+
+With ``masked`` (a dataset with loss masks) mask frame n is read beside token frame n and put
+into the tokens as their sign, once per frame (``shardtok.stream.masked``): documents are int32
+arrays whose untrained tokens are negative, and trimming one trims its mask with it.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import numpy as np
 
 from shardtok.storage.dataset import DatasetSource
 from shardtok.stream import state as envelope
+from shardtok.stream.masked import flag_untrained
 from shardtok.stream.nodes.base import DocumentNode
 from shardtok.stream.plan import Piece
 
@@ -57,10 +62,13 @@ def round_robin_consumed(counts: Sequence[int], ordinal: int) -> tuple[list[int]
 class _OpenPiece:
     """One piece of a shard, open for sequential reading."""
 
-    def __init__(self, source: DatasetSource, piece: Piece, expected_tokens: int):
+    def __init__(
+        self, source: DatasetSource, piece: Piece, expected_tokens: int, masked: bool = False
+    ):
         self.piece = piece
+        self.masked = masked
         # open_stream checked the shard against its manifest entry (counts included).
-        self.reader, self._file = source.open_stream(piece.file)
+        self.reader, self._file = source.open_stream(piece.file, with_masks=masked)
         offsets = self.reader.offsets
         if not 0 <= piece.start < piece.stop <= expected_tokens:
             raise ValueError(f"piece {piece} outside the shard's {expected_tokens} tokens")
@@ -75,7 +83,10 @@ class _OpenPiece:
         first, last = self.first, self.stop - 1
         doc_no = first + skip
         try:
-            docs = self.reader.documents(doc_no, self.stop)
+            docs = self.reader.documents(
+                doc_no, self.stop, with_masks=self.masked,
+                combine=flag_untrained if self.masked else None,
+            )  # fmt: skip
             if doc_no == first and self.head_trim:
                 doc = next(docs)[self.head_trim :]
                 yield doc[: self.tail_keep - self.head_trim] if first == last else doc
@@ -91,17 +102,26 @@ class _OpenPiece:
         if self._file is not None:
             self._file.close()
             self._file = None
+            if self.reader.mask_source is not None:  # the range reads of the mask frames
+                self.reader.mask_source.close()
 
 
 class SliceReader(DocumentNode):
     KIND = "reader"
     FIELDS = {"group": envelope.INT, "ordinal": envelope.INT, "position": envelope.INT}
 
-    def __init__(self, source: DatasetSource, pieces: Sequence[Piece], interleave: int = 4):
+    def __init__(
+        self,
+        source: DatasetSource,
+        pieces: Sequence[Piece],
+        interleave: int = 4,
+        masked: bool = False,
+    ):
         super().__init__()
         if interleave < 1:
             raise ValueError(f"interleave must be at least 1, got {interleave}")
         self.source = source
+        self.masked = masked
         self.pieces = tuple(pieces)
         self.interleave = interleave
         self.position = 0
@@ -130,7 +150,8 @@ class SliceReader(DocumentNode):
         manifest = self.source.manifest
         members = self.pieces[group * self.interleave : (group + 1) * self.interleave]
         self._open = [
-            _OpenPiece(self.source, p, manifest.shards[p.shard].num_tokens) for p in members
+            _OpenPiece(self.source, p, manifest.shards[p.shard].num_tokens, self.masked)
+            for p in members
         ]
         # Remote shards: the next group's first blocks arrive while this group is consumed.
         following = self.pieces[(group + 1) * self.interleave : (group + 2) * self.interleave]

@@ -35,7 +35,14 @@ from shardtok.index.slices import cut_ranges
 from shardtok.storage.dataset import DatasetSource
 from shardtok.stream import state as envelope
 from shardtok.stream.batch import Allocator, allocate_arrays
-from shardtok.stream.build import batcher_for, document_stream, packer_class, packer_for, plan_for
+from shardtok.stream.build import (
+    batcher_for,
+    document_stream,
+    packer_class,
+    packer_for,
+    plan_for,
+    resolved,
+)
 from shardtok.stream.nodes.base import DocumentNode, PlacedStream
 from shardtok.stream.options import StreamOptions
 from shardtok.stream.plan import EpochPlan, sequence_count
@@ -97,7 +104,8 @@ def residual_documents(
     if progress["packer"] is None:
         documents.reset(None)
         return iter(documents)
-    return packer_class(options.packing).residual_documents(progress["packer"], documents)
+    overlong = options.overlong_for(source.manifest.masked)
+    return packer_class(plan.packing).residual_documents(progress["packer"], documents, overlong)
 
 
 @dataclass(frozen=True)
@@ -206,6 +214,16 @@ class ElasticStream(PlacedStream):
     ):
         super().__init__()
         elastic = check_layout(elastic, "elastic resume state")
+        options = resolved(options, [source])
+        if options.packing != "concat" and options.overlong != "split":
+            # The remainder is planned from token counts alone; truncated or dropped
+            # documents would make a new slice promise batches it cannot fill.
+            raise ResumeStateError(
+                f"{source.display}: elastic resume (another world size or number of workers) "
+                f"needs overlong='split' with {options.packing} packing, this stream has "
+                f"{options.overlong!r}; finish epoch {epoch} with the old layout, or start the "
+                "next epoch"
+            )
         self.source, self.options, self.elastic = source, options, elastic
         self.epoch = epoch
         self.rank, self.world_size = rank, world_size
@@ -229,7 +247,7 @@ class ElasticStream(PlacedStream):
         index = rank * num_workers + worker
         documents = RemainderDocuments(self._residual, self.plan.segments[index])
         self.batcher = batcher_for(
-            packer_for(documents, options),
+            packer_for(documents, options, source.manifest.masked),
             options,
             self.plan.batches_per_slice,
             allocate,

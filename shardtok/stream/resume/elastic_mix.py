@@ -106,6 +106,6 @@ def remainder_packers(
         return residual_documents(source, options, plans[entry["epoch"]], s, entry)
 
     def make() -> Packer:
-        return packer_for(RemainderDocuments(residual, segments), options)
+        return packer_for(RemainderDocuments(residual, segments), options, source.manifest.masked)
 
     return make, max(entry["epoch"] for entry in per_slice) + 1

@@ -14,9 +14,14 @@ from dataclasses import MISSING, fields
 from shardtok.errors import ResumeStateError
 from shardtok.storage.dataset import DatasetSource
 from shardtok.storage.location import display_url
-from shardtok.stream.options import StreamOptions
+from shardtok.stream.options import UNMASKED_DEFAULTS, StreamOptions
 
-OPTION_DEFAULTS = {f.name: f.default for f in fields(StreamOptions) if f.default is not MISSING}
+# A key a saved state lacks was saved before that option existed, for data without masks (the
+# stream refused masked data until then), so it compares as that data's resolved default.
+OPTION_DEFAULTS = {
+    **{f.name: f.default for f in fields(StreamOptions) if f.default is not MISSING},
+    **UNMASKED_DEFAULTS,
+}
 
 
 def source_fingerprint(source: DatasetSource) -> dict:

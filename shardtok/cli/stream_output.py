@@ -1,0 +1,125 @@
+"""What `shardtok stream` shows of the batches: real tokens, decoded text, the .npz dump."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+from shardtok.errors import UsageError
+from shardtok.stream.batch import IGNORE_INDEX
+
+# Untrained text on a terminal: dim grey, so trained text stands out; elsewhere brackets, which
+# survive pipes, files and copy-paste.
+DIM, RESET = "\x1b[2;37m", "\x1b[0m"
+OPEN, CLOSE = "[[", "]]"
+
+
+def real_tokens(batch: dict, labels_format: str, pad_id: int, masked: bool) -> int:
+    """Tokens of the batch's windows that are not padding (inputs plus each row's last target).
+
+    Without loss masks a row's -100 tail is its padding. With masks the tail may be an
+    untrained prompt, so padding is recognised as greedy writes it: the row's last segment,
+    only `pad_id` tokens, no trained label (padding of only the window's extra token is then
+    counted as real: one token in a row)."""
+    labels = batch["labels"]
+    rows, seq_len = labels.shape
+    ignored = labels == IGNORE_INDEX
+    if not masked:
+        tail = np.where(ignored.all(axis=1), seq_len, np.argmin(ignored[:, ::-1], axis=1))
+        if labels_format == "hf":
+            # hf labels sit one column right of the shifted ones, so a padded row's -100 tail
+            # is one shorter: the padding after `length` real tokens covers seq_len - length.
+            tail = tail + (tail > 0)
+        return int(rows * (seq_len + 1) - tail.sum())
+    ids, docs = batch["input_ids"], batch["document_ids"]
+    total = rows * (seq_len + 1)
+    for row in range(rows):
+        last = int(np.searchsorted(docs[row], docs[row, -1], side="left"))  # last segment
+        if last and (ids[row, last:] == pad_id).all() and ignored[row, last:].all():
+            total -= seq_len + 1 - last
+    return total
+
+
+def trained_inputs(labels: np.ndarray, labels_format: str) -> np.ndarray:
+    """Per input position, whether that token is a trained target (bool, like `labels`)."""
+    trained = labels != IGNORE_INDEX
+    if labels_format == "hf":  # aligned: label i is input i
+        return trained
+    out = np.zeros_like(trained)
+    out[:, 1:] = trained[:, :-1]  # shifted: label i - 1 is the target that input i is
+    return out
+
+
+def marked_text(decode, ids: np.ndarray, trained: np.ndarray, colour: bool) -> str:
+    """The text of `ids`, each run of untrained tokens dimmed (`colour`) or in [[brackets]]."""
+    bounds = [0, *(np.flatnonzero(np.diff(trained.astype(np.int8))) + 1).tolist(), len(ids)]
+    parts = []
+    for a, c in zip(bounds, bounds[1:]):
+        text = decode(ids[a:c].tolist())
+        if trained[a]:
+            parts.append(text)
+        else:
+            parts.append(f"{DIM}{text}{RESET}" if colour else f"{OPEN}{text}{CLOSE}")
+    return "".join(parts)
+
+
+def decode_batches(args, manifest, batches: list[dict], labels_format: str) -> None:
+    from shardtok.convert.tokenizer import BUNDLED, load_tokenizer
+
+    spec = load_tokenizer(args.tokenizer or BUNDLED, backend="hf")  # decoding: no tiktoken gate
+    recorded = (manifest.tokenizer or {}).get("fingerprint")
+    if recorded and recorded != spec.fingerprint:
+        message = (
+            f"the dataset was tokenized with {manifest.tokenizer.get('name')!r} "
+            f"({recorded[:19]}...), not with {spec.name!r}"
+        )
+        if args.tokenizer is None:
+            raise UsageError(f"{message}; pass --tokenizer PATH")
+        print(f"warning: {message}", file=sys.stderr)
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_str(spec.backend_json)
+
+    def decode(ids: list[int]) -> str:
+        return tokenizer.decode(ids, skip_special_tokens=False)
+
+    colour = sys.stdout.isatty()
+    legend = "dim" if colour else f"in {OPEN} {CLOSE}"
+    print(f"(untrained tokens -- label -100: prompts, padding, document starts -- are {legend})")
+    shown = 0
+    for b, batch in enumerate(batches):
+        trained = trained_inputs(batch["labels"], labels_format)
+        for row in range(len(batch["input_ids"])):
+            if shown >= args.decode:
+                return
+            ids = batch["input_ids"][row]
+            docs = batch["document_ids"][row]
+            print(f"=== batch {b} sequence {row} ===")
+            bounds = [0, *np.flatnonzero(np.diff(docs)) + 1, len(ids)]
+            for a, c in zip(bounds, bounds[1:]):
+                count = int(trained[row, a:c].sum())
+                print(
+                    f"--- document {docs[a]}: positions {a}..{c - 1}, {count} of {c - a} "
+                    "tokens trained ---"
+                )
+                print(marked_text(decode, ids[a:c], trained[row, a:c], colour))
+            shown += 1
+
+
+def dump_batches(path: str, batches: list[dict], plan_json: str) -> None:
+    cu = [b["cu_seqlens"] for b in batches]
+    offsets = np.zeros(len(cu) + 1, dtype=np.int64)
+    np.cumsum([len(c) for c in cu], out=offsets[1:])
+    np.savez(
+        path,
+        input_ids=np.stack([b["input_ids"] for b in batches]),
+        labels=np.stack([b["labels"] for b in batches]),
+        position_ids=np.stack([b["position_ids"] for b in batches]),
+        document_ids=np.stack([b["document_ids"] for b in batches]),
+        cu_seqlens=np.concatenate(cu) if cu else np.empty(0, np.int32),
+        cu_seqlens_offsets=offsets,
+        max_seqlen=np.array([b["max_seqlen"] for b in batches], dtype=np.int64),
+        num_trained_tokens=np.array([b["num_trained_tokens"] for b in batches], dtype=np.int64),
+        plan=np.array(plan_json),
+    )

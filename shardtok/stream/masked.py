@@ -1,0 +1,40 @@
+"""How a loss mask travels with its tokens: as the sign of the token ids themselves.
+
+A masked (fine-tuning) document reaches the stream as int32 token ids whose sign bit is set on
+every token whose mask is 0 (an untrained token is negative: its id minus 2**31). The reader
+sets the flags once per decoded frame, one vectorized pass; from there on a masked document is
+a plain 1-D integer array, so the shuffle buffer, concat, greedy and bfd, mixes and elastic
+resume move it -- slice it, cut it, concatenate it, write it into a row -- with exactly the
+numpy calls that move maskless data, and a mask bit can never part from its token. The batch
+builder clears the bit when it writes ``input_ids`` and turns every negative target into -100
+when it writes ``labels`` (one ``maximum`` with -100: the flag was chosen for that).
+
+Why not a (tokens, mask) pair per document: that cost a Python object and a second numpy call
+for every slice, cut and copy of every document -- masked streaming ran at 60% of the unmasked
+throughput that way (2 workers, 8 x 2048) -- where the flag costs one pass per ~1 MiB frame.
+
+Data without masks carries no flag (every token trained) and is never touched: its documents
+stay the reader's views of the decoded frame. Padding carries no flag either; the batch
+builder masks padding by position. Token ids are at most 2**31 - 1 in any shardtok dtype, so
+the sign is free.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+VALUES = 0x7FFFFFFF  # the token id bits under the flag
+FLAGGED_DTYPE = np.dtype(np.int32)
+
+
+def flag_untrained(tokens: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """`tokens` (uint16 or int32 ids) as int32, negative where `mask` (uint8 0/1) is 0: a new
+    array, built in two passes."""
+    out = np.left_shift(mask ^ 1, 31, dtype=FLAGGED_DTYPE)  # 1 << 31 is the int32 sign bit
+    out |= tokens
+    return out
+
+
+def split_flags(flagged: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(token ids, uint8 loss mask) of flagged tokens: the inverse of `flag_untrained`."""
+    return flagged & VALUES, (flagged >= 0).view(np.uint8)
