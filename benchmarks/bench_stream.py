@@ -365,7 +365,8 @@ def masks(args) -> None:
     # Each masked run directly follows its unmasked twin, so the load on the shared cores is
     # alike within a pair: the median of the pairs' ratios is the figure, not a ratio of medians.
     print("\n| loader | packing | unmasked: M tokens/s, median (runs) | masked: median (runs) | "
-          "masked / unmasked: median of pairs (range) | worker CPU µs/batch unmasked / masked |"
+          f"masked / unmasked: median of pairs (range) | {'worker' if args.workers else 'main'} "
+          "CPU µs/batch unmasked / masked |"
           "\n|---|---|---|---|---|---|")  # fmt: skip
     for kind in args.kinds:
         for packing in args.packings if kind == "lean" else ["-"]:
@@ -376,7 +377,8 @@ def masks(args) -> None:
             cells = []
             for runs in (plain, masked):
                 speeds = sorted(r["tokens_per_s"] / 1e6 for r in runs)
-                cpu = sorted(r["worker_cpu_us_per_batch"] for r in runs)
+                key = "worker_cpu_us_per_batch" if args.workers else "main_cpu_us_per_batch"
+                cpu = sorted(r[key] for r in runs)
                 text = ", ".join(f"{x:.1f}" for x in speeds)
                 cells.append((f"{speeds[len(speeds) // 2]:.1f} ({text})", cpu[len(cpu) // 2]))
             print(f"| {LABELS[kind]}, {args.workers} workers | {packing} | {cells[0][0]} | "

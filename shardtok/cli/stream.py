@@ -60,7 +60,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--stage", default="0", help="--config: data stage index or name")
     p.add_argument("--seq-len", type=at_least(1), metavar="L", help="input tokens per sequence")
     p.add_argument("--batch-size", type=at_least(1), metavar="B", help="sequences per batch")
-    p.add_argument("--packing", choices=PACKINGS, default=None)
+    p.add_argument(
+        "--packing",
+        choices=PACKINGS,
+        default=None,
+        help="default: greedy when a dataset has loss masks (fine-tuning data), else concat",
+    )
     p.add_argument("--seed", type=at_least(0), default=None)
     p.add_argument("--epoch", type=at_least(0), default=0)
     p.add_argument("--rank", type=at_least(0), default=0)
