@@ -12,20 +12,8 @@ from __future__ import annotations
 import json
 
 from shardtok.convert.sft.config import SFTConfig
-from shardtok.convert.sft.conversation import Conversation, Rendered
+from shardtok.convert.sft.conversation import Conversation, Rendered, merge_spans
 from shardtok.errors import UsageError
-
-
-def _merge(spans: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
-    merged: list[list[int]] = []
-    for start, end in spans:
-        if end <= start:
-            continue
-        if merged and merged[-1][1] >= start:
-            merged[-1][1] = max(merged[-1][1], end)
-        else:
-            merged.append([start, end])
-    return tuple((a, b) for a, b in merged)
 
 
 class ConstructionRenderer:
@@ -66,7 +54,7 @@ class ConstructionRenderer:
             trained.append((at, at + len(self.eos_token)))
         return Rendered(
             "".join(parts),
-            _merge(trained),
+            merge_spans(trained),
             tuple(s for s in content if s[1] > s[0]),
             tuple(turns),
         )

@@ -58,3 +58,17 @@ class SFTBad:
 
     reason: str
     detail: str
+
+
+def merge_spans(spans) -> tuple[tuple[int, int], ...]:
+    """Character spans sorted, with empty ones dropped and touching or overlapping ones joined:
+    the form ``Rendered.trained`` takes, from any renderer."""
+    merged: list[list[int]] = []
+    for start, end in sorted(spans):
+        if end <= start:
+            continue
+        if merged and merged[-1][1] >= start:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return tuple((a, b) for a, b in merged)

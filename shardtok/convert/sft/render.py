@@ -30,7 +30,7 @@ from __future__ import annotations
 import re
 from collections.abc import Collection
 
-from shardtok.convert.sft.conversation import Conversation, Message, Rendered
+from shardtok.convert.sft.conversation import Conversation, Message, Rendered, merge_spans
 from shardtok.convert.sft.jinja_env import TrackedMessages, compile_template, render_tracked
 
 # Loop attributes that take the next message before the current one's turn is output.
@@ -186,7 +186,7 @@ class ChatTemplateRenderer:
                 continue
             blocks = [(a, b) for a, b in generation if start <= a < end and b > a]
             trained += [(start, end)] if self.train_on_input or not blocks else blocks
-        return Rendered(text, _merge(trained), tuple(content), tuple(turns))
+        return Rendered(text, merge_spans(trained), tuple(content), tuple(turns))
 
 
 _PATTERNS: dict[tuple[str, ...], re.Pattern] = {}
@@ -226,15 +226,3 @@ def _locate(text, content, start, end, specials: _Occurrences) -> tuple[int, int
         if found:
             return found[-1]
     return None
-
-
-def _merge(spans) -> tuple[tuple[int, int], ...]:
-    merged: list[list[int]] = []
-    for start, end in sorted(spans):
-        if end <= start:
-            continue
-        if merged and merged[-1][1] >= start:
-            merged[-1][1] = max(merged[-1][1], end)
-        else:
-            merged.append([start, end])
-    return tuple((a, b) for a, b in merged)
