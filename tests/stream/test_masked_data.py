@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -11,7 +13,7 @@ from shardtok.errors import ResumeStateError
 from shardtok.format import ShardReader
 from shardtok.storage.dataset import DatasetSource
 from shardtok.stream import MixedStream, SliceStream, StreamOptions, StreamSetup, mix_spec
-from shardtok.stream.batch import IGNORE_INDEX
+from shardtok.stream.batch import IGNORE_INDEX, to_hf_labels
 from shardtok.stream.masked import split_flags
 from shardtok.stream.nodes.base import take
 from shardtok.stream.nodes.reader import SliceReader
@@ -130,18 +132,17 @@ def test_masked_streams_resume_exactly(sft, packing, overlong):
 
 def test_a_mix_of_masked_and_unmasked_data(sft, pretrain):
     spec = mix_spec({sft[1]: 1.0, pretrain[1]: 1.0})
-    for labels_format in ("shifted", "hf"):
-        options = StreamOptions(seq_len=47, batch_size=3, labels_format=labels_format)
-        stream = MixedStream(spec, options, num_batches=30)
-        seen = set()
-        for batch in stream:
-            if labels_format == "hf":
-                continue  # the shifted run checks every label; hf is the same moved right
-            window = window_of(batch)
-            want = expected_shifted_labels([sft[0], pretrain[0]], [True, False], window, False)
-            assert np.array_equal(batch["labels"], want)
-            seen |= {bool(sft[0].mine(window[r, :1])[0]) for r in range(len(window))}
-        assert seen == {True, False} or labels_format == "hf"  # both kinds of rows were checked
+    options = StreamOptions(seq_len=47, batch_size=3)
+    hf = MixedStream(spec, replace(options, labels_format="hf"), num_batches=30)
+    seen = set()
+    for batch, hf_batch in zip(MixedStream(spec, options, num_batches=30), hf, strict=True):
+        window = window_of(batch)
+        want = expected_shifted_labels([sft[0], pretrain[0]], [True, False], window, False)
+        assert np.array_equal(batch["labels"], want)
+        assert np.array_equal(hf_batch["labels"], to_hf_labels(want.copy()))
+        assert batch["num_trained_tokens"] == int((want != IGNORE_INDEX).sum())
+        seen |= {bool(sft[0].mine(window[r, :1])[0]) for r in range(len(window))}
+    assert seen == {True, False}  # both kinds of rows were checked
 
 
 def test_a_mixed_masked_stream_saves_and_restores(sft, pretrain):
