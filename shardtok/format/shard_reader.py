@@ -24,10 +24,10 @@ from typing import Protocol
 import numpy as np
 
 from shardtok.errors import CorruptShardError
+from shardtok.format.frame_documents import document_slices, frame_documents, frame_range
 from shardtok.format.frames import FrameDecoder
 from shardtok.format.mask_reader import MaskFrames, check_mask_member
 from shardtok.format.shard_head import ShardHead, read_head, read_mask_header
-from shardtok.format.shard_meta import ShardMeta
 from shardtok.format.tar import BLOCK, END_OF_ARCHIVE, decode_header
 
 # Reads from a stream are at most this large, so a size a damaged header declares is never
@@ -80,60 +80,6 @@ def read_source_head(source: RangeSource, where: str) -> ShardHead:
         return source.read_range(offset, max(0, min(n, size - offset)))
 
     return read_head(read_upto, where, size)
-
-
-def _document_slices(
-    head: ShardHead,
-    frame_no: int,
-    raw: bytes,
-    start: int,
-    stop: int,
-    dtype=None,
-    bits=None,
-    combine=None,
-) -> list:
-    """Views of the documents of [start, stop) that begin in frame `frame_no`, decoded as `raw`;
-    with `bits` (the frame's decoded mask), (tokens, mask) pairs of views, or with `combine`
-    too, views of ``combine(tokens, mask)`` (one array for the frame)."""
-    meta = head.meta
-    frames = meta.frames
-    first = frames[frame_no].first_document
-    last = frames[frame_no + 1].first_document if frame_no + 1 < len(frames) else meta.num_documents
-    lo, hi = max(first, start), min(last, stop)
-    if lo >= hi:
-        return []
-    # `dtype`: uint8 for a mask frame, whose offsets in tokens equal the token frame's.
-    tokens = np.frombuffer(raw, dtype=meta.dtype if dtype is None else dtype)
-    itemsize = meta.dtype.itemsize
-    base = frames[frame_no].uncompressed_offset // itemsize
-    # One vectorized offset computation per frame, then plain slicing: the per-document cost
-    # is what bounds streaming speed for short documents.
-    begins = (head.index.pointers[lo:hi] // itemsize - base).tolist()
-    sizes = head.index.sizes[lo:hi].tolist()
-    if bits is None:
-        return [tokens[b : b + n] for b, n in zip(begins, sizes)]
-    # The mask frame's offsets in mask bytes equal the token frame's in tokens.
-    mask = np.frombuffer(bits, dtype=np.uint8)
-    if combine is not None:
-        both = combine(tokens, mask)
-        return [both[b : b + n] for b, n in zip(begins, sizes)]
-    return [(tokens[b : b + n], mask[b : b + n]) for b, n in zip(begins, sizes)]
-
-
-def _frame_range(meta: ShardMeta, start: int, stop: int) -> range:
-    firsts = [f.first_document for f in meta.frames]
-    lo = int(np.searchsorted(firsts, start, side="right")) - 1
-    hi = int(np.searchsorted(firsts, stop, side="left"))
-    return range(max(lo, 0), hi)
-
-
-def _frame_documents(
-    head, frame_no: int, raw: bytes, masks, source, start: int, stop: int, combine=None
-):
-    """The documents of one frame, paired with their masks (read from `source`) when `masks`
-    is set (or combined with them by `combine`)."""
-    bits = None if masks is None else masks.frame(source, frame_no)
-    return _document_slices(head, frame_no, raw, start, stop, bits=bits, combine=combine)
 
 
 class ShardReader:
@@ -196,8 +142,8 @@ class ShardReader:
             raise IndexError(
                 f"document {i} out of range for {self.where} with {len(self)} documents"
             )
-        (frame_no,) = _frame_range(self.meta, i, i + 1)
-        return _document_slices(self.head, frame_no, self._frame_bytes(frame_no), i, i + 1)[0]
+        (frame_no,) = frame_range(self.meta, i, i + 1)
+        return document_slices(self.head, frame_no, self._frame_bytes(frame_no), i, i + 1)[0]
 
     def document_mask(self, i: int) -> np.ndarray:
         """Document i's loss mask (uint8 0/1, one per token)."""
@@ -206,8 +152,8 @@ class ShardReader:
             raise IndexError(
                 f"document {i} out of range for {self.where} with {len(self)} documents"
             )
-        (frame_no,) = _frame_range(self.meta, i, i + 1)
-        return _document_slices(
+        (frame_no,) = frame_range(self.meta, i, i + 1)
+        return document_slices(
             self.head, frame_no, mask.frame(self.source, frame_no), i, i + 1, np.uint8
         )[0]
 
@@ -217,9 +163,9 @@ class ShardReader:
         """Documents [start, stop); with_masks: (tokens, mask) pairs."""
         stop = len(self) if stop is None else min(stop, len(self))
         mask = self._need_mask() if with_masks else None
-        for frame_no in _frame_range(self.meta, start, stop):
+        for frame_no in frame_range(self.meta, start, stop):
             raw = self._frame_bytes(frame_no)
-            yield from _frame_documents(self.head, frame_no, raw, mask, self.source, start, stop)
+            yield from frame_documents(self.head, frame_no, raw, mask, self.source, start, stop)
 
     def _need_mask(self) -> MaskFrames:
         if self._mask is None:
@@ -371,7 +317,7 @@ class ShardStreamReader:
         stop = meta.num_documents if stop is None else min(stop, meta.num_documents)
         whole = start == 0 and stop == meta.num_documents
         bin_hash = hashlib.sha256() if whole and self.full_checks else None
-        frames = _frame_range(meta, start, stop)
+        frames = frame_range(meta, start, stop)
         if len(frames):
             self._discard(
                 bin_header.data_offset + meta.frames[frames[0]].compressed_offset - self._position
@@ -384,7 +330,7 @@ class ShardStreamReader:
             raw = self._decoder.decode(frame, stored, frame_no)
             if bin_hash is not None:
                 bin_hash.update(raw)
-            yield from _frame_documents(
+            yield from frame_documents(
                 self.head, frame_no, raw, masks, self.mask_source, start, stop, combine
             )
         if bin_hash is not None:

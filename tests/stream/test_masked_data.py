@@ -139,7 +139,7 @@ def test_a_mix_of_masked_and_unmasked_data(sft, pretrain):
         window = window_of(batch)
         want = expected_shifted_labels([sft[0], pretrain[0]], [True, False], window, False)
         assert np.array_equal(batch["labels"], want)
-        assert np.array_equal(hf_batch["labels"], to_hf_labels(want))
+        assert np.array_equal(hf_batch["labels"], to_hf_labels(want.copy()))
         assert batch["num_trained_tokens"] == int((want != IGNORE_INDEX).sum())
         seen |= {bool(sft[0].mine(window[r, :1])[0]) for r in range(len(window))}
     assert seen == {True, False}  # both kinds of rows were checked
