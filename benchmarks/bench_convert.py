@@ -98,6 +98,12 @@ def build_corpus(megabytes: int, kind: str = "stdlib") -> Path:
             continue
         if text.strip():  # empty __init__.py files would be rejected as empty documents
             records.append({"text": text, "source": file.relative_to(root).as_posix()})
+    write_cycled(records, path, megabytes)
+    return path
+
+
+def write_cycled(records: list[dict], path: Path, megabytes: int) -> None:
+    """`records` as JSONL, cycled until `megabytes` MB, written to a temporary name first."""
     target = megabytes * 10**6
     written = 0
     tmp = path.with_suffix(".tmp")
@@ -110,7 +116,6 @@ def build_corpus(megabytes: int, kind: str = "stdlib") -> Path:
                 if written >= target:
                     break
     os.replace(tmp, path)
-    return path
 
 
 def load_texts(corpus: Path) -> list[str]:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -32,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench_convert import CACHE, fetch_llama3_tokenizer  # noqa: E402
+from benchmarks.bench_convert import CACHE, fetch_llama3_tokenizer, write_cycled  # noqa: E402
 
 
 def build_chat_corpus(megabytes: int) -> Path:
@@ -43,17 +42,7 @@ def build_chat_corpus(megabytes: int) -> Path:
         return path
     CACHE.mkdir(exist_ok=True)
     records = [{"messages": r["messages"]} for r in iter_chat_records()]
-    target, written = megabytes * 10**6, 0
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "w", encoding="utf-8") as out:
-        while written < target:
-            for record in records:
-                line = json.dumps(record, ensure_ascii=False) + "\n"
-                out.write(line)
-                written += len(line.encode("utf-8"))
-                if written >= target:
-                    break
-    os.replace(tmp, path)
+    write_cycled(records, path, megabytes)
     return path
 
 

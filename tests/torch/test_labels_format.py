@@ -24,6 +24,7 @@ from shardtok.stream.resume.fingerprint import fingerprint_differences
 from shardtok.testing.synthetic import write_synthetic_dataset
 from shardtok.torch import ShardLoader, ShardStreamDataset
 from shardtok.torch.memmap_dataset import MemmapTokenDataset
+from tests.helpers.tiny_lm import tiny_causal_lm as tiny_lm
 
 transformers = pytest.importorskip("transformers")
 
@@ -94,12 +95,7 @@ def test_hf_batches_are_shifted_batches_moved_right(lengths, seq_len, batch_size
 
 
 def tiny_causal_lm():
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
-    )  # fmt: skip
-    return transformers.LlamaForCausalLM(config).eval()
+    return tiny_lm(VOCAB)
 
 
 @pytest.mark.parametrize("packing", ["concat", "greedy"])

@@ -21,6 +21,7 @@ from shardtok.torch import ShardLoader, ShardStreamDataset
 from shardtok.torch.memmap_dataset import MemmapTokenDataset
 from tests.helpers.batches import assert_same, copies
 from tests.helpers.masked import Known, expected_shifted_labels
+from tests.helpers.tiny_lm import tiny_causal_lm as tiny_lm
 
 VOCAB = 400
 LENGTHS = [int(n) for n in np.random.default_rng(8).integers(2, 60, size=160)]
@@ -54,13 +55,8 @@ def in_process(path, options, workers, count=None, **kw):
 
 
 def tiny_causal_lm():
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
-    )  # fmt: skip
-    return transformers.LlamaForCausalLM(config).eval()
+    pytest.importorskip("transformers")
+    return tiny_lm(VOCAB)
 
 
 def first_batch(known: Known, masked: bool, labels_format: str) -> dict:
