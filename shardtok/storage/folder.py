@@ -1,0 +1,237 @@
+"""A folder that files are written to whole: a local directory or an object-store prefix.
+
+Conversion writes its work units, shards and manifest through this. The rule that makes it safe
+on both is the same: a file appears whole or not at all, and a marker written last says that a
+group of files is complete. Locally a file is written under a temporary name unique to this
+process (pid and a random part, since two machines on a shared file system may share pids) and
+renamed. On an object store nothing is ever renamed (S3 has no rename; a copy and delete would
+double the traffic and still not be atomic): each file is one plain PUT, which S3 and its kin
+make visible whole or not at all. Readers therefore never see a half-written file, and two
+writers of the same deterministic file (a requeued task and its zombie) only ever replace it
+with the same bytes.
+
+A member name is one path component (no separator, not ``.`` or ``..``), so a name taken from a
+plan never reaches another folder or host. Unlike dataset members, names may start with ``.``:
+the work folder and temporary files are hidden on purpose.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+import tempfile
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+
+from shardtok.storage.location import Location, LocationError, join_url
+
+_BLOCK = 4 << 20
+
+
+def temporary_name(name: str) -> str:
+    """A hidden name for `name` that no other process, here or on another host, will pick."""
+    return f".{name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+class Folder:
+    """Files directly inside one local directory or object-store prefix.
+
+    `storage_options` go to fsspec for a remote folder (s3fs ``key``/``secret``/
+    ``endpoint_url``...); without them the backend's standard configuration applies.
+    """
+
+    def __init__(self, where: str | os.PathLike | Location, storage_options: dict | None = None):
+        self.location = Location.of(where)
+        self.storage_options = dict(storage_options or {})
+        self._fs = None
+
+    @property
+    def is_local(self) -> bool:
+        return self.location.is_local
+
+    @property
+    def display(self) -> str:
+        return self.location.display
+
+    def __repr__(self) -> str:
+        return f"Folder({self.display!r})"
+
+    def __reduce__(self):
+        # Sent to worker processes and engine tasks: the fsspec client is rebuilt there.
+        return (type(self), (self.location.url, self.storage_options))
+
+    # -- names ------------------------------------------------------------------------------
+
+    def _member(self, name: str) -> Location:
+        if (
+            not isinstance(name, str)
+            or name in ("", ".", "..")
+            or any(c in name for c in "/\\\0")
+            or not name.isprintable()
+        ):
+            raise LocationError(self.display, None, f"refused member name {name!r}")
+        if self.is_local:
+            return Location(os.path.join(self.location.local_path, name))
+        return Location(join_url(self.location.url, name))
+
+    def url(self, name: str) -> str:
+        """What to open for member `name` (a local path, or a URL with credentials kept)."""
+        return str(self._member(name))
+
+    def display_of(self, name: str) -> str:
+        return self._member(name).display
+
+    def sub(self, name: str) -> Folder:
+        """The folder `name` inside this one."""
+        return Folder(self._member(name), self.storage_options)
+
+    @property
+    def fs(self):
+        if self._fs is None:
+            import fsspec
+
+            self._fs = fsspec.filesystem(self.location.protocol, **self.storage_options)
+        return self._fs
+
+    def _remote_path(self, name: str | None = None) -> str:
+        url = self.location.url if name is None else self.url(name)
+        return self.fs._strip_protocol(url)
+
+    # -- writing ----------------------------------------------------------------------------
+
+    def make(self) -> None:
+        """Create the folder (a no-op on object stores, where prefixes need no creating)."""
+        if self.is_local:
+            Path(self.location.local_path).mkdir(parents=True, exist_ok=True)
+
+    def write_bytes(self, name: str, data: bytes | memoryview) -> None:
+        if self.is_local:
+            target = Path(self.url(name))
+            tmp = target.with_name(temporary_name(target.name))
+            try:
+                with open(tmp, "wb") as out:
+                    out.write(data)
+                os.replace(tmp, target)
+            except BaseException:
+                tmp.unlink(missing_ok=True)
+                raise
+            return
+        self.fs.pipe_file(self._remote_path(name), bytes(data))
+
+    def put_file(self, name: str, local: str | os.PathLike) -> None:
+        """Publish the local file `local` as member `name`; `local` is consumed (moved or
+        deleted). Locally it is renamed into place, so it must live on the same file system:
+        see :meth:`scratch`."""
+        local = Path(local)
+        if self.is_local:
+            os.replace(local, self.url(name))
+            return
+        try:
+            self.fs.put_file(str(local), self._remote_path(name))
+        finally:
+            local.unlink(missing_ok=True)
+
+    @contextlib.contextmanager
+    def scratch(self) -> Iterator[Path]:
+        """A private local folder for files about to be published with :meth:`put_file`:
+        inside this folder when local (so publishing is a rename), a temporary directory
+        otherwise. Removed on exit with whatever was not published."""
+        if self.is_local:
+            self.make()
+            path = Path(tempfile.mkdtemp(prefix=".scratch-", dir=self.location.local_path))
+        else:
+            path = Path(tempfile.mkdtemp(prefix="shardtok-"))
+        try:
+            yield path
+        finally:
+            shutil.rmtree(path, ignore_errors=True)
+
+    def delete(self, name: str) -> None:
+        """Remove member `name` (a file, or a folder with everything in it); missing is fine."""
+        if self.is_local:
+            path = Path(self.url(name))
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+            return
+        target = self._remote_path(name)
+        with contextlib.suppress(FileNotFoundError):
+            if self.fs.isdir(target):
+                self.fs.rm(target, recursive=True)
+            else:
+                self.fs.rm_file(target)
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def read_bytes(self, name: str) -> bytes:
+        """The whole member; FileNotFoundError when it does not exist."""
+        if self.is_local:
+            return Path(self.url(name)).read_bytes()
+        return self.fs.cat_file(self._remote_path(name))
+
+    def read_range(self, name: str, start: int, end: int) -> bytes:
+        """Bytes [start, end) of member `name`."""
+        if end <= start:
+            return b""
+        if self.is_local:
+            with open(self.url(name), "rb") as f:
+                f.seek(start)
+                return f.read(end - start)
+        return self.fs.cat_file(self._remote_path(name), start=start, end=end)
+
+    def size(self, name: str) -> int | None:
+        """The member's size in bytes, or None when it does not exist."""
+        if self.is_local:
+            try:
+                return os.stat(self.url(name)).st_size
+            except FileNotFoundError:
+                return None
+        try:
+            return int(self.fs.size(self._remote_path(name)))
+        except FileNotFoundError:
+            return None
+
+    def exists(self, name: str) -> bool:
+        return self.size(name) is not None
+
+    def crc32(self, name: str) -> int:
+        """crc32 of the whole member, read in blocks."""
+        crc = 0
+        if self.is_local:
+            with open(self.url(name), "rb") as f:
+                while block := f.read(_BLOCK):
+                    crc = zlib.crc32(block, crc)
+            return crc
+        with self.fs.open(self._remote_path(name), "rb", block_size=_BLOCK) as f:
+            while block := f.read(_BLOCK):
+                crc = zlib.crc32(block, crc)
+        return crc
+
+    def list(self) -> list[str]:
+        """Names of the members directly inside (files and folders), sorted; [] when the
+        folder does not exist."""
+        if self.is_local:
+            try:
+                return sorted(os.listdir(self.location.local_path))
+            except FileNotFoundError:
+                return []
+        try:
+            entries = self.fs.ls(self._remote_path(), detail=False, refresh=True)
+        except FileNotFoundError:
+            return []
+        return sorted(str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries)
+
+    @contextlib.contextmanager
+    def local_file(self, name: str) -> Iterator[Path]:
+        """Member `name` as a local file: itself when local, else a temporary download."""
+        if self.is_local:
+            yield Path(self.url(name))
+            return
+        with tempfile.TemporaryDirectory(prefix="shardtok-") as tmp:
+            path = Path(tmp) / "copy"
+            self.fs.get_file(self._remote_path(name), str(path))
+            yield path
