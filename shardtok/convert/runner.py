@@ -42,6 +42,7 @@ from shardtok.convert.job import (
 from shardtok.convert.output_dir import (
     REJECTS_NAME,
     make_output_folder,
+    output_folder,
     prepare_output,
     refuse_file_output,
     remove_stale_shards,
@@ -65,7 +66,8 @@ from shardtok.format.dataset_writer import DEFAULT_SHARD_SIZE
 from shardtok.format.frames import DEFAULT_FRAME_SIZE
 from shardtok.format.manifest import Manifest
 from shardtok.format.shard_reader import ShardReader
-from shardtok.storage.location import Location
+from shardtok.storage.folder import Folder
+from shardtok.storage.location import Location, is_local
 from shardtok.storage.source import exists, open_source
 
 
@@ -124,15 +126,27 @@ def check_sft(opts: ConvertOptions, files: list[InputFile]) -> None:
 
 
 @contextlib.contextmanager
-def open_job(opts: ConvertOptions) -> Iterator[tuple[ConvertOptions, list[InputFile]]]:
+def open_job(
+    opts: ConvertOptions, *, remote: bool = False
+) -> Iterator[tuple[ConvertOptions, list[InputFile]]]:
     """The checks before any work, then the output folder held for this job: yields the options
-    with the output resolved, and the input files. Inside, an OS error is one line naming the
-    path (OutputIOError), and a second conversion into the same folder is refused."""
+    with the output resolved, and the input files. A local output is locked (a second
+    conversion into it is refused) and an OS error is one line naming the path. `remote`: the
+    output may be an object store (the phases), where nothing can lock it."""
+    if remote and not is_local(opts.output):
+        folder = output_folder(opts.output, opts.storage_options)
+        try:
+            files = discover(list(opts.inputs), opts.output, opts.storage_options)
+            check_sft(opts, files)
+            yield opts, files
+        except OSError as exc:
+            raise os_error(exc, folder.display) from exc
+        return
     opts = dataclasses.replace(opts, output=resolve_output(opts.output))
     out = Path(opts.output)
     try:
         refuse_file_output(out)
-        files = discover(list(opts.inputs), exclude_dir=opts.output)
+        files = discover(list(opts.inputs), opts.output, opts.storage_options)
         check_sft(opts, files)
         make_output_folder(out)
         with OutputLock(out):
@@ -150,18 +164,18 @@ def plan_job(
     plan.json and tokenizer.json, or the one of an earlier run of the same units (kept, with
     its finished units, and its plan updated to these options), or the finished dataset.
     Call it inside :func:`open_job`."""
-    out = Path(opts.output)
+    folder = Folder(opts.output, opts.storage_options)
     unit_size = opts.unit_size or default_unit_size(sum(f.size for f in files))
     job_settings = settings(opts, files, unit_size)
-    units = plan_units(files, unit_size, opts.txt_mode)
+    units = plan_units(files, unit_size, opts.txt_mode, opts.storage_options)
     doc = plan_document(opts, files, units, unit_size)
-    workdir = WorkDir(out)
+    workdir = WorkDir(folder)
     existing = workdir.read_plan() if not opts.overwrite else None
     if same_units(existing, doc) and existing != doc:
         # Same units, other merge options (shard size, bad-record mode...): the finished units
         # stay, the plan takes the new options.
         workdir.write_plan(doc)
-    workdir, done = prepare_output(out, opts.name, doc, job_settings, opts.overwrite)
+    workdir, done = prepare_output(folder, opts.name, doc, job_settings, opts.overwrite)
     if done is not None:
         return Planned(opts, files, [], unit_size, job_settings, workdir, done)
     # After plan.json (which starts a fresh work folder): a plan whose tokenizer.json is missing
@@ -229,6 +243,7 @@ def worker_config(opts: ConvertOptions, files) -> WorkerConfig:
         opts.frame_size,
         opts.compression_level,
         opts.sft,
+        opts.storage_options,
     )
 
 

@@ -1,0 +1,153 @@
+"""Every phase of a conversion on a dask cluster: ``shardtok convert ... --engine dask``.
+
+The driver (this process) plans, then sends one task per unit still to do, whose arguments are
+only the output, the storage options and the unit's index: each worker process reads the job
+from the plan in the work folder once (the tokenizer travels there too; see
+phases.run_unit), so nothing big crosses the network per task. Tasks may run anywhere, twice, or
+die halfway (a lost worker's task is rerun elsewhere): a unit's files are deterministic and its
+marker is written last. A unit that stops the conversion ends the submitting; the merge then
+reports it exactly as the one-command run would, else writes the shards as cluster tasks too.
+The bytes are those of ``shardtok convert ... --workers 1`` with the same unit size.
+
+Without a scheduler address a LocalCluster of worker processes on this machine runs the tasks.
+dask is optional: importing this module does not import it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+
+from shardtok.convert.job import distributed_unit_size
+from shardtok.convert.phases import load_job, merge_job, pending_units, run_unit
+from shardtok.convert.progress import ConvertProgress, ConvertResult
+from shardtok.convert.runner import (
+    ConvertOptions,
+    finished_result,
+    open_job,
+    plan_job,
+    usable_cores,
+)
+from shardtok.errors import UsageError
+
+# Tasks in flight per worker thread: enough that no worker waits for the driver, few enough
+# that a failure stops the submitting early.
+_IN_FLIGHT_PER_THREAD = 2
+
+
+def require_dask():
+    """The distributed package, or a one-line UsageError saying how to install it."""
+    try:
+        import distributed
+    except ImportError:
+        raise UsageError(
+            "--engine dask needs dask's distributed scheduler: pip install 'shardtok[dask]'"
+        ) from None
+    return distributed
+
+
+def convert_with_dask(
+    opts: ConvertOptions, scheduler: str | None = None, workers: int | None = None
+) -> ConvertResult:
+    """Run (or resume, or recognise as done) the conversion `opts` on a dask cluster: the one
+    at `scheduler` (``tcp://HOST:PORT``), else a LocalCluster of `workers` processes (default:
+    opts.workers, else every core) started here and closed at the end. The output may be an
+    object store; a local one is locked for the whole run, as by the one-command convert."""
+    distributed = require_dask()
+    started = time.monotonic()
+    with open_job(opts, remote=True) as (opts, files):
+        planned = plan_job(opts, files, distributed_unit_size)
+        if planned.done is not None:
+            return finished_result(opts.output, planned.done, opts.storage_options)
+        workdir = planned.workdir
+        job = load_job(workdir)
+        pending = pending_units(job, workdir, range(len(job.units)))
+        with contextlib.ExitStack() as stack:
+            if scheduler is None:
+                n = workers or opts.workers or usable_cores()
+                cluster = stack.enter_context(
+                    distributed.LocalCluster(
+                        n_workers=n,
+                        threads_per_worker=1,
+                        processes=True,
+                        host="127.0.0.1",
+                        dashboard_address=None,
+                    )  # fmt: skip
+                )
+                client = stack.enter_context(distributed.Client(cluster))
+            else:
+                client = stack.enter_context(distributed.Client(scheduler))
+            bar = ConvertProgress(sum(u.nbytes for u in job.units), opts.progress)
+            stack.callback(bar.close)
+            for warning in pending.warnings:
+                bar.note(warning)
+            for result in pending.kept:
+                bar.unit_done(result.input_bytes, result.num_documents, result.num_tokens, True)
+            _tokenize(distributed, client, opts, [u.index for u in pending.todo], bar)
+            bar.close()
+            result = merge_job(
+                job, workdir, opts.output, opts.storage_options,
+                map_tasks=_map_tasks(client), progress=opts.progress, keep_work=opts.keep_work,
+            )  # fmt: skip
+    result.units_reused = len(pending.kept)
+    result.units_tokenized = len(pending.todo)
+    result.seconds = time.monotonic() - started
+    result.tokenizer_backend = opts.tokenizer.backend
+    result.tokenizer_backend_note = opts.tokenizer.backend_note
+    return result
+
+
+def _tokenize(distributed, client, opts: ConvertOptions, todo: list[int], bar) -> None:
+    """Run the units `todo` as tasks, in index order, until done or one stops the conversion
+    (then nothing after it is submitted, and what runs after it is cancelled)."""
+    threads = sum(client.nthreads().values()) or 1
+    window = max(4, threads * _IN_FLIGHT_PER_THREAD)
+    queue = list(reversed(todo))
+    running = distributed.as_completed()
+    index_of = {}
+    stop_at = None
+
+    def submit() -> None:
+        while queue and len(index_of) < window:
+            index = queue.pop()
+            if stop_at is not None and index > stop_at:
+                continue
+            # pure=False: a rerun after a crash must run again, not find a cached result.
+            future = client.submit(run_unit, opts.output, opts.storage_options, index, pure=False)
+            index_of[future] = index
+            running.add(future)
+
+    submit()
+    try:
+        for future in running:
+            if future not in index_of:  # cancelled
+                continue
+            index = index_of.pop(future)
+            _, nbytes, documents, tokens, stops, warning = future.result()
+            if warning:
+                bar.note(warning)
+            if stops:
+                stop_at = index if stop_at is None else min(stop_at, index)
+                later = [f for f, i in index_of.items() if i > stop_at]
+                for f in later:
+                    del index_of[f]
+                client.cancel(later)
+            else:
+                bar.unit_done(nbytes, documents, tokens, False)
+            submit()
+    except BaseException:
+        client.cancel(list(index_of))
+        raise
+
+
+def _map_tasks(client) -> Callable[[Callable, Sequence], list]:
+    """merge_units' map_tasks on the cluster: results in the order of `items`."""
+
+    def map_tasks(fn: Callable, items: Sequence) -> list:
+        if not items:
+            return []
+        futures = client.map(fn, list(items), pure=False)
+        return client.gather(futures)
+
+    return map_tasks
