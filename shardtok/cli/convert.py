@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import sys
 
+from shardtok.cli import convert_phases
 from shardtok.cli.arguments import at_least, parse_compression, parse_size
 from shardtok.convert.sample_corpus import write_sample_corpus
 from shardtok.convert.tokenizer import BUNDLED, BUNDLED_NAME
@@ -78,8 +79,6 @@ def _given(action: type[argparse.Action]) -> type[argparse.Action]:
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    from shardtok.cli import convert_phases
-
     p = subparsers.add_parser(
         "convert",
         help="tokenize JSONL/Parquet/txt corpora into shards (parallel, resumable; phases for "
@@ -119,7 +118,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar and no summary")
     p.set_defaults(run=run)
-    convert_phases.mount(p, subparsers)
+    convert_phases.mount(p, add_conversion_arguments, conversion_options)
     return p
 
 

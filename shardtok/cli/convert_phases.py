@@ -8,6 +8,7 @@ own parser, so its --help shows only its options.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 
@@ -79,11 +80,13 @@ reported exactly as the one-command convert reports it; a unit not yet done is n
 PHASES = ("plan", "run-units", "status", "merge")
 
 
-def mount(convert_parser: argparse.ArgumentParser, subparsers) -> None:
-    """Make `convert_parser` hand `convert PHASE ...` to the phase's own parser."""
+def mount(convert_parser: argparse.ArgumentParser, add_arguments, options) -> None:
+    """Make `convert_parser` hand `convert PHASE ...` to the phase's own parser. `add_arguments`
+    adds the conversion options to a parser, and `options(args)` makes ConvertOptions of them
+    (shardtok.cli.convert's, passed in: that module imports this one)."""
     base = type(convert_parser)
     phases = {
-        "plan": _plan_parser(base),
+        "plan": _plan_parser(base, add_arguments, options),
         "run-units": _run_units_parser(base),
         "status": _status_parser(base),
         "merge": _merge_parser(base),
@@ -118,15 +121,13 @@ def _output(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _plan_parser(base):
-    from shardtok.cli.convert import add_conversion_arguments
-
+def _plan_parser(base, add_arguments, options):
     p = _parser(base, "plan", PLAN_DESCRIPTION, SLURM_EPILOG)
     p.add_argument("inputs", nargs="+", metavar="INPUT", help="files, folders or glob patterns")
     _output(p)
-    add_conversion_arguments(p)
+    add_arguments(p)
     p.add_argument("--quiet", "-q", action="store_true", help="no notes and no summary")
-    p.set_defaults(run=run_plan)
+    p.set_defaults(run=functools.partial(run_plan, options=options))
     return p
 
 
@@ -188,11 +189,10 @@ def _merge_parser(base):
     return p
 
 
-def run_plan(args: argparse.Namespace) -> int:
-    from shardtok.cli.convert import conversion_options
+def run_plan(args: argparse.Namespace, options) -> int:
     from shardtok.convert.phases import plan
 
-    summary = plan(conversion_options(args))
+    summary = plan(options(args))
     if not args.quiet:
         print(summary.summary())
     return 0

@@ -16,8 +16,9 @@ dask is optional: importing this module does not import it.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from shardtok.convert.job import distributed_unit_size
 from shardtok.convert.phases import load_job, merge_job, pending_units, run_unit
@@ -64,6 +65,7 @@ def convert_with_dask(
         job = load_job(workdir)
         pending = pending_units(job, workdir, range(len(job.units)))
         with contextlib.ExitStack() as stack:
+            stack.enter_context(_environment_kept())
             if scheduler is None:
                 n = workers or opts.workers or usable_cores()
                 cluster = stack.enter_context(
@@ -73,6 +75,9 @@ def convert_with_dask(
                         processes=True,
                         host="127.0.0.1",
                         dashboard_address=None,
+                        # The scheduler's HTTP server runs even without a dashboard, by default
+                        # on every interface at port 8787: loopback, any free port instead.
+                        scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
                     )  # fmt: skip
                 )
                 client = stack.enter_context(distributed.Client(cluster))
@@ -96,6 +101,22 @@ def convert_with_dask(
     result.tokenizer_backend = opts.tokenizer.backend
     result.tokenizer_backend_note = opts.tokenizer.backend_note
     return result
+
+
+@contextlib.contextmanager
+def _environment_kept() -> Iterator[None]:
+    """Leave this process's environment as it was. A LocalCluster's nannies write variables
+    into it (OMP_NUM_THREADS, PYTHONHASHSEED... for the workers they spawn, again on each
+    restart), and shardtok writes no environment variable of its caller's."""
+    before = dict(os.environ)
+    try:
+        yield
+    finally:
+        for name in [n for n in os.environ if n not in before]:
+            del os.environ[name]
+        for name, value in before.items():
+            if os.environ.get(name) != value:
+                os.environ[name] = value
 
 
 def _tokenize(distributed, client, opts: ConvertOptions, todo: list[int], bar) -> None:

@@ -59,10 +59,11 @@ def distributed_unit_size(total_bytes: int) -> int:
     """The default unit size when units are spread over machines (plan, the dask engine).
 
     Every unit is a handful of files in the work folder, a line in every listing, and a task
-    with its own start-up cost; at the local default (16 MiB) a 10 TB corpus would be 650,000
-    of them. Up to 256 MiB, units grow so that there are about 10,000. Below ~160 GB this is the
-    local default exactly, so a small distributed run gives the very bytes of the plain command
-    (the unit size decides where frames end).
+    with its own start-up cost; at the local default (16 MiB) a 10 TB corpus would be 600,000
+    of them. So units grow to about total/10,000 (10,000 units up to 2.5 TB), at most 256 MiB
+    (a 10 TB corpus: 37,000 units). Below ~160 GB this is the local default exactly, so a small
+    distributed run gives the very bytes of the plain command (the unit size decides where
+    frames end).
     """
     return max(
         auto_unit_size(total_bytes), min(_MAX_DISTRIBUTED_UNIT, total_bytes // _TARGET_UNITS)

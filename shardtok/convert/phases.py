@@ -72,6 +72,10 @@ def _size(n: int) -> str:
     raise AssertionError
 
 
+def _s(n: int) -> str:
+    return "" if n == 1 else "s"
+
+
 # -- reading the plan ------------------------------------------------------------------------
 
 
@@ -163,8 +167,9 @@ class PlanSummary:
             return f"{self.output} already holds this conversion; nothing to plan."
         kept = f"; {self.units_done:,} already done" if self.units_done else ""
         return (
-            f"planned {self.units:,} work units of {_size(self.unit_size)} from "
-            f"{self.input_files:,} input files ({_size(self.input_bytes)}) in {self.output}{kept}"
+            f"planned {self.units:,} work unit{_s(self.units)} of {_size(self.unit_size)} from "
+            f"{self.input_files:,} input file{_s(self.input_files)} ({_size(self.input_bytes)}) "
+            f"in {self.output}{kept}"
         )
 
 
@@ -608,7 +613,7 @@ def merge(
                 done = finished_manifest(folder)
                 if done is None:
                     raise
-                return finished_result(folder.display, done, storage_options)
+                return finished_result(output, done, storage_options)
             result = merge_job(
                 job, workdir, output, storage_options, jobs=jobs or usable_cores(),
                 progress=progress, keep_work=keep_work,
