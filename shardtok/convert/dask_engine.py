@@ -1,9 +1,9 @@
 """Every phase of a conversion on a dask cluster: ``shardtok convert ... --engine dask``.
 
 The driver (this process) plans, then sends one task per unit still to do, whose arguments are
-only the output, the storage options and the unit's index: each worker process reads the job
-from the plan in the work folder once (the tokenizer travels there too; see
-phases.run_unit), so nothing big crosses the network per task. Tasks may run anywhere, twice, or
+only the output, the storage options and the unit's index: each worker process parses the job
+from the plan in the work folder once (the tokenizer travels there too; see run_unit), so
+nothing big crosses the network per task. Tasks may run anywhere, twice, or
 die halfway (a lost worker's task is rerun elsewhere): a unit's files are deterministic and its
 marker is written last. A unit that stops the conversion ends the submitting; the merge then
 reports it exactly as the one-command run would, else writes the shards as cluster tasks too.
@@ -16,12 +16,22 @@ dask is optional: importing this module does not import it.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import multiprocessing
+import multiprocessing.connection
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 
-from shardtok.convert.job import distributed_unit_size
-from shardtok.convert.phases import load_job, merge_job, pending_units, run_unit
+from shardtok.convert.job import PLAN_NAME, TOKENIZER_NAME, Job, distributed_unit_size, parse_plan
+from shardtok.convert.phases import (
+    check_done,
+    job_worker_config,
+    load_job,
+    merge_job,
+    pending_units,
+)
 from shardtok.convert.progress import ConvertProgress, ConvertResult
 from shardtok.convert.runner import (
     ConvertOptions,
@@ -30,6 +40,8 @@ from shardtok.convert.runner import (
     plan_job,
     usable_cores,
 )
+from shardtok.convert.workdir import UnitResult, WorkDir, unit_base
+from shardtok.convert.worker import init_worker, tokenize_unit
 from shardtok.errors import UsageError
 
 # Tasks in flight per worker thread: enough that no worker waits for the driver, few enough
@@ -117,6 +129,63 @@ def _environment_kept() -> Iterator[None]:
         for name, value in before.items():
             if os.environ.get(name) != value:
                 os.environ[name] = value
+
+
+# -- the task: one unit, in a worker process ---------------------------------------------------
+
+_ENGINE_LOCK = threading.Lock()
+_ENGINE_JOBS: dict[str, Job] = {}  # by plan digest
+_ENGINE_STATE: dict[str, tuple | None] = {"built_for": None}
+_ENGINE_PIPES: list = []
+
+
+def run_unit(output: str, storage_options: dict | None, index: int) -> tuple:
+    """An engine's task for unit `index`, in any process, any number of times: the job comes
+    from the plan in `output`. Returns (index, input bytes, documents, tokens, whether the unit
+    stops the conversion, a warning or None)."""
+    with _ENGINE_LOCK:  # the worker module's state serves one unit at a time
+        job, workdir = _engine_job(output, storage_options)
+        unit = job.units[index]
+        result = warning = None
+        if workdir.folder.exists(unit_base(index) + ".json"):  # a requeued task, or a rerun
+            result, warning = check_done(
+                workdir, index, job.tokenizer.dtype.name, job.sft is not None
+            )
+        if result is None:
+            result = tokenize_unit(unit)
+    if isinstance(result, UnitResult):
+        return index, result.input_bytes, result.num_documents, result.num_tokens, False, warning
+    return index, unit.nbytes, 0, 0, True, warning
+
+
+def _engine_job(output: str, storage_options: dict | None) -> tuple[Job, WorkDir]:
+    """The job of the plan in `output`, parsed once per process and plan, with this process's
+    worker state built for it. The plan is read again for every task (a small share of a
+    unit's input) so that a later conversion into the same output, on the same long-lived
+    engine worker, never gets an earlier one's job."""
+    workdir = WorkDir(output, storage_options)
+    data = workdir.folder.read_bytes(PLAN_NAME)
+    digest = hashlib.sha256(data).hexdigest()
+    job = _ENGINE_JOBS.get(digest)
+    if job is None:
+        backend = workdir.read_file(TOKENIZER_NAME)
+        job = parse_plan(data, backend, workdir.folder.display_of(PLAN_NAME))
+        _ENGINE_JOBS.clear()  # one plan at a time is the common case: keep memory flat
+        _ENGINE_JOBS[digest] = job
+    key = (digest, output, repr(sorted((storage_options or {}).items())))
+    if _ENGINE_STATE["built_for"] != key:
+        _init_engine_worker(job_worker_config(job, output, storage_options))
+        _ENGINE_STATE["built_for"] = key
+    return job, workdir
+
+
+def _init_engine_worker(config) -> None:
+    """worker.init_worker in a process an engine owns. init_worker makes its process exit when
+    the pipe `alive` reaches EOF (its pool's parent died); here the engine ends its own workers,
+    so the write end stays open in this process for good and the watch never fires."""
+    read, write = multiprocessing.Pipe(duplex=False)
+    _ENGINE_PIPES.append((read, write))
+    init_worker(config, read, multiprocessing.connection.Connection(os.dup(write.fileno())))
 
 
 def _tokenize(distributed, client, opts: ConvertOptions, todo: list[int], bar) -> None:

@@ -19,12 +19,8 @@ for a job that encodes with tokenizers; such units are simply tokenized again.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import multiprocessing
-import multiprocessing.connection
 import os
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
@@ -57,7 +53,7 @@ from shardtok.convert.runner import (
 )
 from shardtok.convert.units import Unit
 from shardtok.convert.workdir import UnitResult, WorkDir, unit_base
-from shardtok.convert.worker import EncoderMismatch, UnitFailure, init_worker, tokenize_unit
+from shardtok.convert.worker import EncoderMismatch, UnitFailure, tokenize_unit
 from shardtok.errors import BadRecordError, ShardtokError, TokenizerMismatchError, UsageError
 from shardtok.storage.folder import Folder
 
@@ -115,7 +111,7 @@ def job_options(job: Job, output: str, storage_options: dict | None = None) -> C
     )
 
 
-def _job_worker_config(job: Job, output: str, storage_options: dict | None):
+def job_worker_config(job: Job, output: str, storage_options: dict | None):
     return worker_config(job_options(job, output, storage_options), job.reading_files())
 
 
@@ -226,7 +222,7 @@ class RunSummary:
         return line
 
 
-def _check_done(
+def check_done(
     workdir: WorkDir, index: int, dtype: str, masks: bool
 ) -> tuple[UnitResult | None, str | None]:
     """A unit with a done marker: its result when its files are all there in their recorded
@@ -283,7 +279,7 @@ def pending_units(job: Job, workdir: WorkDir, indices) -> Pending:
             out.todo.append(job.units[index])
     dtype, masks = job.tokenizer.dtype.name, job.sft is not None
     with ThreadPoolExecutor(_MARKER_READERS) as readers:
-        checked = readers.map(lambda i: _check_done(workdir, i, dtype, masks), to_check)
+        checked = readers.map(lambda i: check_done(workdir, i, dtype, masks), to_check)
         for index, (result, warning) in zip(to_check, checked):
             if result is not None:
                 out.kept.append(result)
@@ -323,7 +319,7 @@ def run_units(
         with contextlib.ExitStack() as stack:
             futures = {}
             if pending.todo:
-                config = _job_worker_config(job, output, storage_options)
+                config = job_worker_config(job, output, storage_options)
                 pool = stack.enter_context(worker_pool(config, workers, start_method))
                 # In index order: a rank's earliest failure is found first.
                 futures = {pool.submit(tokenize_unit, u): u.index for u in pending.todo}
@@ -358,63 +354,6 @@ def run_units(
         )  # fmt: skip
     except OSError as exc:
         raise os_error(exc, folder.display) from exc
-
-
-# -- engines: one unit per task --------------------------------------------------------------
-
-_ENGINE_LOCK = threading.Lock()
-_ENGINE_JOBS: dict[str, Job] = {}  # by plan digest
-_ENGINE_STATE: dict[str, tuple | None] = {"built_for": None}
-_ENGINE_PIPES: list = []
-
-
-def run_unit(output: str, storage_options: dict | None, index: int) -> tuple:
-    """An engine's task for unit `index`, in any process, any number of times: the job comes
-    from the plan in `output`. Returns (index, input bytes, documents, tokens, whether the unit
-    stops the conversion, a warning or None)."""
-    with _ENGINE_LOCK:  # the worker module's state serves one unit at a time
-        job, workdir = _engine_job(output, storage_options)
-        unit = job.units[index]
-        result = warning = None
-        if workdir.folder.exists(unit_base(index) + ".json"):  # a requeued task, or a rerun
-            result, warning = _check_done(
-                workdir, index, job.tokenizer.dtype.name, job.sft is not None
-            )
-        if result is None:
-            result = tokenize_unit(unit)
-    if isinstance(result, UnitResult):
-        return index, result.input_bytes, result.num_documents, result.num_tokens, False, warning
-    return index, unit.nbytes, 0, 0, True, warning
-
-
-def _engine_job(output: str, storage_options: dict | None) -> tuple[Job, WorkDir]:
-    """The job of the plan in `output`, parsed once per process and plan, with this process's
-    worker state built for it. The plan is read again for every task (a small share of a
-    unit's input) so that a later conversion into the same output, on the same long-lived
-    engine worker, never gets an earlier one's job."""
-    workdir = WorkDir(output, storage_options)
-    data = workdir.folder.read_bytes(PLAN_NAME)
-    digest = hashlib.sha256(data).hexdigest()
-    job = _ENGINE_JOBS.get(digest)
-    if job is None:
-        backend = workdir.read_file(TOKENIZER_NAME)
-        job = parse_plan(data, backend, workdir.folder.display_of(PLAN_NAME))
-        _ENGINE_JOBS.clear()  # one plan at a time is the common case: keep memory flat
-        _ENGINE_JOBS[digest] = job
-    key = (digest, output, repr(sorted((storage_options or {}).items())))
-    if _ENGINE_STATE["built_for"] != key:
-        _init_engine_worker(_job_worker_config(job, output, storage_options))
-        _ENGINE_STATE["built_for"] = key
-    return job, workdir
-
-
-def _init_engine_worker(config) -> None:
-    """worker.init_worker in a process an engine owns. init_worker makes its process exit when
-    the pipe `alive` reaches EOF (its pool's parent died); here the engine ends its own workers,
-    so the write end stays open in this process for good and the watch never fires."""
-    read, write = multiprocessing.Pipe(duplex=False)
-    _ENGINE_PIPES.append((read, write))
-    init_worker(config, read, multiprocessing.connection.Connection(os.dup(write.fileno())))
 
 
 # -- status ----------------------------------------------------------------------------------
