@@ -90,14 +90,17 @@ class _LocalMap:
                 if tick is not None:
                     tick()
             return results
-        if self.pool is None:
-            self.pool = ProcessPoolExecutor(self.jobs, mp_context=_context(self.start_method))
         results = []
-        for result in self.pool.map(fn, items):
+        for result in self.start().map(fn, items):
             results.append(result)
             if tick is not None:
                 tick()
         return results
+
+    def start(self) -> ProcessPoolExecutor:
+        if self.pool is None:
+            self.pool = ProcessPoolExecutor(self.jobs, mp_context=_context(self.start_method))
+        return self.pool
 
     def close(self) -> None:
         if self.pool is not None:
@@ -267,6 +270,8 @@ def _merge(opts, files, units, workdir, settings, jobs, map_tasks, local, note, 
     )
     tasks = _shard_tasks(ledger, units, folder, workdir, shard, opts.shard_size)
     folder.make()
+    if map_tasks is None and jobs > 1 and len(tasks) > 1:
+        local.start()  # before the bar starts tqdm's monitor thread: forking is safe then
     bar = _ShardBar(len(tasks), progress)
     try:
         if map_tasks is None:

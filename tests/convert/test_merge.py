@@ -31,6 +31,8 @@ WORDS = [
     "".join(p)
     for p in zip(["ka", "lo", "mi", "tre", "sha", "dun", "ve", "or"] * 8, ["zu", "en", "ast"] * 22)
 ]
+# The work folder and output folder on a Folder, with failure markers (helper IO's branch).
+IO_LANDED = hasattr(WorkDir, "save_failure")
 BAD = ['{"text": ""}', '{"txt": "typo"}', '{"text": 42', '{"text": "  "}']
 
 
@@ -174,7 +176,7 @@ def test_merge_under_error_mode_raises_the_first_bad_record_like_the_one_command
 
 
 def test_the_failure_marker_of_a_stopped_run_is_raised_as_that_run_raised_it(spec, tmp_path):
-    if not hasattr(WorkDir, "save_failure"):
+    if not IO_LANDED:
         pytest.skip("this work folder records no failures yet (IO's failure markers)")
     a = write_corpus(tmp_path / "a.jsonl", 120, seed=5)
     b = write_corpus(tmp_path / "b.jsonl", 90, seed=6, bad_every=40)
@@ -276,3 +278,33 @@ def test_tasks_through_a_caller_given_map(spec, tmp_path):
     assert [name for name, _ in seen] == ["load_batch", "write_shard"]
     assert seen[1][1] == len(ref_result.manifest.shards) > 2
     shutil.rmtree(tmp_path / "out")
+
+
+def test_remote_output_on_s3(spec, tmp_path, s3_server):
+    """Shards by plain PUTs, rejects.jsonl and index.json last, into an object-store prefix."""
+    import types
+
+    if not IO_LANDED:
+        pytest.skip("needs IO's Folder-capable output_dir (remove_stale_shards on a Folder)")
+
+    from shardtok.storage.folder import Folder
+
+    data = write_corpus(tmp_path / "a.jsonl", 150, seed=11, bad_every=13)
+    opts, ref_result = reference(spec, [data], tmp_path / "ref", unit_size=2000,
+                                 shard_size=3000, on_bad_record="skip")  # fmt: skip
+    url = s3_server.url("merge-out")
+    fields = {f.name: getattr(opts, f.name) for f in dataclasses.fields(opts)}
+    remote = types.SimpleNamespace(**{**fields, "storage_options": s3_server.storage_options()})
+    folder = Folder(url, s3_server.storage_options())
+    folder.write_bytes("shard-000999.tar", b"stale")
+    files = discover(list(opts.inputs), exclude_dir=str(tmp_path / "ref"))
+    units = plan_units(files, opts.unit_size, opts.txt_mode)
+    settings_doc = load_manifest(tmp_path / "ref").extra["convert"]
+    remote.output = url
+    merged = merge_units(remote, files, units, WorkDir(tmp_path / "ref"), settings_doc, jobs=2,
+                         progress=False)  # fmt: skip
+    expected = dataset_files(tmp_path / "ref")
+    assert folder.list() == sorted(expected)
+    assert {name: folder.read_bytes(name) for name in folder.list()} == expected
+    assert merged.manifest == ref_result.manifest
+    assert merged.rejects_path == folder.display_of("rejects.jsonl")
