@@ -9,26 +9,18 @@ import numpy as np
 from shardtok.format.frames import DEFAULT_COMPRESSION_LEVEL, DEFAULT_FRAME_SIZE
 from shardtok.format.manifest import Manifest, ShardEntry
 from shardtok.format.mmidx import dtype_for_vocab, token_dtype
+from shardtok.format.shard_plan import (
+    FramedDocs,
+    ShardSettings,
+    append_frames,
+    check_ids,
+    check_mask,
+    shard_is_full,
+    write_shard,
+)
 from shardtok.format.shard_writer import ShardBuilder
 
 DEFAULT_SHARD_SIZE = 64 << 20
-
-
-def shard_file_name(name: str, number: int) -> str:
-    return f"{name}-{number:06d}.tar"
-
-
-def _runs(provenance, first: int, end: int) -> list[tuple[str, int, int]]:
-    """(file, first record, last record) runs of consecutive records among documents first..end."""
-    files, file_of, record_of = provenance
-    codes = np.asarray(file_of[first:end])
-    records = np.asarray(record_of[first:end], dtype=np.int64)
-    breaks = np.flatnonzero((codes[1:] != codes[:-1]) | (records[1:] != records[:-1] + 1)) + 1
-    starts = [0, *breaks.tolist()]
-    stops = [*breaks.tolist(), len(records)]
-    return [
-        (files[int(codes[a])], int(records[a]), int(records[b - 1])) for a, b in zip(starts, stops)
-    ]
 
 
 class DatasetWriter:
@@ -73,6 +65,15 @@ class DatasetWriter:
         self.shard_size = shard_size
         self.compression_level = compression_level
         self.frame_size = frame_size
+        self._shard_settings = ShardSettings(
+            name,
+            self.dtype,
+            self.vocab_size,
+            compression_level,
+            frame_size,
+            self.tokenizer,
+            self.masks,
+        )
         self._entries: list[ShardEntry] = []
         self._builder: ShardBuilder | None = None
         self._closed = False
@@ -91,14 +92,14 @@ class DatasetWriter:
             raise ValueError(
                 f"a document is a 1-D integer array, got shape {tokens.shape} dtype {tokens.dtype}"
             )
-        self._check_ids(tokens)
+        check_ids(tokens, self.vocab_size)
         mask = self._check_mask(mask, tokens.size)
         builder = self._builder
         if builder is not None:
             if builder.would_close_frame(tokens.size * self.dtype.itemsize):
                 builder.close_frame()
             # With no open frame (just closed here, or by add_frames), a full shard rolls over.
-            if not builder.has_open_frame and builder.stored_bytes >= self.shard_size:
+            if not builder.has_open_frame and shard_is_full(builder.stored_bytes, self.shard_size):
                 self._finish_shard()
         self._open_builder().add(tokens, provenance, mask)
 
@@ -125,48 +126,22 @@ class DatasetWriter:
         """
         if self._closed:
             raise RuntimeError("DatasetWriter is closed")
-        tokens = np.asarray(tokens)
-        sizes = np.asarray(sizes, dtype=np.int64)
-        if tokens.dtype != self.dtype or tokens.ndim != 1:
-            raise ValueError(f"tokens must be a 1-D {self.dtype} array, got {tokens.dtype}")
-        if int(sizes.sum()) != tokens.size:
-            raise ValueError(f"sizes add up to {int(sizes.sum())} tokens, not {tokens.size}")
-        self._check_ids(tokens)
-        masks = self._check_mask(masks, tokens.size)
-        frames = np.asarray(frames, dtype=np.int64).reshape(-1, 4)
-        stored = memoryview(stored).cast("B")
-        if int(frames[:, 2].sum()) != stored.nbytes:
-            raise ValueError("the frame table does not add up to the stored bytes")
-        doc_ends = np.cumsum(sizes)
-        firsts = frames[:, 0].tolist()
-        stored_at = 0
-        for f, (first, raw_size, stored_size, crc) in enumerate(frames.tolist()):
-            end = firsts[f + 1] if f + 1 < len(firsts) else sizes.size
-            if end <= first:
-                raise ValueError(f"frame {f} holds no documents")
-            lo = int(doc_ends[first - 1]) if first else 0
-            hi = int(doc_ends[end - 1])
-            if (hi - lo) * self.dtype.itemsize != raw_size:
-                raise ValueError(f"frame {f}: its documents are not {raw_size} bytes")
+        docs = FramedDocs.checked(
+            tokens,
+            sizes,
+            frames,
+            stored,
+            self.dtype,
+            self.vocab_size,
+            provenance,
+            self._check_mask(masks, np.asarray(tokens).size),
+        )
+        for frame in range(docs.num_frames):
             if self._builder is not None:
                 self._builder.close_frame()
-                if self._builder.stored_bytes >= self.shard_size:
+                if shard_is_full(self._builder.stored_bytes, self.shard_size):
                     self._finish_shard()
-            runs = () if provenance is None else _runs(provenance, first, end)
-            self._open_builder().add_frame(
-                stored[stored_at : stored_at + stored_size],
-                tokens[lo:hi],
-                sizes[first:end],
-                crc,
-                runs,
-                None if masks is None else masks[lo:hi],
-            )
-            stored_at += stored_size
-
-    def _check_ids(self, tokens: np.ndarray) -> None:
-        if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab_size):
-            bad = tokens[(tokens < 0) | (tokens >= self.vocab_size)][0]
-            raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.vocab_size})")
+            append_frames(self._open_builder(), docs, frame, frame + 1)
 
     def _check_mask(self, mask, ntokens: int) -> np.ndarray | None:
         if not self.masks:
@@ -175,45 +150,19 @@ class DatasetWriter:
             return None
         if mask is None:
             raise ValueError("this DatasetWriter has masks=True: every document needs a mask")
-        mask = np.asarray(mask)
-        if mask.shape != (ntokens,) or (mask.size and mask.dtype.kind not in "biu"):
-            raise ValueError(
-                f"a mask is one 0/1 per token: shape ({ntokens},), got {mask.shape} {mask.dtype}"
-            )
-        if mask.size and (int(mask.min()) < 0 or int(mask.max()) > 1):
-            raise ValueError("mask values must be 0 or 1")
-        return mask.astype(np.uint8, copy=False)
+        return check_mask(mask, ntokens)
 
     def _open_builder(self) -> ShardBuilder:
         if self._builder is None:
-            self._builder = ShardBuilder(
-                f"{self.name}-{len(self._entries):06d}",
-                self.dtype,
-                self.vocab_size,
-                self.compression_level,
-                self.frame_size,
-                self.tokenizer,
-                self.masks,
-            )
+            self._builder = self._shard_settings.builder(len(self._entries))
         return self._builder
 
     def _finish_shard(self) -> None:
         builder = self._builder
         if builder is None or builder.num_documents == 0:
             return
-        file = shard_file_name(self.name, len(self._entries))
-        meta, size, sha = builder.write(self.out_dir / file)
-        self._entries.append(
-            ShardEntry(
-                file,
-                size,
-                meta.num_documents,
-                meta.num_tokens,
-                sha,
-                meta.sha256,
-                None if meta.mask is None else meta.mask.trained_tokens,
-            )
-        )
+        file = self._shard_settings.file(len(self._entries))
+        self._entries.append(write_shard(builder, self.out_dir / file))
         self._builder = None
 
     def close(self, extra: dict | None = None) -> Manifest:
