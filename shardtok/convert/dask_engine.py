@@ -42,7 +42,7 @@ from shardtok.convert.runner import (
 )
 from shardtok.convert.workdir import UnitResult, WorkDir, unit_base
 from shardtok.convert.worker import init_worker, tokenize_unit
-from shardtok.errors import UsageError
+from shardtok.errors import ShardtokError, UsageError
 
 # Tasks in flight per worker thread: enough that no worker waits for the driver, few enough
 # that a failure stops the submitting early.
@@ -94,7 +94,7 @@ def convert_with_dask(
                 )
                 client = stack.enter_context(distributed.Client(cluster))
             else:
-                client = stack.enter_context(distributed.Client(scheduler))
+                client = stack.enter_context(_connect(distributed, scheduler))
             bar = ConvertProgress(sum(u.nbytes for u in job.units), opts.progress)
             stack.callback(bar.close)
             for warning in pending.warnings:
@@ -188,6 +188,13 @@ def _init_engine_worker(config) -> None:
     init_worker(config, read, multiprocessing.connection.Connection(os.dup(write.fileno())))
 
 
+def _connect(distributed, scheduler: str):
+    try:
+        return distributed.Client(scheduler)
+    except (OSError, ValueError) as exc:  # timeouts are OSErrors: not the output's fault
+        raise UsageError(f"--scheduler {scheduler}: cannot connect ({exc})") from None
+
+
 def _tokenize(distributed, client, opts: ConvertOptions, todo: list[int], bar) -> None:
     """Run the units `todo` as tasks, in index order, until done or one stops the conversion
     (then nothing after it is submitted, and what runs after it is cancelled)."""
@@ -214,7 +221,13 @@ def _tokenize(distributed, client, opts: ConvertOptions, todo: list[int], bar) -
             if future not in index_of:  # cancelled
                 continue
             index = index_of.pop(future)
-            _, nbytes, documents, tokens, stops, warning = future.result()
+            try:
+                _, nbytes, documents, tokens, stops, warning = future.result()
+            except distributed.KilledWorker as exc:
+                raise ShardtokError(
+                    f"work unit {index}: every dask worker that ran it died ({exc}); finished "
+                    "units are kept, so running the same command again resumes"
+                ) from None
             if warning:
                 bar.note(warning)
             if stops:
