@@ -100,6 +100,12 @@ class Folder:
         url = self.location.url if name is None else self.url(name)
         return self.fs._strip_protocol(url)
 
+    def _fresh(self, path: str) -> str:
+        # fsspec clients are shared within a process and may keep a listing: another process's
+        # writes since then would be invisible (a missing unit, a stale size or ETag).
+        self.fs.invalidate_cache(path)
+        return path
+
     # -- writing ----------------------------------------------------------------------------
 
     def make(self) -> None:
@@ -158,7 +164,7 @@ class Folder:
             else:
                 path.unlink(missing_ok=True)
             return
-        target = self._remote_path(name)
+        target = self._fresh(self._remote_path(name))
         with contextlib.suppress(FileNotFoundError):
             if self.fs.isdir(target):
                 self.fs.rm(target, recursive=True)
@@ -191,7 +197,7 @@ class Folder:
             except FileNotFoundError:
                 return None
         try:
-            return int(self.fs.size(self._remote_path(name)))
+            return int(self.fs.size(self._fresh(self._remote_path(name))))
         except FileNotFoundError:
             return None
 
@@ -206,7 +212,7 @@ class Folder:
                 while block := f.read(_BLOCK):
                     crc = zlib.crc32(block, crc)
             return crc
-        with self.fs.open(self._remote_path(name), "rb", block_size=_BLOCK) as f:
+        with self.fs.open(self._fresh(self._remote_path(name)), "rb", block_size=_BLOCK) as f:
             while block := f.read(_BLOCK):
                 crc = zlib.crc32(block, crc)
         return crc
@@ -219,10 +225,13 @@ class Folder:
                 return sorted(os.listdir(self.location.local_path))
             except FileNotFoundError:
                 return []
+        path = self._remote_path()
         try:
-            entries = self.fs.ls(self._remote_path(), detail=False, refresh=True)
+            entries = self.fs.ls(path, detail=False, refresh=True)
         except FileNotFoundError:
             return []
+        finally:
+            self._fresh(path)
         return sorted(str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries)
 
     @contextlib.contextmanager
