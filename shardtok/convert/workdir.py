@@ -313,21 +313,22 @@ class WorkDir:
                 if sizes[suffix] is None:
                     raise FileNotFoundError(f"{base + suffix} is missing")
             stored = sum(row[2] for row in result.frames)
+            # Sizes first: they cost no reading, and a file of the wrong size needs no crc.
+            if (
+                result.index != index
+                or sizes[".tokens"] != result.num_tokens * dtype.itemsize
+                or sizes[".frames"] != stored
+                or sizes.get(".mask", 0) != (result.num_tokens if has_masks else 0)
+            ):
+                return "its files disagree with its marker in size"
             if verify:
                 for suffix, crc in sorted(result.checksums.items()):
                     if self.folder.crc32(base + suffix) != crc:
                         return f"{base + suffix} fails its crc32 check"
-            docs_shape = self._docs(index, mmap=True).shape
+            if self._docs(index, mmap=True).shape != (result.num_documents, 3):
+                return "its files disagree with its marker in size"
         except (OSError, ValueError, TypeError, IndexError, AttributeError, KeyError) as exc:
             return f"cannot be read back ({type(exc).__name__}: {exc})"
-        if (
-            result.index != index
-            or sizes[".tokens"] != result.num_tokens * dtype.itemsize
-            or sizes[".frames"] != stored
-            or docs_shape != (result.num_documents, 3)
-            or sizes.get(".mask", 0) != (result.num_tokens if has_masks else 0)
-        ):
-            return "its files disagree with its marker in size"
         if has_masks != masks or (result.sft is not None) != masks:
             # The plan keeps this from happening; a unit is never served to the wrong kind of run.
             return (
