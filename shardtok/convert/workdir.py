@@ -18,9 +18,8 @@ deterministic, so two processes writing the same unit at once (a requeued task a
 only replace files with identical bytes.
 
 A unit that stops the run (its first bad record under ``--on-bad-record error``, or a tokenizer
-backend mismatch) leaves ``unit-NNNNNN.failed.json`` instead, so whoever drives the phases can
-report it without redoing the unit. It records the mode that wrote it: a bad record stops an
-``error`` run only, so a ``skip`` run never takes it as its own.
+backend mismatch) leaves ``unit-NNNNNN.failed.json`` instead (see shardtok.convert.failures). A
+done marker wins over a failure marker: saving a unit deletes the failure an earlier run left.
 
 `plan.json` holds the fingerprint of everything that decides a unit's content (input files with
 size and mtime or ETag, text key, txt mode, tokenizer fingerprint, EOS/BOS, unit size, and the
@@ -39,20 +38,21 @@ import shutil
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
+from shardtok.convert.failures import (
+    EncoderMismatch,
+    UnitFailure,
+    failure_from_json,
+    failure_to_json,
+)
 from shardtok.storage.folder import Folder, temporary_name
-
-if TYPE_CHECKING:
-    from shardtok.convert.worker import EncoderMismatch, UnitFailure
 
 WORK_DIR_NAME = ".shardtok-work"
 PLAN_NAME = "plan.json"
 _TRASH_PREFIX = WORK_DIR_NAME + ".trash-"
 _UNIT_FORMAT = 3  # 2: units carry their compressed frames; 3: and their files' crc32
-_FAILURE_FORMAT = "shardtok.unit-failure"
 _MARKER = re.compile(r"unit-(\d{6,})(\.failed)?\.json")
 _UNIT_FILE = re.compile(r"unit-\d+\..*")
 _SCRATCH_PREFIX = ".scratch-"  # Folder.scratch()'s private folders
@@ -117,49 +117,6 @@ class ChecksumWriter:
     def write(self, data) -> int:
         self.crc = zlib.crc32(data, self.crc)
         return self.file.write(data)
-
-
-def _count(value) -> bool:
-    return type(value) is int and value >= 0
-
-
-def _failure_doc(failure: UnitFailure | EncoderMismatch, stop_at_bad_record: bool) -> dict:
-    from shardtok.convert.worker import UnitFailure
-
-    doc = {
-        "format": _FAILURE_FORMAT,
-        "version": 1,
-        "index": failure.index,
-        "piece": failure.piece,
-        "record": failure.record,
-        "detail": failure.detail,
-        "stop_at_bad_record": bool(stop_at_bad_record),
-    }
-    if isinstance(failure, UnitFailure):
-        doc.update(kind="bad_record", reason=failure.reason)
-    else:
-        doc["kind"] = "encoder_mismatch"
-    return doc
-
-
-def _failure_from(doc, index: int) -> tuple[UnitFailure | EncoderMismatch, bool] | None:
-    """The failure and the mode that wrote it, or None unless `doc` is a well-formed failure
-    of unit `index` (the file may be anyone's: every field is checked)."""
-    from shardtok.convert.worker import EncoderMismatch, UnitFailure
-
-    if not isinstance(doc, dict) or doc.get("format") != _FAILURE_FORMAT:
-        return None
-    if doc.get("version") != 1 or doc.get("index") != index:
-        return None
-    piece, record, detail = doc.get("piece"), doc.get("record"), doc.get("detail")
-    mode = doc.get("stop_at_bad_record")
-    if not (_count(piece) and _count(record) and isinstance(detail, str) and type(mode) is bool):
-        return None
-    if doc.get("kind") == "bad_record" and isinstance(doc.get("reason"), str):
-        return UnitFailure(index, piece, record, doc["reason"], detail), mode
-    if doc.get("kind") == "encoder_mismatch":
-        return EncoderMismatch(index, piece, record, detail), mode
-    return None
 
 
 class WorkDir:
@@ -373,9 +330,9 @@ class WorkDir:
         self, failure: UnitFailure | EncoderMismatch, stop_at_bad_record: bool
     ) -> None:
         """Record why unit `failure.index` stops the run (`stop_at_bad_record`: the mode that
-        found it)."""
-        doc = _failure_doc(failure, stop_at_bad_record)
-        self._write(unit_base(failure.index) + ".failed.json", json.dumps(doc).encode())
+        found it; see shardtok.convert.failures)."""
+        name = unit_base(failure.index) + ".failed.json"
+        self._write(name, failure_to_json(failure, stop_at_bad_record))
 
     def load_failure_and_mode(
         self, index: int
@@ -383,10 +340,10 @@ class WorkDir:
         """(the failure, stop_at_bad_record of the run that wrote it), or None when the unit
         has no well-formed failure marker."""
         try:
-            doc = json.loads(self.folder.read_bytes(unit_base(index) + ".failed.json"))
-        except (OSError, ValueError):
+            data = self.folder.read_bytes(unit_base(index) + ".failed.json")
+        except OSError:
             return None
-        return _failure_from(doc, index)
+        return failure_from_json(data, index)
 
     def load_failure(
         self, index: int, stop_at_bad_record: bool | None = None

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from shardtok.convert.failures import EncoderMismatch, UnitFailure
 from shardtok.convert.inputs import InputError, InputFile
 from shardtok.convert.records import RangeReader, Reject
 from shardtok.convert.sft.conversation import SFTBad
@@ -54,27 +55,6 @@ class WorkerConfig:
     sft: SFTSetup | None = None
     # fsspec options for remote inputs and a remote out_dir (a URL; a local path otherwise)
     storage_options: dict | None = None
-
-
-@dataclass(frozen=True)
-class UnitFailure:
-    """The first bad record of a unit, under --on-bad-record error."""
-
-    index: int
-    piece: int
-    record: int
-    reason: str
-    detail: str
-
-
-@dataclass(frozen=True)
-class EncoderMismatch:
-    """The tiktoken canary found a text that tokenizers encodes differently (stops the run)."""
-
-    index: int
-    piece: int
-    record: int
-    detail: str
 
 
 _config: WorkerConfig | None = None

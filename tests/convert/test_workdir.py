@@ -8,6 +8,7 @@ import multiprocessing
 import uuid
 import zlib
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -259,3 +260,67 @@ def test_a_worker_persists_its_failure_and_a_skip_run_replaces_it(out, tmp_path)
     assert result.rejects == [[0, 21, "invalid_json", failure.detail]]
     assert work.markers() == ({0}, set()) and work.load_failure(0) is None
     assert work.load_result(0, U16) == result
+
+
+# -- the output folder around the work folder -------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> tuple[Path, dict]:
+    """A dataset converted by today's one-command convert, and its settings."""
+    from shardtok.convert import ConvertOptions, convert
+
+    folder = tmp_path_factory.mktemp("finished")
+    corpus = folder / "c.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
+    opts = ConvertOptions(inputs=(str(corpus),), output=str(folder / "done"), workers=1,
+                          progress=False, tokenizer=load_tokenizer("bundled", backend="hf"))  # fmt: skip
+    return folder / "done", convert(opts).manifest.extra["convert"]
+
+
+def test_the_output_folder_states_on_local_and_s3(out, finished):
+    from shardtok.convert.output_dir import (
+        OutputDirError,
+        RejectsFile,
+        clear_output,
+        finished_manifest,
+        foreign_entries,
+        prepare_output,
+        remove_stale_shards,
+        sweep_temporaries,
+    )
+
+    done, settings = finished
+    plan = {"plan": 1}
+    work, finished = prepare_output(out, "shard", plan, settings, overwrite=False)
+    assert finished is None and work.read_plan() == plan and finished_manifest(out) is None
+    save(work, 0, b"\1\0")
+    work, _ = prepare_output(out, "shard", plan, settings, overwrite=False)
+    assert work.markers()[0] == {0}  # the same plan resumes
+    prepare_output(out, "shard", {"plan": 2}, settings, overwrite=False)
+    assert work.markers()[0] == set()  # another plan starts over
+
+    for name in sorted(p.name for p in done.iterdir()):  # a finished dataset, then stale bits
+        out.write_bytes(name, (done / name).read_bytes())
+    out.write_bytes("shard-999999.tar", b"stale")
+    out.write_bytes(".shard-000000.tar.tmp-12-abcdef01", b"half")
+    work.remove()
+    manifest = finished_manifest(out)
+    assert manifest is not None and manifest.num_documents == len(TEXTS)
+    assert prepare_output(out, "shard", plan, settings, overwrite=False)[1] == manifest
+    with pytest.raises(OutputDirError, match="other inputs or options"):
+        prepare_output(out, "shard", plan, dict(settings, text_key="x"), overwrite=False)
+    sweep_temporaries(out, "shard")
+    remove_stale_shards(out, manifest)
+    assert out.list() == sorted(p.name for p in done.iterdir())
+
+    rejects = RejectsFile(out)
+    rejects.write("c.jsonl", 4, "invalid_json", "Expecting value")
+    rejects.commit()
+    assert json.loads(out.read_bytes("rejects.jsonl"))["line"] == 4
+    out.write_bytes("notes.txt", b"mine")
+    assert foreign_entries(out, "shard") == ["notes.txt"]
+    clear_output(out, "shard")
+    assert out.list() == ["notes.txt"]  # only shardtok's own names are ever deleted
+    with pytest.raises(OutputDirError, match="not empty"):
+        prepare_output(out, "shard", plan, settings, overwrite=False)
