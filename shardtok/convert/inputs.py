@@ -1,17 +1,23 @@
-"""Finding the input files of a conversion and telling their formats apart.
+"""Finding the input files of a conversion, telling their formats apart, and opening them.
 
 Inputs keep the order given on the command line; a folder or glob pattern expands to its files
-sorted by path, so the same command always sees the same files in the same order.
+sorted by path, so the same command always sees the same files in the same order. An input may
+also be an object-store URL (``s3://bucket/data/x.jsonl``, any fsspec protocol): a file, a
+prefix ending in ``/`` or naming a "folder", or a glob. A remote file is known by its size and
+ETag (object stores have no trustworthy mtime), and is checked against them whenever it is
+opened, so a worker never tokenizes other bytes than the plan measured.
 """
 
 from __future__ import annotations
 
 import glob
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from shardtok.errors import ShardtokError
+from shardtok.storage.location import display_url, is_local, protocol_of
 
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 TXT_SUFFIXES = (".txt",)
@@ -29,7 +35,8 @@ class InputFile:
     kind: str  # "jsonl", "txt" or "parquet"
     compression: str | None  # None, "gzip" or "zstd"
     size: int
-    mtime_ns: int
+    mtime_ns: int  # 0 for a remote file
+    etag: str | None = None  # a remote file's ETag as its store reports it; None locally
 
     @property
     def splittable(self) -> bool:
@@ -80,15 +87,114 @@ def _inside(path: str, folder: str | None) -> bool:
     return os.path.commonpath([real, root]) == root
 
 
-def discover(inputs: list[str], exclude_dir: str | None = None) -> list[InputFile]:
+def _filesystem(url: str, storage_options: dict | None):
+    import fsspec
+
+    return fsspec.filesystem(protocol_of(url), **(storage_options or {}))
+
+
+def _etag(info: dict) -> str | None:
+    for key in ("ETag", "etag"):
+        if isinstance(info.get(key), str) and info[key]:
+            return info[key]
+    return None
+
+
+def _hidden_below(name: str, root: str) -> bool:
+    """Whether a path component of `name` below `root` is hidden (as local expansion skips)."""
+    rest = name[len(root) :] if name.startswith(root) else name
+    return any(part.startswith(".") for part in rest.split("/") if part)
+
+
+def _expand_remote(given: str, storage_options: dict | None) -> list[tuple[str, dict]]:
+    """(URL, fsspec info) of each input file `given` names on an object store, sorted by URL."""
+    fs = _filesystem(given, storage_options)
+    stripped = fs._strip_protocol(given)
+    shown = display_url(given)
+    info = None
+    if not given.endswith("/"):
+        try:
+            info = fs.info(stripped)
+        except FileNotFoundError:
+            info = None
+    if given.endswith("/") or (info is not None and info.get("type") == "directory"):
+        root = stripped.rstrip("/") + "/"
+        prefix = given.rstrip("/") + "/"
+        try:
+            found = fs.find(root, detail=True)
+        except FileNotFoundError:
+            found = {}
+        expanded = sorted(
+            (prefix + name[len(root) :], entry)
+            for name, entry in found.items()
+            if entry.get("type") == "file"
+            and name.startswith(root)
+            and not _hidden_below(name, root)
+            and classify(name) is not None
+        )
+        if not expanded:
+            raise InputError(f"folder {shown!r} holds no .jsonl/.json/.txt/.parquet files")
+        return expanded
+    if info is not None:
+        if classify(stripped) is None:
+            raise InputError(
+                f"{shown!r}: unknown input format (expected .jsonl, .json, .ndjson or .txt, "
+                "optionally .gz/.zst, or .parquet)"
+            )
+        return [(given, info)]
+    if glob.has_magic(stripped):
+        # Like a local glob, wildcards do not match hidden names.
+        fixed = stripped[: min(stripped.find(c) for c in "*?[" if c in stripped)]
+        root = fixed[: fixed.rfind("/") + 1]
+        expanded = sorted(
+            (fs.unstrip_protocol(name), entry)
+            for name, entry in fs.glob(stripped, detail=True).items()
+            if entry.get("type") == "file"
+            and not _hidden_below(name, root)
+            and classify(name) is not None
+        )
+        if not expanded:
+            raise InputError(f"pattern {shown!r} matches no input files")
+        return expanded
+    raise InputError(f"input {shown!r} does not exist")
+
+
+def _under(url: str, folder: str | None) -> bool:
+    """Whether remote `url` lies in the remote folder `folder` (the output, for instance)."""
+    if folder is None or is_local(folder) or protocol_of(folder) != protocol_of(url):
+        return False
+    root = folder.rstrip("/") + "/"
+    return url.startswith(root)
+
+
+def discover(
+    inputs: list[str], exclude_dir: str | None = None, storage_options: dict | None = None
+) -> list[InputFile]:
     """Expand files, folders and glob patterns into the ordered list of input files.
 
     Files under `exclude_dir` (the output folder, when it sits inside an input folder) are left
     out: index.json and rejects.jsonl would otherwise read as JSONL input on the next run.
+    `storage_options` go to fsspec for remote inputs.
     """
     files: list[InputFile] = []
     seen: dict[str, str] = {}
     for given in inputs:
+        if not is_local(given):
+            for url, info in _expand_remote(given, storage_options):
+                if _under(url, exclude_dir):
+                    continue
+                scheme, _, rest = url.partition("://")
+                key = scheme + "://" + re.sub("/+", "/", rest)
+                if key in seen:
+                    raise InputError(
+                        f"input file {display_url(url)!r} is given twice "
+                        f"(also as {display_url(seen[key])!r})"
+                    )
+                seen[key] = url
+                kind, compression = classify(url)  # type: ignore[misc]
+                size = int(info.get("size") or 0)
+                files.append(InputFile(url, kind, compression, size, 0, _etag(info)))
+            continue
         if os.path.isdir(given):
             expanded = _expand_folder(given)
             if not expanded:
@@ -125,3 +231,45 @@ def discover(inputs: list[str], exclude_dir: str | None = None) -> list[InputFil
     if not files:
         raise InputError("no input files given")
     return files
+
+
+# Remote reads: exact ranges go without a cache (one request each); streams read ahead.
+STREAM_BLOCK = 8 << 20
+PARQUET_BLOCK = 1 << 20
+
+
+def open_input(file: InputFile, storage_options: dict | None = None, block_size: int = 0):
+    """`file` opened for binary reading: plain open() for a local file; for a remote one an
+    fsspec file that reads ahead `block_size` bytes (0: each read is exactly one range
+    request), checked to still have the size and ETag the plan saw."""
+    if is_local(file.path):
+        return open(file.path, "rb")  # noqa: SIM115 (the caller closes it)
+    fs = _filesystem(file.path, storage_options)
+    if block_size:
+        f = fs.open(file.path, "rb", block_size=block_size, cache_type="readahead")
+    else:
+        f = fs.open(file.path, "rb", cache_type="none")
+    try:
+        details = f.details
+        etag, size = _etag(details), details.get("size")
+        if (size is not None and int(size) != file.size) or (
+            file.etag is not None and etag is not None and etag != file.etag
+        ):
+            raise InputError(
+                f"{display_url(file.path)}: the file changed since the conversion was planned "
+                f"(now {details.get('size')} bytes, ETag {etag}; planned {file.size} bytes, "
+                f"ETag {file.etag}); plan the conversion again"
+            )
+    except BaseException:
+        f.close()
+        raise
+    return f
+
+
+def read_input_range(
+    file: InputFile, start: int, end: int, storage_options: dict | None = None
+) -> bytes:
+    """Bytes [start, end) of `file` (fewer if it ends earlier): one read, one request remotely."""
+    with open_input(file, storage_options) as f:
+        f.seek(start)
+        return f.read(end - start)

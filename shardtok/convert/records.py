@@ -12,8 +12,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from shardtok.convert.compressed import DamagedInputError, open_decompressed, open_parquet
-from shardtok.convert.inputs import InputFile
+from shardtok.convert.inputs import (
+    PARQUET_BLOCK,
+    STREAM_BLOCK,
+    InputFile,
+    open_input,
+    read_input_range,
+)
 from shardtok.convert.units import InputRange
+from shardtok.storage.location import is_local
 
 # Reject reasons (stable names: they appear in rejects.jsonl and the manifest).
 INVALID_JSON = "invalid_json"
@@ -31,18 +38,22 @@ class Reject:
     detail: str
 
 
-def _open_stream(file: InputFile):
-    if file.compression is not None:
-        return open_decompressed(file.path, file.compression)
-    return open(file.path, "rb")  # noqa: SIM115 (the caller closes it)
+def _open_stream(file: InputFile, storage_options: dict | None):
+    if is_local(file.path):
+        if file.compression is not None:
+            return open_decompressed(file.path, file.compression)
+        return open(file.path, "rb")  # noqa: SIM115 (the caller closes it)
+    raw = open_input(file, storage_options, STREAM_BLOCK)
+    if file.compression is None:
+        return raw
+    return open_decompressed(file.path, file.compression, raw)
 
 
-def _lines(file: InputFile, piece: InputRange) -> Iterator[bytes]:
+def _lines(file: InputFile, piece: InputRange, storage_options: dict | None) -> Iterator[bytes]:
     """The raw lines of the piece, without their line terminator."""
     if file.compression is None:
-        with open(file.path, "rb") as f:
-            f.seek(piece.start)
-            data = f.read(piece.end - piece.start)
+        # One read of the whole piece (one range request for a remote file).
+        data = read_input_range(file, piece.start, piece.end, storage_options)
         if len(data) < piece.end - piece.start:
             # The plan measured the file; a file that shrank since would lose records silently.
             raise DamagedInputError(
@@ -53,7 +64,7 @@ def _lines(file: InputFile, piece: InputRange) -> Iterator[bytes]:
         if data:
             yield from data.split(b"\n")
         return
-    with _open_stream(file) as stream:
+    with _open_stream(file, storage_options) as stream:
         for line in stream:
             yield line[:-1] if line.endswith(b"\n") else line
 
@@ -106,7 +117,9 @@ class RangeReader:
         *,
         objects: bool = False,
         fields: tuple[str, ...] | None = None,
+        storage_options: dict | None = None,
     ):
+        self.storage_options = storage_options
         self.objects = objects
         self.fields = fields
         self.file = file
@@ -127,7 +140,8 @@ class RangeReader:
     def _line_records(self) -> Iterator[tuple[int, str | Reject]]:
         is_json = self.file.kind == "jsonl"
         number = 0
-        for number, raw in enumerate(_lines(self.file, self.piece), start=1):  # noqa: B007
+        lines = _lines(self.file, self.piece, self.storage_options)
+        for number, raw in enumerate(lines, start=1):  # noqa: B007
             if raw.endswith(b"\r"):
                 raw = raw[:-1]
             if not raw.strip():
@@ -159,7 +173,7 @@ class RangeReader:
         self.records = number
 
     def _txt_file(self) -> Iterator[tuple[int, str | Reject]]:
-        with _open_stream(self.file) as stream:
+        with _open_stream(self.file, self.storage_options) as stream:
             data = stream.read()
         self.records = 1
         try:
@@ -170,8 +184,13 @@ class RangeReader:
         yield 1, _check_text(1, text, "file")
 
     def _parquet(self) -> Iterator[tuple[int, str | Reject]]:
+        if is_local(self.file.path):
+            yield from self._parquet_of(open_parquet(self.file.path))
+            return
+        with open_input(self.file, self.storage_options, PARQUET_BLOCK) as raw:
+            yield from self._parquet_of(open_parquet(self.file.path, raw))
 
-        parquet = open_parquet(self.file.path)
+    def _parquet_of(self, parquet) -> Iterator[tuple[int, str | Reject]]:
         names = parquet.schema_arrow.names
         if self.objects:
             yield from self._parquet_rows(parquet, names)

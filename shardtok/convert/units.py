@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shardtok.convert.inputs import InputFile
+from shardtok.convert.inputs import PARQUET_BLOCK, InputFile, open_input
+from shardtok.storage.location import is_local
 
 MIN_AUTO_UNIT = 256 << 10
 MAX_AUTO_UNIT = 16 << 20
@@ -59,12 +60,13 @@ def _next_line_start(f, target: int, end: int) -> int:
 
 
 def _byte_range_pieces(
-    index: int, file: InputFile, first_cut: int, unit_size: int
+    index: int, file: InputFile, first_cut: int, unit_size: int, storage_options: dict | None
 ) -> list[InputRange]:
     pieces = []
     start = 0
     target = first_cut
-    with open(file.path, "rb") as f:
+    # Remote: no read-ahead, so finding each cut costs one small range request.
+    with open_input(file, storage_options) as f:
         while start < file.size:
             cut = _next_line_start(f, max(target, start + 1), file.size)
             pieces.append(InputRange(index, start, cut))
@@ -72,18 +74,28 @@ def _byte_range_pieces(
     return pieces
 
 
-def _parquet_pieces(index: int, file: InputFile) -> list[tuple[InputRange, int]]:
+def _parquet_pieces(
+    index: int, file: InputFile, storage_options: dict | None
+) -> list[tuple[InputRange, int]]:
     from shardtok.convert.compressed import open_parquet
 
-    meta = open_parquet(file.path).metadata
+    if is_local(file.path):
+        meta = open_parquet(file.path).metadata
+    else:
+        with open_input(file, storage_options, PARQUET_BLOCK) as raw:
+            meta = open_parquet(file.path, raw).metadata
     groups = [meta.row_group(i).total_byte_size for i in range(meta.num_row_groups)]
     total = sum(groups) or 1
     # Spread the file's real size over its row groups for the progress bar.
     return [(InputRange(index, row_group=i), file.size * g // total) for i, g in enumerate(groups)]
 
 
-def plan_units(files: list[InputFile], unit_size: int, txt_mode: str) -> list[Unit]:
-    """Cut the inputs into pieces and group consecutive pieces into units of ~unit_size bytes."""
+def plan_units(
+    files: list[InputFile], unit_size: int, txt_mode: str, storage_options: dict | None = None
+) -> list[Unit]:
+    """Cut the inputs into pieces and group consecutive pieces into units of ~unit_size bytes.
+    `storage_options` go to fsspec for remote inputs (the pieces are the same as for a local
+    copy of the same bytes)."""
     units: list[Unit] = []
     current: list[InputRange] = []
     current_bytes = 0
@@ -103,11 +115,12 @@ def plan_units(files: list[InputFile], unit_size: int, txt_mode: str) -> list[Un
 
     for index, file in enumerate(files):
         if file.kind == "parquet":
-            for piece, nbytes in _parquet_pieces(index, file):
+            for piece, nbytes in _parquet_pieces(index, file, storage_options):
                 add(piece, nbytes)
         elif file.splittable and not (file.kind == "txt" and txt_mode == "file"):
             # The first piece fills what the open unit has left, so small files share units.
-            for piece in _byte_range_pieces(index, file, unit_size - current_bytes, unit_size):
+            first_cut = unit_size - current_bytes
+            for piece in _byte_range_pieces(index, file, first_cut, unit_size, storage_options):
                 add(piece, piece.end - piece.start)
         else:
             add(InputRange(index, 0, file.size), file.size)

@@ -1,21 +1,30 @@
 """The work folder (`OUT/.shardtok-work/`): the plan and every finished unit's tokens.
 
-A unit is persisted as four files, each written under a temporary name and renamed:
-``unit-NNNNNN.tokens`` (the documents' tokens, concatenated, in the dataset dtype),
-``unit-NNNNNN.frames`` (the same documents cut into frames and zstd-compressed by the worker),
-``unit-NNNNNN.docs.npy`` (int64 rows: piece, record number, token count) and last
-``unit-NNNNNN.json`` (counts, rejects, the frame table, the frame settings used and the crc32 of
-each of the three other files). A fine-tuning (``--sft``) unit has a fifth, ``unit-NNNNNN.mask``
-(one uint8 loss-mask value per token, the documents' masks concatenated), covered by the json's
-checksums like the others. The json is the finished-unit marker: a unit whose json exists
-and whose files match its checksums is never tokenized again; one whose files do not (a disk
-error, a file edited or cut) is tokenized again, with a warning. A SIGKILL leaves at worst
-stray temporary files, which are ignored and swept.
+A unit is persisted as four files: ``unit-NNNNNN.tokens`` (the documents' tokens, concatenated,
+in the dataset dtype), ``unit-NNNNNN.frames`` (the same documents cut into frames and
+zstd-compressed by the worker), ``unit-NNNNNN.docs.npy`` (int64 rows: piece, record number,
+token count) and last ``unit-NNNNNN.json`` (counts, rejects, the frame table, the frame settings
+used and the crc32 of each of the three other files). A fine-tuning (``--sft``) unit has a fifth,
+``unit-NNNNNN.mask`` (one uint8 loss-mask value per token, the documents' masks concatenated),
+covered by the json's checksums like the others. NNNNNN is the unit index, at least six digits.
+
+The json is the finished-unit marker, written after every file it vouches for: a unit whose json
+exists and whose files match its checksums is never tokenized again; one whose files do not (a
+disk error, a file edited or cut) is tokenized again, with a warning. Locally each file is
+written under a temporary name unique to its process and host and renamed, so a SIGKILL leaves
+at worst stray temporaries (swept by :meth:`WorkDir.sweep_temporaries`). On an object store each
+file is one plain PUT (never a rename), visible whole or not at all. A unit's files are
+deterministic, so two processes writing the same unit at once (a requeued task and its zombie)
+only replace files with identical bytes.
+
+A unit that stops the run (its first bad record under ``--on-bad-record error``, or a tokenizer
+backend mismatch) leaves ``unit-NNNNNN.failed.json`` instead (see shardtok.convert.failures). A
+done marker wins over a failure marker: saving a unit deletes the failure an earlier run left.
 
 `plan.json` holds the fingerprint of everything that decides a unit's content (input files with
-size and mtime, text key, txt mode, tokenizer fingerprint, EOS/BOS, unit size, and the SFT
-settings); work from a different plan is never reused, so a unit with masks never serves a run
-without them, nor the other way round.
+size and mtime or ETag, text key, txt mode, tokenizer fingerprint, EOS/BOS, unit size, and the
+SFT settings); work from a different plan is never reused, so a unit with masks never serves a
+run without them, nor the other way round.
 """
 
 from __future__ import annotations
@@ -23,6 +32,8 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
+import secrets
 import shutil
 import zlib
 from dataclasses import dataclass
@@ -30,18 +41,37 @@ from pathlib import Path
 
 import numpy as np
 
-from shardtok._checksum import file_crc32
+from shardtok.convert.failures import (
+    EncoderMismatch,
+    UnitFailure,
+    failure_from_json,
+    failure_to_json,
+)
+from shardtok.storage.folder import Folder, temporary_name
 
 WORK_DIR_NAME = ".shardtok-work"
+PLAN_NAME = "plan.json"
 _TRASH_PREFIX = WORK_DIR_NAME + ".trash-"
 _UNIT_FORMAT = 3  # 2: units carry their compressed frames; 3: and their files' crc32
+_MARKER = re.compile(r"unit-(\d{6,})(\.failed)?\.json")
+_UNIT_FILE = re.compile(r"unit-\d+\..*")
+_SCRATCH_PREFIX = ".scratch-"  # Folder.scratch()'s private folders
 
 
 def atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as out:
-        out.write(data)
-    os.replace(tmp, path)
+    """Write `path` whole or not at all: a temporary name of this process and host, renamed."""
+    tmp = path.with_name(temporary_name(path.name))
+    try:
+        with open(tmp, "wb") as out:
+            out.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def unit_base(index: int) -> str:
+    return f"unit-{index:06d}"
 
 
 @dataclass
@@ -90,32 +120,100 @@ class ChecksumWriter:
 
 
 class WorkDir:
-    def __init__(self, out_dir: Path):
-        self.path = Path(out_dir) / WORK_DIR_NAME
-        self.plan_path = self.path / "plan.json"
+    """The work folder inside `out_dir` (a Folder, or a local path or URL for one).
+
+    Works the same on a local folder and an object-store prefix; only the local one has
+    temporaries and a trash to sweep, and memory-maps the units it loads (a remote unit is
+    downloaded whole).
+    """
+
+    def __init__(self, out_dir: Folder | str | os.PathLike, storage_options: dict | None = None):
+        self.output = out_dir if isinstance(out_dir, Folder) else Folder(out_dir, storage_options)
+        self.folder = self.output.sub(WORK_DIR_NAME)
+
+    @property
+    def is_local(self) -> bool:
+        return self.folder.is_local
+
+    @property
+    def path(self) -> Path:
+        """The OS path of a local work folder (LocationError for a remote one)."""
+        return Path(self.folder.location.local_path)
+
+    @property
+    def display(self) -> str:
+        return self.folder.display
 
     def exists(self) -> bool:
-        return self.path.is_dir()
+        if self.is_local:
+            return self.path.is_dir()
+        return bool(self.folder.list())
+
+    # -- plan-side files --------------------------------------------------------------------
+
+    def _write(self, name: str, data: bytes) -> None:
+        if self.is_local:
+            self.folder.make()
+            atomic_write(self.path / name, data)
+        else:
+            self.folder.write_bytes(name, data)
+
+    def write_plan(self, doc: dict) -> None:
+        """plan.json: any JSON object (whoever plans decides its content)."""
+        if not isinstance(doc, dict):
+            raise TypeError("the plan is a JSON object")
+        self._write(PLAN_NAME, json.dumps(doc, sort_keys=True, indent=1).encode())
 
     def read_plan(self) -> dict | None:
+        """The plan, or None when there is none or it is not a JSON object (damaged, foreign)."""
         try:
-            return json.loads(self.plan_path.read_bytes())
+            doc = json.loads(self.folder.read_bytes(PLAN_NAME))
         except (OSError, ValueError):
             return None
+        return doc if isinstance(doc, dict) else None
+
+    def _plan_side_name(self, name: str) -> str:
+        if name == PLAN_NAME or name.startswith(".") or _UNIT_FILE.fullmatch(name):
+            raise ValueError(f"{name!r} is reserved in the work folder")
+        return name
+
+    def write_file(self, name: str, data: bytes) -> None:
+        """Another plan-side file (a plain name; not plan.json, a unit's or a hidden one)."""
+        self._write(self._plan_side_name(name), bytes(data))
+
+    def read_file(self, name: str) -> bytes:
+        """A file written with write_file; FileNotFoundError when there is none."""
+        return self.folder.read_bytes(self._plan_side_name(name))
 
     def start(self, plan: dict) -> None:
         """Start an empty work folder for `plan` (anything there before is discarded)."""
-        if self.path.exists():
-            shutil.rmtree(self.path)
-        self.path.mkdir(parents=True)
-        atomic_write(self.plan_path, json.dumps(plan, sort_keys=True, indent=1).encode())
+        if self.is_local:
+            if self.path.exists():
+                shutil.rmtree(self.path)
+            self.path.mkdir(parents=True)
+        else:
+            self.output.delete(WORK_DIR_NAME)
+        self.write_plan(plan)
 
     def sweep_temporaries(self) -> None:
-        for stray in self.path.glob(".*.tmp-*"):
-            stray.unlink(missing_ok=True)
+        """Remove what killed processes left half-written: temporary files and scratch folders.
 
-    def _base(self, index: int) -> Path:
-        return self.path / f"unit-{index:06d}"
+        Only a process that knows no unit is being written may call this (plan, merge and the
+        one-command convert before its workers start), never run-units: another rank's live
+        temporaries would be deleted under it. Object stores have no temporaries."""
+        if not self.is_local or not self.path.is_dir():
+            return
+        for entry in self.path.iterdir():
+            if entry.name.startswith(_SCRATCH_PREFIX) and entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+            elif entry.name.startswith(".") and ".tmp-" in entry.name:
+                entry.unlink(missing_ok=True)
+
+    # -- units ------------------------------------------------------------------------------
+
+    def unit_name(self, index: int) -> str:
+        """The unit's marker as printed in messages."""
+        return self.folder.display_of(unit_base(index) + ".json")
 
     def save_unit(
         self,
@@ -126,17 +224,18 @@ class WorkDir:
         crcs: tuple[int, int],
         masks: tuple[Path, int] | None = None,
     ) -> None:
-        """Move a worker's token and frame files (with their crc32s) and, for SFT, its mask file
-        (`masks`: path and crc32) into place, then the docs array, then the marker that records
-        every checksum."""
-        base = self._base(result.index)
-        os.replace(tokens_tmp, base.with_suffix(".tokens"))
-        os.replace(frames_tmp, base.with_suffix(".frames"))
+        """Publish a worker's token and frame files (with their crc32s) and, for SFT, its mask
+        file (`masks`: path and crc32), then the docs array, then the marker that records every
+        checksum. The files are consumed: locally they must sit on the work folder's file
+        system (see Folder.scratch), since they are renamed into place."""
+        base = unit_base(result.index)
+        self.folder.put_file(base + ".tokens", tokens_tmp)
+        self.folder.put_file(base + ".frames", frames_tmp)
         if masks is not None:
-            os.replace(masks[0], base.with_suffix(".mask"))
+            self.folder.put_file(base + ".mask", masks[0])
         buffer = io.BytesIO()
         np.save(buffer, docs)
-        atomic_write(base.with_suffix(".docs.npy"), buffer.getvalue())
+        self._write(base + ".docs.npy", buffer.getvalue())
         result.checksums = {
             ".tokens": crcs[0],
             ".frames": crcs[1],
@@ -144,55 +243,49 @@ class WorkDir:
         }
         if masks is not None:
             result.checksums[".mask"] = masks[1]
-        atomic_write(base.with_suffix(".json"), result.to_json())
-
-    def token_tmp_path(self, index: int) -> Path:
-        return self.path / f".unit-{index:06d}.tokens.tmp-{os.getpid()}"
-
-    def frames_tmp_path(self, index: int) -> Path:
-        return self.path / f".unit-{index:06d}.frames.tmp-{os.getpid()}"
-
-    def mask_tmp_path(self, index: int) -> Path:
-        return self.path / f".unit-{index:06d}.mask.tmp-{os.getpid()}"
-
-    def unit_name(self, index: int) -> str:
-        return str(self._base(index).with_suffix(".json"))
+        self._write(base + ".json", result.to_json())
+        # A done unit wins over a failure an earlier run of the other mode left.
+        self.folder.delete(base + ".failed.json")
 
     def load_result(
-        self, index: int, dtype: np.dtype, masks: bool = False
+        self, index: int, dtype: np.dtype, masks: bool = False, *, verify: bool = True
     ) -> UnitResult | str | None:
         """The unit's result if it finished and its files are intact; None if it never finished
         (or was written by another unit format); else why it is damaged. `masks`: whether the
-        run needs the unit's loss masks (SFT)."""
-        base = self._base(index)
-        marker = base.with_suffix(".json")
+        run needs the unit's loss masks (SFT). `verify=False` skips the crc32 checks (which
+        read every file: remotely a download) and checks only the marker and the sizes."""
+        base = unit_base(index)
         try:
-            data = marker.read_bytes()
+            data = self.folder.read_bytes(base + ".json")
         except FileNotFoundError:
             return None
         try:
             result = UnitResult.from_json(data)
             if result is None:
                 return None
-            tokens_size = base.with_suffix(".tokens").stat().st_size
-            frames_size = base.with_suffix(".frames").stat().st_size
-            stored = sum(row[2] for row in result.frames)
-            for suffix, crc in sorted(result.checksums.items()):
-                if file_crc32(base.with_suffix(suffix)) != crc:
-                    return f"{base.with_suffix(suffix).name} fails its crc32 check"
-            docs_shape = np.load(base.with_suffix(".docs.npy"), mmap_mode="r").shape
             has_masks = ".mask" in result.checksums
-            mask_size = base.with_suffix(".mask").stat().st_size if has_masks else 0
+            sizes = {}
+            for suffix in (".tokens", ".frames", ".docs.npy") + ((".mask",) if has_masks else ()):
+                sizes[suffix] = self.folder.size(base + suffix)
+                if sizes[suffix] is None:
+                    raise FileNotFoundError(f"{base + suffix} is missing")
+            stored = sum(row[2] for row in result.frames)
+            # Sizes first: they cost no reading, and a file of the wrong size needs no crc.
+            if (
+                result.index != index
+                or sizes[".tokens"] != result.num_tokens * dtype.itemsize
+                or sizes[".frames"] != stored
+                or sizes.get(".mask", 0) != (result.num_tokens if has_masks else 0)
+            ):
+                return "its files disagree with its marker in size"
+            if verify:
+                for suffix, crc in sorted(result.checksums.items()):
+                    if self.folder.crc32(base + suffix) != crc:
+                        return f"{base + suffix} fails its crc32 check"
+            if self._docs(index, mmap=True).shape != (result.num_documents, 3):
+                return "its files disagree with its marker in size"
         except (OSError, ValueError, TypeError, IndexError, AttributeError, KeyError) as exc:
             return f"cannot be read back ({type(exc).__name__}: {exc})"
-        if (
-            result.index != index
-            or tokens_size != result.num_tokens * dtype.itemsize
-            or frames_size != stored
-            or docs_shape != (result.num_documents, 3)
-            or mask_size != (result.num_tokens if has_masks else 0)
-        ):
-            return "its files disagree with its marker in size"
         if has_masks != masks or (result.sft is not None) != masks:
             # The plan keeps this from happening; a unit is never served to the wrong kind of run.
             return (
@@ -202,39 +295,100 @@ class WorkDir:
 
     def discard_unit(self, index: int) -> None:
         """Drop a damaged unit's marker, so it counts as unfinished until it is redone."""
-        self._base(index).with_suffix(".json").unlink(missing_ok=True)
+        self.folder.delete(unit_base(index) + ".json")
+
+    def _docs(self, index: int, mmap: bool = False) -> np.ndarray:
+        name = unit_base(index) + ".docs.npy"
+        if self.is_local:
+            return np.load(self.folder.url(name), mmap_mode="r" if mmap else None)
+        return np.load(io.BytesIO(self.folder.read_bytes(name)))
+
+    def _array(self, name: str, dtype: np.dtype) -> np.ndarray:
+        """A unit file as a read-only array: memory-mapped locally, downloaded remotely."""
+        if not self.is_local:
+            return np.frombuffer(self.folder.read_bytes(name), dtype=dtype)
+        path = self.folder.url(name)
+        if not os.stat(path).st_size:
+            return np.empty(0, dtype=dtype)
+        return np.memmap(path, dtype=dtype, mode="r")
 
     def load_unit(self, index: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-        """(tokens, docs) of a finished unit; tokens are memory-mapped."""
-        base = self._base(index)
-        path = base.with_suffix(".tokens")
-        tokens = (
-            np.memmap(path, dtype=dtype, mode="r")
-            if path.stat().st_size
-            else np.empty(0, dtype=dtype)
-        )
-        docs = np.load(base.with_suffix(".docs.npy"))
-        return tokens, docs
+        """(tokens, docs) of a finished unit; tokens are memory-mapped when local."""
+        return self._array(unit_base(index) + ".tokens", dtype), self._docs(index)
 
     def load_masks(self, index: int) -> np.ndarray:
-        """The loss masks of a finished SFT unit (one uint8 per token), memory-mapped."""
-        path = self._base(index).with_suffix(".mask")
-        if not path.stat().st_size:
-            return np.empty(0, dtype=np.uint8)
-        return np.memmap(path, dtype=np.uint8, mode="r")
+        """The loss masks of a finished SFT unit (one uint8 per token)."""
+        return self._array(unit_base(index) + ".mask", np.dtype(np.uint8))
 
     def load_frames(self, index: int) -> bytes:
         """The unit's encoded frames, concatenated (see UnitResult.frames)."""
-        return self._base(index).with_suffix(".frames").read_bytes()
+        return self.folder.read_bytes(unit_base(index) + ".frames")
+
+    # -- failures and status ----------------------------------------------------------------
+
+    def save_failure(
+        self, failure: UnitFailure | EncoderMismatch, stop_at_bad_record: bool
+    ) -> None:
+        """Record why unit `failure.index` stops the run (`stop_at_bad_record`: the mode that
+        found it; see shardtok.convert.failures)."""
+        name = unit_base(failure.index) + ".failed.json"
+        self._write(name, failure_to_json(failure, stop_at_bad_record))
+
+    def load_failure_and_mode(
+        self, index: int
+    ) -> tuple[UnitFailure | EncoderMismatch, bool] | None:
+        """(the failure, stop_at_bad_record of the run that wrote it), or None when the unit
+        has no well-formed failure marker."""
+        try:
+            data = self.folder.read_bytes(unit_base(index) + ".failed.json")
+        except OSError:
+            return None
+        return failure_from_json(data, index)
+
+    def load_failure(
+        self, index: int, stop_at_bad_record: bool | None = None
+    ) -> UnitFailure | EncoderMismatch | None:
+        """The unit's recorded failure, or None. Given `stop_at_bad_record` (this run's mode),
+        only a failure written under the same mode is returned: a bad record that stopped an
+        ``error`` run is no failure for a ``skip`` run, which must redo the unit."""
+        found = self.load_failure_and_mode(index)
+        if found is None or (stop_at_bad_record is not None and found[1] != stop_at_bad_record):
+            return None
+        return found[0]
+
+    def markers(self) -> tuple[set[int], set[int]]:
+        """(units with a done marker, units with a failure marker and no done marker), from one
+        listing: no file is read, so the failures' modes and the units' checksums are not
+        checked (see load_failure and load_result)."""
+        done: set[int] = set()
+        failed: set[int] = set()
+        for name in self.folder.list():
+            match = _MARKER.fullmatch(name)
+            if match is None:
+                continue
+            index = int(match.group(1))
+            if unit_base(index) != f"unit-{match.group(1)}":  # unit-0000001.json is not ours
+                continue
+            (failed if match.group(2) else done).add(index)
+        return done, failed - done
+
+    # -- removal ----------------------------------------------------------------------------
 
     def remove(self) -> None:
-        """Delete the folder: renamed first, so a kill midway never leaves a half-empty plan behind."""
+        """Delete the folder. Locally it is renamed first, so a kill midway never leaves a
+        half-empty plan behind; remotely (no renames) the prefix is deleted recursively."""
+        if not self.is_local:
+            self.output.delete(WORK_DIR_NAME)
+            return
         if not self.path.exists():
             return
-        trash = self.path.with_name(f"{_TRASH_PREFIX}{os.getpid()}")
+        trash = self.path.with_name(f"{_TRASH_PREFIX}{os.getpid()}-{secrets.token_hex(4)}")
         os.replace(self.path, trash)
         shutil.rmtree(trash, ignore_errors=True)
 
     def sweep_trash(self) -> None:
+        """Work folders a killed remove() had renamed but not yet deleted (local only)."""
+        if not self.is_local:
+            return
         for trash in self.path.parent.glob(_TRASH_PREFIX + "*"):
             shutil.rmtree(trash, ignore_errors=True)

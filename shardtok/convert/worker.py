@@ -6,8 +6,8 @@ masks (one uint8 per token) are persisted next to its tokens.
 
 Texts are encoded in batches of about `_BATCH_CHARS` characters; tokens stream to a temporary file
 so a unit made of one large compressed file never holds all its tokens in memory. Under
-``--on-bad-record error`` a worker stops at the unit's first bad record and reports it without
-persisting anything; the assembler raises it once every earlier unit is known to be clean, so the
+``--on-bad-record error`` a worker stops at the unit's first bad record and persists only that
+failure (no tokens); the assembler raises it once every earlier unit is known to be clean, so the
 error reported is always the first bad record of the input.
 """
 
@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from shardtok.convert.failures import EncoderMismatch, UnitFailure
 from shardtok.convert.inputs import InputError, InputFile
 from shardtok.convert.records import RangeReader, Reject
 from shardtok.convert.sft.conversation import SFTBad
@@ -52,27 +53,8 @@ class WorkerConfig:
     frame_size: int
     compression_level: int | None
     sft: SFTSetup | None = None
-
-
-@dataclass(frozen=True)
-class UnitFailure:
-    """The first bad record of a unit, under --on-bad-record error."""
-
-    index: int
-    piece: int
-    record: int
-    reason: str
-    detail: str
-
-
-@dataclass(frozen=True)
-class EncoderMismatch:
-    """The tiktoken canary found a text that tokenizers encodes differently (stops the run)."""
-
-    index: int
-    piece: int
-    record: int
-    detail: str
+    # fsspec options for remote inputs and a remote out_dir (a URL; a local path otherwise)
+    storage_options: dict | None = None
 
 
 _config: WorkerConfig | None = None
@@ -229,82 +211,89 @@ def _guarded(reader: RangeReader, path: str):
 
 
 def tokenize_unit(unit: Unit) -> UnitResult | UnitFailure | EncoderMismatch:
-    """Tokenize `unit` and persist it in the work folder (runs in a worker process)."""
+    """Tokenize `unit` and persist it in the work folder (runs in a worker process).
+
+    A failure (the unit's first bad record under --on-bad-record error, or a tokenizer backend
+    mismatch) is persisted too, with the mode that found it, then returned."""
     assert _config is not None and (_encoder or _sft) is not None, "init_worker was not called"
-    config, sft = _config, _sft
-    workdir = WorkDir(Path(config.out_dir))
-    tmp = workdir.token_tmp_path(unit.index)
-    frames_tmp = workdir.frames_tmp_path(unit.index)
-    mask_tmp = workdir.mask_tmp_path(unit.index) if sft is not None else None
+    workdir = WorkDir(_config.out_dir, _config.storage_options)
+    # Files are made in a private scratch folder: inside the work folder locally (published by
+    # renames), a local temporary folder for a remote one (published by plain PUTs).
+    with workdir.folder.scratch() as scratch:
+        outcome = _tokenize(unit, _config, workdir, scratch)
+    if not isinstance(outcome, UnitResult):
+        workdir.save_failure(outcome, _config.stop_at_bad_record)
+    return outcome
+
+
+def _tokenize(
+    unit: Unit, config: WorkerConfig, workdir: WorkDir, scratch: Path
+) -> UnitResult | UnitFailure | EncoderMismatch:
+    sft = _sft
+    tmp, frames_tmp = scratch / "tokens", scratch / "frames"
+    mask_tmp = scratch / "mask" if sft is not None else None
     doc_rows: list[tuple[int, int]] = []  # (piece, record) of each document
     piece_records: list[int] = []
     rejects: list[list] = []
     records_read = 0
-    try:
-        with contextlib.ExitStack() as files:
-            out = ChecksumWriter(files.enter_context(open(tmp, "wb")))
-            frames_out = ChecksumWriter(files.enter_context(open(frames_tmp, "wb")))
-            # Frames end at the unit's end, so the worker can compress them: the assembler
-            # then only appends them to shards (see FrameBuilder).
-            framer = FrameBuilder(config.frame_size, config.compression_level, frames_out)
-            if sft is None:
-                batcher = _UnitTokenizer(_encoder, out, framer)
-            else:
-                sft.start_unit()
-                mask_out = ChecksumWriter(files.enter_context(open(mask_tmp, "wb")))
-                batcher = _SFTUnitWriter(config.tokenizer.dtype, out, mask_out, framer)
-            for piece_no, piece in enumerate(unit.pieces):
-                file = config.files[piece.input_index]
-                reader = RangeReader(
-                    file, piece, config.text_key, config.txt_mode,
-                    objects=sft is not None, fields=sft.fields if sft is not None else None,
-                )  # fmt: skip
-                for record, item in _guarded(reader, file.path):
-                    records_read += 1
-                    if sft is not None and not isinstance(item, Reject):
-                        item = sft.encode(item)
-                    if isinstance(item, (Reject, SFTBad)):
-                        if config.stop_at_bad_record:
-                            return UnitFailure(
-                                unit.index, piece_no, record, item.reason, item.detail
-                            )
-                        rejects.append([piece_no, record, item.reason, item.detail])
-                    elif sft is not None:
-                        doc_rows.append((piece_no, record))
-                        batcher.add(item.ids, item.mask)
-                    else:
-                        if not doc_rows:
-                            budget = max(_CANARY_MIN_CHARS, unit.nbytes // _CANARY_SHARE)
-                            mismatch = _encoder.canary(item[:budget])
-                            if mismatch is not None:
-                                return EncoderMismatch(unit.index, piece_no, record, mismatch)
-                        doc_rows.append((piece_no, record))
-                        batcher.add(item)
-                piece_records.append(reader.records)
-            batcher.flush()
-            frames = framer.finish()
-        sizes = np.concatenate(batcher.sizes) if batcher.sizes else np.empty(0, dtype=np.int32)
-        docs = np.empty((len(doc_rows), 3), dtype=np.int64)
-        if doc_rows:
-            docs[:, :2] = np.asarray(doc_rows, dtype=np.int64)
-        docs[:, 2] = sizes
-        result = UnitResult(
-            index=unit.index,
-            num_documents=len(doc_rows),
-            num_tokens=batcher.num_tokens,
-            input_bytes=unit.nbytes,
-            piece_records=piece_records,
-            records_read=records_read,
-            rejects=rejects,
-            frames=frames.tolist(),
-            frame_settings=[config.frame_size, config.compression_level],
-            sft=None if sft is None else sft.unit_stats(batcher.trained),
-        )
-        masks = None if sft is None else (mask_tmp, mask_out.crc)
-        workdir.save_unit(result, tmp, frames_tmp, docs, (out.crc, frames_out.crc), masks)
-        return result
-    finally:
-        tmp.unlink(missing_ok=True)
-        frames_tmp.unlink(missing_ok=True)
-        if mask_tmp is not None:
-            mask_tmp.unlink(missing_ok=True)
+    with contextlib.ExitStack() as files:
+        out = ChecksumWriter(files.enter_context(open(tmp, "wb")))
+        frames_out = ChecksumWriter(files.enter_context(open(frames_tmp, "wb")))
+        # Frames end at the unit's end, so the worker can compress them: the assembler
+        # then only appends them to shards (see FrameBuilder).
+        framer = FrameBuilder(config.frame_size, config.compression_level, frames_out)
+        if sft is None:
+            batcher = _UnitTokenizer(_encoder, out, framer)
+        else:
+            sft.start_unit()
+            mask_out = ChecksumWriter(files.enter_context(open(mask_tmp, "wb")))
+            batcher = _SFTUnitWriter(config.tokenizer.dtype, out, mask_out, framer)
+        for piece_no, piece in enumerate(unit.pieces):
+            file = config.files[piece.input_index]
+            reader = RangeReader(
+                file, piece, config.text_key, config.txt_mode,
+                objects=sft is not None, fields=sft.fields if sft is not None else None,
+                storage_options=config.storage_options,
+            )  # fmt: skip
+            for record, item in _guarded(reader, file.path):
+                records_read += 1
+                if sft is not None and not isinstance(item, Reject):
+                    item = sft.encode(item)
+                if isinstance(item, (Reject, SFTBad)):
+                    if config.stop_at_bad_record:
+                        return UnitFailure(unit.index, piece_no, record, item.reason, item.detail)
+                    rejects.append([piece_no, record, item.reason, item.detail])
+                elif sft is not None:
+                    doc_rows.append((piece_no, record))
+                    batcher.add(item.ids, item.mask)
+                else:
+                    if not doc_rows:
+                        budget = max(_CANARY_MIN_CHARS, unit.nbytes // _CANARY_SHARE)
+                        mismatch = _encoder.canary(item[:budget])
+                        if mismatch is not None:
+                            return EncoderMismatch(unit.index, piece_no, record, mismatch)
+                    doc_rows.append((piece_no, record))
+                    batcher.add(item)
+            piece_records.append(reader.records)
+        batcher.flush()
+        frames = framer.finish()
+    sizes = np.concatenate(batcher.sizes) if batcher.sizes else np.empty(0, dtype=np.int32)
+    docs = np.empty((len(doc_rows), 3), dtype=np.int64)
+    if doc_rows:
+        docs[:, :2] = np.asarray(doc_rows, dtype=np.int64)
+    docs[:, 2] = sizes
+    result = UnitResult(
+        index=unit.index,
+        num_documents=len(doc_rows),
+        num_tokens=batcher.num_tokens,
+        input_bytes=unit.nbytes,
+        piece_records=piece_records,
+        records_read=records_read,
+        rejects=rejects,
+        frames=frames.tolist(),
+        frame_settings=[config.frame_size, config.compression_level],
+        sft=None if sft is None else sft.unit_stats(batcher.trained),
+    )
+    masks = None if sft is None else (mask_tmp, mask_out.crc)
+    workdir.save_unit(result, tmp, frames_tmp, docs, (out.crc, frames_out.crc), masks)
+    return result

@@ -21,6 +21,7 @@ import contextlib
 import os
 import secrets
 import shutil
+import sys
 import tempfile
 import zlib
 from collections.abc import Iterator
@@ -29,6 +30,40 @@ from pathlib import Path
 from shardtok.storage.location import Location, LocationError, join_url
 
 _BLOCK = 4 << 20
+
+
+_forking: list = []  # the parent's fsspec clients while it forks
+_inherited: list = []  # a forked child's copies of its parent's clients, kept for good
+
+
+def _hold_clients() -> None:
+    spec = sys.modules.get("fsspec.spec")
+    if spec is None:
+        return
+    pending = [spec.AbstractFileSystem]
+    while pending:
+        cls = pending.pop()
+        pending.extend(cls.__subclasses__())
+        cache = cls.__dict__.get("_cache")
+        if cache:
+            _forking.extend(cache.values())
+
+
+def _keep_inherited_clients() -> None:
+    _inherited.extend(_forking)
+    _forking.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    # fsspec empties its client cache in a forked child; a dropped s3fs client's finalizer
+    # then closes its connections through the parent's event loop, whose epoll set the child
+    # shares, and the parent's pooled connections go deaf (its next request waits out a read
+    # timeout). So the child keeps its copies alive, unused.
+    os.register_at_fork(
+        before=_hold_clients,
+        after_in_parent=_forking.clear,
+        after_in_child=_keep_inherited_clients,
+    )
 
 
 def temporary_name(name: str) -> str:
@@ -100,6 +135,12 @@ class Folder:
         url = self.location.url if name is None else self.url(name)
         return self.fs._strip_protocol(url)
 
+    def _fresh(self, path: str) -> str:
+        # fsspec clients are shared within a process and may keep a listing: another process's
+        # writes since then would be invisible (a missing unit, a stale size or ETag).
+        self.fs.invalidate_cache(path)
+        return path
+
     # -- writing ----------------------------------------------------------------------------
 
     def make(self) -> None:
@@ -158,12 +199,19 @@ class Folder:
             else:
                 path.unlink(missing_ok=True)
             return
-        target = self._remote_path(name)
+        target = self._fresh(self._remote_path(name))
         with contextlib.suppress(FileNotFoundError):
-            if self.fs.isdir(target):
-                self.fs.rm(target, recursive=True)
-            else:
+            if not self.fs.isdir(target):
                 self.fs.rm_file(target)
+                return
+            self.fs.rm(target, recursive=True)
+            if self.location.protocol in ("s3", "s3a"):
+                # Stores with real folders (SeaweedFS, MinIO) keep the emptied one listed until
+                # its "name/" key is deleted; on S3 proper that key is absent and this a no-op.
+                bucket, _, key = target.partition("/")
+                with contextlib.suppress(Exception):
+                    self.fs.call_s3("delete_object", Bucket=bucket, Key=key.rstrip("/") + "/")
+            self._fresh(target)
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -191,7 +239,7 @@ class Folder:
             except FileNotFoundError:
                 return None
         try:
-            return int(self.fs.size(self._remote_path(name)))
+            return int(self.fs.size(self._fresh(self._remote_path(name))))
         except FileNotFoundError:
             return None
 
@@ -206,24 +254,31 @@ class Folder:
                 while block := f.read(_BLOCK):
                     crc = zlib.crc32(block, crc)
             return crc
-        with self.fs.open(self._remote_path(name), "rb", block_size=_BLOCK) as f:
+        with self.fs.open(self._fresh(self._remote_path(name)), "rb", block_size=_BLOCK) as f:
             while block := f.read(_BLOCK):
                 crc = zlib.crc32(block, crc)
         return crc
 
     def list(self) -> list[str]:
         """Names of the members directly inside (files and folders), sorted; [] when the
-        folder does not exist."""
+        folder does not exist. One listing request remotely (paged by the store)."""
         if self.is_local:
             try:
                 return sorted(os.listdir(self.location.local_path))
             except FileNotFoundError:
                 return []
+        path = self._remote_path()
         try:
-            entries = self.fs.ls(self._remote_path(), detail=False, refresh=True)
+            entries = self.fs.ls(path, detail=False, refresh=True)
         except FileNotFoundError:
             return []
-        return sorted(str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries)
+        finally:
+            self._fresh(path)
+        # A listing of an empty folder may name the folder itself (s3fs, on stores with real
+        # folders): only what lies below it is a member.
+        root = path.rstrip("/")
+        names = (str(e).rstrip("/") for e in entries)
+        return sorted(n.rsplit("/", 1)[-1] for n in names if n != root)
 
     @contextlib.contextmanager
     def local_file(self, name: str) -> Iterator[Path]:
