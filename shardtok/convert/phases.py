@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from shardtok.convert.accounting import RecordAccounting
+from shardtok.convert.failures import EncoderMismatch, UnitFailure
 from shardtok.convert.job import (
     PLAN_NAME,
     TOKENIZER_NAME,
@@ -53,7 +54,7 @@ from shardtok.convert.runner import (
 )
 from shardtok.convert.units import Unit
 from shardtok.convert.workdir import UnitResult, WorkDir, unit_base
-from shardtok.convert.worker import EncoderMismatch, UnitFailure, tokenize_unit
+from shardtok.convert.worker import tokenize_unit
 from shardtok.errors import BadRecordError, ShardtokError, TokenizerMismatchError, UsageError
 from shardtok.storage.folder import Folder
 

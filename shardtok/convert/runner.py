@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shardtok.convert.assembler import Assembler
+from shardtok.convert.failures import EncoderMismatch, UnitFailure
 from shardtok.convert.inputs import InputFile, discover
 from shardtok.convert.job import (
     TOKENIZER_NAME,
@@ -54,13 +55,7 @@ from shardtok.convert.sft.setup import SFTSetup
 from shardtok.convert.tokenizer import TokenizerSpec
 from shardtok.convert.units import Unit, auto_unit_size, plan_units
 from shardtok.convert.workdir import UnitResult, WorkDir
-from shardtok.convert.worker import (
-    EncoderMismatch,
-    UnitFailure,
-    WorkerConfig,
-    init_worker,
-    tokenize_unit,
-)
+from shardtok.convert.worker import WorkerConfig, init_worker, tokenize_unit
 from shardtok.errors import UsageError
 from shardtok.format.dataset_writer import DEFAULT_SHARD_SIZE
 from shardtok.format.frames import DEFAULT_FRAME_SIZE
