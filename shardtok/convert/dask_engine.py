@@ -43,6 +43,7 @@ from shardtok.convert.runner import (
 from shardtok.convert.workdir import UnitResult, WorkDir, unit_base
 from shardtok.convert.worker import init_worker, tokenize_unit
 from shardtok.errors import ShardtokError, UsageError
+from shardtok.storage.location import is_local
 
 # Tasks in flight per worker thread: enough that no worker waits for the driver, few enough
 # that a failure stops the submitting early.
@@ -101,7 +102,11 @@ def convert_with_dask(
                 bar.note(warning)
             for result in pending.kept:
                 bar.unit_done(result.input_bytes, result.num_documents, result.num_tokens, True)
-            _tokenize(distributed, client, opts, [u.index for u in pending.todo], bar)
+            # Workers elsewhere have another working directory: a local output goes to them
+            # as an absolute path (a shared file system).
+            where = os.path.abspath(opts.output) if is_local(opts.output) else opts.output
+            todo = [u.index for u in pending.todo]
+            _tokenize(distributed, client, where, opts.storage_options, todo, bar)
             bar.close()
             result = merge_job(
                 job, workdir, opts.output, opts.storage_options,
@@ -195,7 +200,9 @@ def _connect(distributed, scheduler: str):
         raise UsageError(f"--scheduler {scheduler}: cannot connect ({exc})") from None
 
 
-def _tokenize(distributed, client, opts: ConvertOptions, todo: list[int], bar) -> None:
+def _tokenize(
+    distributed, client, output: str, storage_options: dict | None, todo: list[int], bar
+) -> None:
     """Run the units `todo` as tasks, in index order, until done or one stops the conversion
     (then nothing after it is submitted, and what runs after it is cancelled)."""
     threads = sum(client.nthreads().values()) or 1
@@ -211,7 +218,7 @@ def _tokenize(distributed, client, opts: ConvertOptions, todo: list[int], bar) -
             if stop_at is not None and index > stop_at:
                 continue
             # pure=False: a rerun after a crash must run again, not find a cached result.
-            future = client.submit(run_unit, opts.output, opts.storage_options, index, pure=False)
+            future = client.submit(run_unit, output, storage_options, index, pure=False)
             index_of[future] = index
             running.add(future)
 

@@ -210,7 +210,10 @@ class RunSummary:
     tokenized: int
     failed: tuple[int, ...] = ()
     seconds: float = 0.0
-    failure: str | None = None  # the first failed unit, as far as this rank can tell
+    # The failure that stops the conversion, when it holds up this rank (one of its units
+    # failed, or its later units were left undone)
+    failure: str | None = None
+    after_failure: int = 0  # units left undone: the conversion stops before them
 
     def summary(self) -> str:
         line = (
@@ -220,6 +223,8 @@ class RunSummary:
         )
         if self.failed:
             line += f", {len(self.failed):,} stopped the conversion"
+        if self.after_failure:
+            line += f", {self.after_failure:,} after a failure left undone"
         return line
 
 
@@ -255,28 +260,43 @@ def _check_rank(rank: int, world_size: int) -> None:
 @dataclass
 class Pending:
     """A job's units by what they need: `todo` (to tokenize, in index order), `kept` (done and
-    checked), `stopped` (their recorded failure stops the conversion), and warnings about
-    damaged units (in `todo` again)."""
+    checked), `stopped` (the unit whose recorded failure stops the conversion, if among them),
+    `after_failure` (later than that unit: tokenizing them would be wasted work), and warnings
+    about damaged units (in `todo` again)."""
 
     todo: list[Unit] = field(default_factory=list)
     kept: list[UnitResult] = field(default_factory=list)
     stopped: list[int] = field(default_factory=list)
+    after_failure: list[int] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    stops_at: int | None = None  # the first unit (of the whole job) whose failure applies
+
+
+def first_stop(job: Job, workdir: WorkDir, failed: set[int]) -> int | None:
+    """The first unit whose recorded failure stops this job (a failure file is read only until
+    one applies: usually just the first)."""
+    stop = _stop_at_bad_record(job)
+    for index in sorted(i for i in failed if i < len(job.units)):
+        if applies(job, workdir.load_failure(index, stop)):
+            return index
+    return None
 
 
 def pending_units(job: Job, workdir: WorkDir, indices) -> Pending:
     """Which of units `indices` still need tokenizing: one listing of the work folder, then a
     cheap check of the done ones (in threads: remotely each is a few small requests)."""
     done, failed = workdir.markers()
-    out = Pending()
-    stop = _stop_at_bad_record(job)
+    stops_at = first_stop(job, workdir, failed)
+    out = Pending(stops_at=stops_at)
     to_check = []
     for index in indices:
         if index in done:
             to_check.append(index)
-        elif index in failed and applies(job, workdir.load_failure(index, stop)):
+        elif index == stops_at:
             out.stopped.append(index)
-        else:
+        elif stops_at is not None and index > stops_at:
+            out.after_failure.append(index)
+        else:  # (a failure before stops_at is one that no longer applies: done again)
             out.todo.append(job.units[index])
     dtype, masks = job.tokenizer.dtype.name, job.sft is not None
     with ThreadPoolExecutor(_MARKER_READERS) as readers:
@@ -284,11 +304,14 @@ def pending_units(job: Job, workdir: WorkDir, indices) -> Pending:
         for index, (result, warning) in zip(to_check, checked):
             if result is not None:
                 out.kept.append(result)
-                continue
-            out.todo.append(job.units[index])
+            elif stops_at is not None and index > stops_at:
+                out.after_failure.append(index)
+            else:
+                out.todo.append(job.units[index])
             if warning:
                 out.warnings.append(warning)
     out.todo.sort(key=lambda u: u.index)
+    out.after_failure.sort()
     return out
 
 
@@ -348,10 +371,15 @@ def run_units(
                         if other.cancel():
                             del futures[other]
         failed.sort()
+        known = failed + ([pending.stops_at] if pending.stops_at is not None else [])
+        stops_at = min(known, default=None)
+        undone = len(mine) - len(pending.kept) - tokenized - len(failed)
+        failure = None
+        if stops_at is not None and (failed or undone):  # this rank is held up by it
+            failure = describe_failure(job, workdir, stops_at)
         return RunSummary(
             folder.display, rank, world_size, len(mine), len(pending.kept), tokenized,
-            tuple(failed), time.monotonic() - started,
-            describe_failure(job, workdir, failed[0]) if failed else None,
+            tuple(failed), time.monotonic() - started, failure, undone,
         )  # fmt: skip
     except OSError as exc:
         raise os_error(exc, folder.display) from exc

@@ -179,16 +179,24 @@ def test_a_bad_record_is_reported_like_the_one_command_run(tmp_path):
     assert f"(work unit {failing})" in found["failure"]
 
     # Once every unit before it is done: the file's line, exactly as the one-command run says.
-    run("run-units", "-o", str(out), "--rank", str(1 - rank), "--world-size", "2")
+    # The other rank leaves its units after the failing one undone, and says why.
+    _, stderr = run(
+        "run-units", "-o", str(out), "--rank", str(1 - rank), "--world-size", "2", expect=1
+    )
+    assert stderr.strip().splitlines()[-1] == error
     stdout, _ = run("status", "-o", str(out), expect=1)
     assert f"first failure: {error.removeprefix('shardtok convert: error: ')}" in stdout
     _, stderr = run("merge", "-o", str(out), expect=1)
     assert stderr.strip().splitlines()[-1] == error
 
-    # Skipping instead keeps the finished units: only the failed one is tokenized again.
+    # Skipping instead keeps the finished units: only the failed one and those after it are
+    # tokenized.
     run("plan", str(corpus), "-o", str(out), *UNIT, "--on-bad-record", "skip")
+    stdout, _ = run("status", "-o", str(out), "--json", expect=3)
+    found = json.loads(stdout)
+    assert found["failed"] == 0 and found["first_missing"] == failing and found["done"] > 0
     stdout, _ = run("run-units", "-o", str(out), "--rank", "0", "--world-size", "1")
-    assert "1 tokenized" in stdout
+    assert f"{found['done']:,} already done, {found['missing']:,} tokenized" in stdout
     run("merge", "-o", str(out))
     rejects = (out / "rejects.jsonl").read_text().splitlines()
     assert [json.loads(r)["line"] for r in rejects] == [250]

@@ -15,9 +15,10 @@ from pathlib import Path
 import distributed
 import pytest
 
-from shardtok.convert import ConvertOptions, convert, load_tokenizer
+from shardtok.convert import ConvertOptions, convert, load_tokenizer, phases
 from shardtok.convert.dask_engine import convert_with_dask
 from shardtok.convert.workdir import WORK_DIR_NAME
+from shardtok.errors import BadRecordError
 from tests.convert.test_determinism import tree_digest, write_corpus
 
 
@@ -83,6 +84,35 @@ def test_a_local_cluster_leaves_the_environment_alone(corpus, reference, tmp_pat
     convert_with_dask(options(corpus, tmp_path / "out"), workers=1)
     assert dict(os.environ) == environ
     assert tree_digest(tmp_path / "out") == reference
+
+
+def test_a_bad_record_stops_the_dask_run_like_the_one_command_run(cluster, tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    write_corpus(corpus / "a.jsonl", 400, seed=9)
+    with open(corpus / "a.jsonl", "a") as f:
+        f.write('{"text": null}\n')
+    write_corpus(corpus / "b.jsonl", 300, seed=10)
+    with pytest.raises(BadRecordError) as one_command:
+        convert(options(corpus, tmp_path / "one", workers=1))
+    with pytest.raises(BadRecordError) as engine:
+        convert_with_dask(options(corpus, tmp_path / "out"), scheduler=cluster.scheduler_address)
+    assert str(engine.value) == str(one_command.value) and "a.jsonl, line 401" in str(engine.value)
+    found = phases.status(str(tmp_path / "out"))
+    assert found.failed == 1 and found.failure == str(one_command.value) and found.exit_code == 1
+    assert found.done >= found.failure_unit > 0  # every unit before it, for the file's line
+
+
+def test_the_command_line_engine_flag(corpus, reference, cluster, tmp_path):
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, "-m", "shardtok", "convert", str(corpus), "-o", str(out), "--engine",
+         "dask", "--scheduler", cluster.scheduler_address, "--unit-size", "32KiB",
+         "--shard-size", "64KiB", "--frame-size", "16KiB"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "tokenized" in result.stdout and tree_digest(out) == reference
 
 
 class KillOnce(distributed.WorkerPlugin):
