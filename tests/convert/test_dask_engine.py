@@ -10,6 +10,7 @@ import sys
 import textwrap
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import distributed
@@ -84,6 +85,22 @@ def test_a_local_cluster_leaves_the_environment_alone(corpus, reference, tmp_pat
     convert_with_dask(options(corpus, tmp_path / "out"), workers=1)
     assert dict(os.environ) == environ
     assert tree_digest(tmp_path / "out") == reference
+
+
+def test_output_on_an_object_store(corpus, reference, cluster, s3_server, tmp_path):
+    import fsspec
+
+    storage = s3_server.storage_options()
+    url = s3_server.url(f"dask-{uuid.uuid4().hex[:8]}/out")
+    opts = options(corpus, url, storage_options=storage)
+    convert_with_dask(opts, scheduler=cluster.scheduler_address)
+    fs = fsspec.filesystem("s3", **storage)
+    prefix = url.removeprefix("s3://")
+    local = tmp_path / "download"
+    local.mkdir()
+    for key in fs.find(prefix, withdirs=False):
+        (local / key[len(prefix) + 1 :]).write_bytes(fs.cat_file(key))
+    assert tree_digest(local) == reference
 
 
 def test_a_bad_record_stops_the_dask_run_like_the_one_command_run(cluster, tmp_path):
