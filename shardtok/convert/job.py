@@ -91,9 +91,8 @@ def settings(opts, files: list[InputFile], unit_size: int) -> dict:
 
 def _input_identity(f: InputFile) -> list:
     identity = [f.path, f.kind, f.compression, f.size, f.mtime_ns]
-    etag = getattr(f, "etag", None)
-    if etag is not None:  # remote inputs: the object's ETag stands for the mtime
-        identity.append(etag)
+    if f.etag is not None:  # remote inputs: the object's ETag stands for the mtime
+        identity.append(f.etag)
     return identity
 
 
@@ -168,7 +167,7 @@ def plan_document(opts, files: list[InputFile], units: list[Unit], unit_size: in
             "size": f.size,
             "mtime_ns": f.mtime_ns,
         }
-        if getattr(f, "etag", None) is not None:
+        if f.etag is not None:
             entry["etag"] = f.etag
         inputs.append(entry)
     job = {
@@ -218,10 +217,6 @@ def same_units(existing: object, doc: dict) -> bool:
     )
 
 
-def encode_plan(doc: dict) -> bytes:
-    return json.dumps(doc, sort_keys=True, indent=1, ensure_ascii=False).encode("utf-8")
-
-
 # -- reading ---------------------------------------------------------------------------------
 
 
@@ -244,7 +239,6 @@ class Job:
     tokenizer: TokenizerSpec
     sft: SFTSetup | None
     fingerprint: dict
-    digest: str  # sha256 of plan.json's bytes: which plan a cached Job belongs to
 
     def reading_files(self) -> tuple[InputFile, ...]:
         """The input files with relative local paths made absolute against the planning
@@ -343,7 +337,6 @@ def _read_inputs(check: _Check, job: dict) -> tuple[InputFile, ...]:
     entries = check.of(job, "inputs", list, "a list", "job.inputs")
     if not entries:
         check.fail("job.inputs", "is empty")
-    has_etag = "etag" in {f.name for f in dataclasses.fields(InputFile)}
     files = []
     for i, entry in enumerate(entries):
         at = f"job.inputs[{i}]"
@@ -359,8 +352,6 @@ def _read_inputs(check: _Check, job: dict) -> tuple[InputFile, ...]:
         if "etag" in entry:
             etag = check.string(entry, "etag", f"{at}.etag", optional=True)
             if etag is not None:
-                if not has_etag:
-                    check.fail(f"{at}.etag", "is not known to this shardtok")
                 fields["etag"] = etag
         files.append(InputFile(**fields))
     return tuple(files)
@@ -539,7 +530,6 @@ def parse_plan(data: bytes, backend_json: bytes | None, where: str) -> Job:
         tokenizer=_read_tokenizer(check, job, backend_json),
         sft=_read_sft(check, job),
         fingerprint=stored_fingerprint,
-        digest=hashlib.sha256(data).hexdigest(),
     )
     if not result.name or "/" in result.name or "\\" in result.name:
         check.fail("job.name", f"must be a plain file name prefix, got {_short(result.name)}")
