@@ -103,15 +103,16 @@ def convert_with_dask(
             for result in pending.kept:
                 bar.unit_done(result.input_bytes, result.num_documents, result.num_tokens, True)
             # Workers elsewhere have another working directory: a local output goes to them
-            # as an absolute path (a shared file system).
+            # as an absolute path (a shared file system), for the units and the shards.
             where = os.path.abspath(opts.output) if is_local(opts.output) else opts.output
             todo = [u.index for u in pending.todo]
             _tokenize(distributed, client, where, opts.storage_options, todo, bar)
             bar.close()
             result = merge_job(
-                job, workdir, opts.output, opts.storage_options,
+                job, WorkDir(where, opts.storage_options), where, opts.storage_options,
                 map_tasks=_map_tasks(client), progress=opts.progress, keep_work=opts.keep_work,
             )  # fmt: skip
+    result.output = workdir.output.display  # as given, like the one-command convert says it
     result.units_reused = len(pending.kept)
     result.units_tokenized = len(pending.todo)
     result.seconds = time.monotonic() - started
