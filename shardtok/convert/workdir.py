@@ -269,21 +269,24 @@ class WorkDir:
                 sizes[suffix] = self.folder.size(base + suffix)
                 if sizes[suffix] is None:
                     raise FileNotFoundError(f"{base + suffix} is missing")
-            stored = sum(row[2] for row in result.frames)
             # Sizes first: they cost no reading, and a file of the wrong size needs no crc.
-            if (
-                result.index != index
-                or sizes[".tokens"] != result.num_tokens * dtype.itemsize
-                or sizes[".frames"] != stored
-                or sizes.get(".mask", 0) != (result.num_tokens if has_masks else 0)
-            ):
-                return "its files disagree with its marker in size"
+            if result.index != index:
+                return f"its marker names unit {result.index}"
+            expected = {
+                ".tokens": result.num_tokens * dtype.itemsize,
+                ".frames": sum(row[2] for row in result.frames),
+                ".mask": result.num_tokens,
+            }
+            for suffix, want in expected.items():
+                if suffix in sizes and sizes[suffix] != want:
+                    return f"{base + suffix} is {sizes[suffix]} bytes, its marker says {want}"
             if verify:
                 for suffix, crc in sorted(result.checksums.items()):
                     if self.folder.crc32(base + suffix) != crc:
                         return f"{base + suffix} fails its crc32 check"
-            if self._docs(index, mmap=True).shape != (result.num_documents, 3):
-                return "its files disagree with its marker in size"
+            shape = self._docs(index, mmap=True).shape
+            if shape != (result.num_documents, 3):
+                return f"{base}.docs.npy holds {shape}, its marker says ({result.num_documents}, 3)"
         except (OSError, ValueError, TypeError, IndexError, AttributeError, KeyError) as exc:
             return f"cannot be read back ({type(exc).__name__}: {exc})"
         if has_masks != masks or (result.sft is not None) != masks:

@@ -73,7 +73,7 @@ def test_a_saved_unit_reads_back_and_damage_is_found(out):
     assert work.load_result(3, U16) == "unit-000003.tokens fails its crc32 check"
     assert work.load_result(3, U16, verify=False) == saved  # sizes only: cheap, but blind to this
     work.folder.write_bytes("unit-000003.tokens", tokens + b"\0\0")
-    assert work.load_result(3, U16) == "its files disagree with its marker in size"
+    assert work.load_result(3, U16) == "unit-000003.tokens is 14 bytes, its marker says 12"
     work.folder.delete("unit-000003.docs.npy")
     assert work.load_result(3, U16).startswith("cannot be read back")
     work.discard_unit(3)
