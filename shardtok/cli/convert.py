@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import sys
 
+from shardtok.cli import convert_phases
 from shardtok.cli.arguments import at_least, parse_compression, parse_size
 from shardtok.convert.sample_corpus import write_sample_corpus
 from shardtok.convert.tokenizer import BUNDLED, BUNDLED_NAME
@@ -26,6 +27,15 @@ processes tokenize in parallel; the output bytes are the same for any worker cou
 If the run is interrupted (Ctrl-C, kill, crash), run the same command again: finished work units
 are kept in OUTPUT/.shardtok-work/ and reused, and the result is byte-identical to an
 uninterrupted run.
+
+Across machines, the same conversion runs as phases that any scheduler can drive (see
+`shardtok convert plan --help`), or all at once on a dask cluster with --engine dask:
+  shardtok convert plan INPUT... -o OUT [options]            write the plan of work units
+  shardtok convert run-units -o OUT --rank R --world-size W  units i = R (mod W); rerun freely
+  shardtok convert status -o OUT                             exit 0 only when every unit is done
+  shardtok convert merge -o OUT                              shards, rejects.jsonl, index.json
+The output is the same bytes whatever ran it. An input file literally named plan, run-units,
+status or merge must be given as ./plan (the first word picks the phase).
 """
 
 CONVERT_EPILOG = """\
@@ -41,6 +51,11 @@ the same bytes either way.
 bad records (invalid JSON, missing or non-string field, invalid UTF-8, empty text) stop the run
 with file and line (--on-bad-record error, the default) or are skipped, counted in index.json and
 listed in OUTPUT/rejects.jsonl (--on-bad-record skip).
+
+on a dask cluster (pip install 'shardtok[dask]'): --engine dask starts a cluster of --workers
+processes on this machine, or uses the one at --scheduler tcp://HOST:PORT, whose workers must
+reach the inputs and --output (a shared file system, or an object store such as s3://).
+  shardtok convert 'crawl/*.jsonl.zst' -o s3://bucket/data/ --engine dask --scheduler tcp://head:8786
 
 fine-tuning data (--sft CONFIG.yaml): chat or instruction records (sharegpt, openai, alpaca,
 prompt_completion, or the jq patterns of a reference-style YAML) are rendered with a chat
@@ -66,13 +81,49 @@ def _given(action: type[argparse.Action]) -> type[argparse.Action]:
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "convert",
-        help="tokenize JSONL/Parquet/txt corpora into shards (parallel, resumable)",
+        help="tokenize JSONL/Parquet/txt corpora into shards (parallel, resumable; phases for "
+        "many machines)",
         description=CONVERT_DESCRIPTION,
         epilog=CONVERT_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("inputs", nargs="+", metavar="INPUT", help="files, folders or glob patterns")
     p.add_argument("--output", "-o", required=True, metavar="DIR", help="dataset folder to write")
+    add_conversion_arguments(p)
+    p.add_argument(
+        "--workers",
+        type=at_least(0),
+        default=0,
+        metavar="N",
+        help="tokenizer processes (default: number of cores); with --engine dask and no "
+        "--scheduler, the local cluster's worker processes",
+    )
+    p.add_argument(
+        "--keep-work",
+        action="store_true",
+        help="keep OUTPUT/.shardtok-work/ (the per-unit tokens) after success",
+    )
+    p.add_argument(
+        "--engine",
+        choices=("local", "dask"),
+        default="local",
+        help="local: this machine's processes (default); dask: a dask cluster runs every phase "
+        "(needs pip install 'shardtok[dask]')",
+    )
+    p.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        help="with --engine dask: the scheduler to use (tcp://HOST:PORT); default: a local "
+        "cluster of --workers processes",
+    )
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar and no summary")
+    p.set_defaults(run=run)
+    convert_phases.mount(p, add_conversion_arguments, conversion_options)
+    return p
+
+
+def add_conversion_arguments(p: argparse.ArgumentParser) -> None:
+    """The options that decide what a conversion writes (shared by convert and convert plan)."""
     p.add_argument(
         "--tokenizer",
         default=BUNDLED,
@@ -108,13 +159,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         choices=("file", "lines"),
         default="file",
         help=".txt inputs: one document per file (default) or per non-blank line",
-    )
-    p.add_argument(
-        "--workers",
-        type=at_least(0),
-        default=0,
-        metavar="N",
-        help="tokenizer processes (default: number of cores)",
     )
     p.add_argument(
         "--on-bad-record",
@@ -171,22 +215,17 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         type=parse_size,
         default=None,
         metavar="SIZE",
-        help="input bytes per work unit (default: total/64, between 256KiB and 16MiB); a frame never spans two units, so it moves frame boundaries (documents and tokens stay the same)",
+        help="input bytes per work unit (default: total/64, between 256KiB and 16MiB; for the "
+        "phases and --engine dask up to 256MiB, about total/10,000, for corpora over ~160GB); "
+        "a frame never spans two units, so it moves frame boundaries (documents and tokens "
+        "stay the same)",
     )
     p.add_argument(
         "--overwrite",
         action="store_true",
         help="replace a dataset or unfinished conversion already in --output",
     )
-    p.add_argument(
-        "--keep-work",
-        action="store_true",
-        help="keep OUTPUT/.shardtok-work/ (the per-unit tokens) after success",
-    )
     _add_sft_arguments(p)
-    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar and no summary")  # fmt: skip
-    p.set_defaults(run=run)
-    return p
 
 
 def _add_sft_arguments(p: argparse.ArgumentParser) -> None:
@@ -257,8 +296,10 @@ def _sft_setup(args: argparse.Namespace):
     return load_sft_config(args.sft, overrides)
 
 
-def run(args: argparse.Namespace) -> int:
-    from shardtok.convert.runner import ConvertOptions, convert
+def conversion_options(args: argparse.Namespace, **extra):
+    """The ConvertOptions the arguments describe (the tokenizer and the --sft setup loaded and
+    checked); `extra`: further ConvertOptions fields."""
+    from shardtok.convert.runner import ConvertOptions
     from shardtok.convert.tokenizer import BUNDLED_PATH, load_tokenizer
 
     sft_config = _sft_setup(args)
@@ -286,26 +327,42 @@ def run(args: argparse.Namespace) -> int:
         spec = dataclasses.replace(
             spec, backend_note="--sft: loss masks need its character offsets"
         )
-    result = convert(
-        ConvertOptions(
-            inputs=tuple(args.inputs),
-            output=args.output,
-            tokenizer=spec,
-            sft=sft,
-            text_key=args.text_key,
-            txt_mode=args.txt_mode,
-            workers=args.workers,
-            on_bad_record=args.on_bad_record,
-            shard_size=args.shard_size,
-            compression_level=args.compression_level,
-            frame_size=args.frame_size,
-            unit_size=args.unit_size,
-            name=args.name,
-            overwrite=args.overwrite,
-            keep_work=args.keep_work,
-            progress=not args.quiet,
-        )
+    return ConvertOptions(
+        inputs=tuple(args.inputs),
+        output=args.output,
+        tokenizer=spec,
+        sft=sft,
+        text_key=args.text_key,
+        txt_mode=args.txt_mode,
+        on_bad_record=args.on_bad_record,
+        shard_size=args.shard_size,
+        compression_level=args.compression_level,
+        frame_size=args.frame_size,
+        unit_size=args.unit_size,
+        name=args.name,
+        overwrite=args.overwrite,
+        progress=not args.quiet,
+        **extra,
     )
+
+
+def run(args: argparse.Namespace) -> int:
+    from shardtok.convert.runner import convert
+    from shardtok.errors import UsageError
+
+    if args.scheduler is not None and args.engine != "dask":
+        raise UsageError("--scheduler applies to --engine dask only")
+    if args.engine == "dask":
+        from shardtok.convert.dask_engine import require_dask
+
+        require_dask()  # before the tokenizer is loaded: the mistake comes first
+    opts = conversion_options(args, workers=args.workers, keep_work=args.keep_work)
+    if args.engine == "dask":
+        from shardtok.convert.dask_engine import convert_with_dask
+
+        result = convert_with_dask(opts, scheduler=args.scheduler, workers=args.workers or None)
+    else:
+        result = convert(opts)
     if not args.quiet:
         print(result.summary())
     return 0

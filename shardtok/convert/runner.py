@@ -12,23 +12,38 @@ documents or tokens. After a kill, finished units are reused and the shards are 
 again from unit 0: shard boundaries are only known by replaying the units, and appending frames
 costs little (see docs/CONVERT.md), so rewriting is cheaper and safer than trusting
 half-finished output.
+
+The planning (inputs, checks, unit size, the plan file, the state of the output folder) is
+shared with the phases (`shardtok convert plan | run-units | status | merge`, and the dask
+engine): :func:`open_job` and :func:`plan_job`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import multiprocessing
 import os
 import sys
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
 from shardtok.convert.assembler import Assembler
+from shardtok.convert.failures import EncoderMismatch, UnitFailure
 from shardtok.convert.inputs import InputFile, discover
+from shardtok.convert.job import (
+    TOKENIZER_NAME,
+    plan_document,
+    same_units,
+    settings,
+)
 from shardtok.convert.output_dir import (
+    REJECTS_NAME,
     make_output_folder,
+    output_folder,
     prepare_output,
     refuse_file_output,
     remove_stale_shards,
@@ -38,23 +53,17 @@ from shardtok.convert.output_lock import OutputLock, os_error
 from shardtok.convert.progress import ConvertProgress, ConvertResult
 from shardtok.convert.sft.setup import SFTSetup
 from shardtok.convert.tokenizer import TokenizerSpec
-from shardtok.convert.units import auto_unit_size, plan_units
-from shardtok.convert.workdir import UnitResult
-from shardtok.convert.worker import (
-    EncoderMismatch,
-    UnitFailure,
-    WorkerConfig,
-    init_worker,
-    tokenize_unit,
-)
+from shardtok.convert.units import Unit, auto_unit_size, plan_units
+from shardtok.convert.workdir import UnitResult, WorkDir
+from shardtok.convert.worker import WorkerConfig, init_worker, tokenize_unit
 from shardtok.errors import UsageError
 from shardtok.format.dataset_writer import DEFAULT_SHARD_SIZE
 from shardtok.format.frames import DEFAULT_FRAME_SIZE
 from shardtok.format.manifest import Manifest
 from shardtok.format.shard_reader import ShardReader
-from shardtok.storage.source import open_source
-
-_PLAN_FORMAT = 1
+from shardtok.storage.folder import Folder
+from shardtok.storage.location import Location, is_local
+from shardtok.storage.source import exists, open_source
 
 
 @dataclass(frozen=True)
@@ -77,51 +86,26 @@ class ConvertOptions:
     start_method: str | None = None  # workers: None = fork on Linux, spawn elsewhere
     # Fine-tuning records (see shardtok.convert.sft.setup.prepare_sft); None: text documents.
     sft: SFTSetup | None = None
+    # fsspec options for a remote output folder and remote inputs (credentials, endpoint);
+    # never written to the plan.
+    storage_options: dict | None = None
 
 
-def _settings(opts: ConvertOptions, files: list[InputFile], unit_size: int) -> dict:
-    """The conversion's settings as stored in the manifest (deterministic: no times, no workers)."""
-    settings = {
-        "unit_size": unit_size,  # frames end at unit ends
-        "inputs": [{"path": f.path, "bytes": f.size} for f in files],
-        "text_key": opts.text_key,
-        "txt_mode": opts.txt_mode,
-        "append_eos": opts.tokenizer.append_eos,
-        "prepend_bos": opts.tokenizer.prepend_bos,
-        "on_bad_record": opts.on_bad_record,
-        "shard_size": opts.shard_size,
-        "compression_level": opts.compression_level,
-        "frame_size": opts.frame_size,
-    }
-    if opts.sft is not None:  # only then: plain conversions keep their settings (and bytes)
-        settings["sft"] = opts.sft.metadata
-    return settings
+@dataclass
+class Planned:
+    """A planned job: what every phase works from. `done` is the finished dataset of this very
+    job, when the output already holds it (then `units` is empty and nothing was written)."""
+
+    opts: ConvertOptions  # output resolved
+    files: list[InputFile]
+    units: list[Unit]
+    unit_size: int
+    settings: dict
+    workdir: WorkDir
+    done: Manifest | None = None
 
 
-def _plan(opts: ConvertOptions, files: list[InputFile], unit_size: int) -> dict:
-    """Everything that decides a unit's persisted content; work is reused only under an equal plan.
-
-    --on-bad-record is left out on purpose: a unit persisted under `error` had no rejects, and a
-    unit persisted under `skip` records its rejects, so either mode can reuse the other's units.
-    """
-    spec = opts.tokenizer
-    plan = {
-        "format": _PLAN_FORMAT,
-        "inputs": [[f.path, f.kind, f.compression, f.size, f.mtime_ns] for f in files],
-        "text_key": opts.text_key,
-        "txt_mode": opts.txt_mode,
-        "tokenizer": spec.fingerprint,
-        "vocab_size": spec.vocab_size,
-        "eos_id": spec.eos_id if spec.append_eos else None,
-        "bos_id": spec.bos_id if spec.prepend_bos else None,
-        "unit_size": unit_size,
-    }
-    if opts.sft is not None:
-        plan["sft"] = opts.sft.metadata
-    return plan
-
-
-def _check_sft(opts: ConvertOptions, files: list[InputFile]) -> None:
+def check_sft(opts: ConvertOptions, files: list[InputFile]) -> None:
     """SFT records are JSON objects, and the template alone decides BOS/EOS."""
     if opts.sft is None:
         return
@@ -136,15 +120,98 @@ def _check_sft(opts: ConvertOptions, files: list[InputFile]) -> None:
         )
 
 
-def _stored_token_bytes(out: Path, manifest: Manifest) -> int:
+@contextlib.contextmanager
+def open_job(
+    opts: ConvertOptions, *, remote: bool = False
+) -> Iterator[tuple[ConvertOptions, list[InputFile]]]:
+    """The checks before any work, then the output folder held for this job: yields the options
+    with the output resolved, and the input files. A local output is locked (a second
+    conversion into it is refused) and an OS error is one line naming the path. `remote`: the
+    output may be an object store (the phases), where nothing can lock it."""
+    if remote and not is_local(opts.output):
+        folder = output_folder(opts.output, opts.storage_options)
+        try:
+            files = discover(list(opts.inputs), opts.output, opts.storage_options)
+            check_sft(opts, files)
+            yield opts, files
+        except OSError as exc:
+            raise os_error(exc, folder.display) from exc
+        return
+    opts = dataclasses.replace(opts, output=resolve_output(opts.output))
+    out = Path(opts.output)
+    try:
+        refuse_file_output(out)
+        files = discover(list(opts.inputs), opts.output, opts.storage_options)
+        check_sft(opts, files)
+        make_output_folder(out)
+        with OutputLock(out):
+            yield opts, files
+    except OSError as exc:
+        raise os_error(exc, out) from exc
+
+
+def plan_job(
+    opts: ConvertOptions,
+    files: list[InputFile],
+    default_unit_size: Callable[[int], int] = auto_unit_size,
+) -> Planned:
+    """Cut the inputs into units and get the output folder ready: a fresh work folder with
+    plan.json and tokenizer.json, or the one of an earlier run of the same units (kept, with
+    its finished units, and its plan updated to these options), or the finished dataset.
+    Call it inside :func:`open_job`."""
+    folder = Folder(opts.output, opts.storage_options)
+    unit_size = opts.unit_size or default_unit_size(sum(f.size for f in files))
+    job_settings = settings(opts, files, unit_size)
+    units = plan_units(files, unit_size, opts.txt_mode, opts.storage_options)
+    doc = plan_document(opts, files, units, unit_size)
+    workdir = WorkDir(folder)
+    existing = workdir.read_plan() if not opts.overwrite else None
+    if same_units(existing, doc) and existing != doc:
+        # Same units, other merge options (shard size, bad-record mode...): the finished units
+        # stay, the plan takes the new options.
+        workdir.write_plan(doc)
+    workdir, done = prepare_output(folder, opts.name, doc, job_settings, opts.overwrite)
+    if done is not None:
+        return Planned(opts, files, [], unit_size, job_settings, workdir, done)
+    # After plan.json (which starts a fresh work folder): a plan whose tokenizer.json is missing
+    # is refused by the phases, and planning again writes it.
+    backend = opts.tokenizer.backend_json.encode("utf-8")
+    if _read_or_none(workdir, TOKENIZER_NAME) != backend:
+        workdir.write_file(TOKENIZER_NAME, backend)
+    return Planned(opts, files, units, unit_size, job_settings, workdir)
+
+
+def _read_or_none(workdir: WorkDir, name: str) -> bytes | None:
+    try:
+        return workdir.read_file(name)
+    except FileNotFoundError:
+        return None
+
+
+def stored_token_bytes(output: str, manifest: Manifest, storage_options: dict | None = None):
     """Bytes of the shards' bin members, read from each shard's json (the head of the tar)."""
-    return sum(
-        sum(f.compressed_size for f in ShardReader(open_source(out / shard.file)).meta.frames)
-        for shard in manifest.shards
-    )
+    where = Location.of(output)
+    total = 0
+    for shard in manifest.shards:
+        with open_source(where.join(shard.file), storage_options) as source:
+            total += sum(f.compressed_size for f in ShardReader(source).meta.frames)
+    return total
 
 
-def _usable_cores() -> int:
+def finished_result(output: str, done: Manifest, storage_options: dict | None = None):
+    """The result for an output that already holds this job's dataset (nothing to do)."""
+    extra = done.extra
+    rejects = Location.of(output).join(REJECTS_NAME)
+    return ConvertResult(
+        output, done, extra.get("records_read", 0), extra.get("documents_written", 0),
+        dict(extra.get("rejected_by_reason", {})), already_complete=True,
+        rejects_path=str(rejects) if exists(rejects, storage_options) else None,
+        stored_token_bytes=stored_token_bytes(output, done, storage_options),
+        sft=extra.get("sft_stats"),
+    )  # fmt: skip
+
+
+def usable_cores() -> int:
     """Cores this process may use (a container's CPU set, not the host's core count)."""
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0)) or 1
@@ -160,6 +227,45 @@ def _mp_context(start_method: str | None):
     return multiprocessing.get_context("spawn")
 
 
+def worker_config(opts: ConvertOptions, files) -> WorkerConfig:
+    return WorkerConfig(
+        tuple(files),
+        str(opts.output),
+        opts.text_key,
+        opts.txt_mode,
+        opts.on_bad_record == "error",
+        opts.tokenizer,
+        opts.frame_size,
+        opts.compression_level,
+        opts.sft,
+        opts.storage_options,
+    )
+
+
+@contextlib.contextmanager
+def worker_pool(
+    config: WorkerConfig, workers: int, start_method: str | None = None
+) -> Iterator[ProcessPoolExecutor]:
+    """`workers` processes ready to run worker.tokenize_unit. Start it before anything starts a
+    thread here (tqdm's monitor), so forking is safe; fork also spares each worker re-importing
+    and unpickling. Workers exit when this process dies, however it dies (see worker.py)."""
+    context = _mp_context(start_method)
+    # This process only ever holds the write end; it is never written.
+    alive_r, alive_w = context.Pipe(duplex=False)
+    try:
+        pool = ProcessPoolExecutor(
+            workers, mp_context=context, initializer=init_worker,
+            initargs=(config, alive_r, alive_w),
+        )  # fmt: skip
+        try:
+            yield pool
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+    finally:
+        alive_r.close()
+        alive_w.close()
+
+
 def convert(opts: ConvertOptions) -> ConvertResult:
     """Run (or resume, or recognise as done) the conversion described by `opts`.
 
@@ -167,39 +273,16 @@ def convert(opts: ConvertOptions) -> ConvertResult:
     (disk full, permissions) is an OutputIOError naming the path.
     """
     started = time.monotonic()
-    opts = dataclasses.replace(opts, output=resolve_output(opts.output))
+    with open_job(opts) as (opts, files):
+        planned = plan_job(opts, files)
+        if planned.done is not None:
+            return finished_result(opts.output, planned.done)
+        return _convert(planned, started)
+
+
+def _convert(planned: Planned, started: float) -> ConvertResult:
+    opts, files, units, workdir = planned.opts, planned.files, planned.units, planned.workdir
     out = Path(opts.output)
-    try:
-        refuse_file_output(out)
-        files = discover(list(opts.inputs), exclude_dir=opts.output)
-        _check_sft(opts, files)
-        make_output_folder(out)
-        with OutputLock(out):
-            return _convert(opts, files, out, started)
-    except OSError as exc:
-        raise os_error(exc, out) from exc
-
-
-def _convert(
-    opts: ConvertOptions, files: list[InputFile], out: Path, started: float
-) -> ConvertResult:
-    total_bytes = sum(f.size for f in files)
-    unit_size = opts.unit_size or auto_unit_size(total_bytes)
-    settings = _settings(opts, files, unit_size)
-    workdir, done = prepare_output(
-        out, opts.name, _plan(opts, files, unit_size), settings, opts.overwrite
-    )
-    if done is not None:
-        extra = done.extra
-        rejects = out / "rejects.jsonl"
-        return ConvertResult(
-            str(out), done, extra.get("records_read", 0), extra.get("documents_written", 0),
-            dict(extra.get("rejected_by_reason", {})), already_complete=True,
-            rejects_path=str(rejects) if rejects.exists() else None,
-            stored_token_bytes=_stored_token_bytes(out, done), sft=extra.get("sft_stats"),
-        )  # fmt: skip
-
-    units = plan_units(files, unit_size, opts.txt_mode)
     dtype = opts.tokenizer.dtype
     ready: dict[int, UnitResult | UnitFailure | EncoderMismatch | Exception] = {}
     for unit in units:
@@ -217,78 +300,55 @@ def _convert(
     reused = len(ready)
     todo = [u for u in units if u.index not in ready]
 
-    config = WorkerConfig(
-        tuple(files),
-        str(out),
-        opts.text_key,
-        opts.txt_mode,
-        opts.on_bad_record == "error",
-        opts.tokenizer,
-        opts.frame_size,
-        opts.compression_level,
-        opts.sft,
-    )
-    workers = max(1, min(opts.workers or _usable_cores(), len(todo) or 1))
-    pool = None
+    workers = max(1, min(opts.workers or usable_cores(), len(todo) or 1))
     progress = assembler = None
-    context = _mp_context(opts.start_method)
-    # Workers watch this pipe: it reaches EOF when this process dies, however it dies (see
-    # worker.py). This process only ever holds the write end; it is never written.
-    alive_r, alive_w = context.Pipe(duplex=False)
-    try:
+    with contextlib.ExitStack() as stack:
+        pool = None
         if todo:
-            # Workers are started before anything here starts a thread (tqdm's monitor), so
-            # forking is safe; fork also spares each worker re-importing and unpickling.
-            pool = ProcessPoolExecutor(
-                workers,
-                mp_context=context,
-                initializer=init_worker,
-                initargs=(config, alive_r, alive_w),
+            pool = stack.enter_context(
+                worker_pool(worker_config(opts, files), workers, opts.start_method)
             )
-        pending: dict[Future, int] = (
-            {pool.submit(tokenize_unit, u): u.index for u in todo} if pool else {}
-        )
-        progress = ConvertProgress(total_bytes, opts.progress)
-        for result in ready.values():
-            progress.unit_done(
-                result.input_bytes, result.num_documents, result.num_tokens, reused=True
+        try:
+            pending: dict[Future, int] = (
+                {pool.submit(tokenize_unit, u): u.index for u in todo} if pool else {}
             )
-        assembler = Assembler(opts, files, units, workdir, progress.note)
-        for next_index in range(len(units)):
-            while next_index not in ready:
-                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
-                for future in finished:
-                    index = pending.pop(future)
-                    try:
-                        result = future.result()
-                    except Exception as exc:  # raised in unit order below, like bad records
-                        result = exc
-                    ready[index] = result
-                    if isinstance(result, UnitResult):
-                        progress.unit_done(
-                            result.input_bytes, result.num_documents, result.num_tokens, False
-                        )
-                    else:
-                        # The run will stop at this unit: later units are wasted work.
-                        for other in [f for f, i in pending.items() if i > index]:
-                            if other.cancel():
-                                del pending[other]
-            result = ready.pop(next_index)
-            if isinstance(result, Exception):
-                raise result
-            assembler.add(result)
-        manifest, rejects_path = assembler.finish(settings)
-    except BaseException:
-        if assembler is not None:
-            assembler.abandon()
-        raise
-    finally:
-        if progress is not None:
-            progress.close()
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
-        alive_r.close()
-        alive_w.close()
+            progress = ConvertProgress(sum(f.size for f in files), opts.progress)
+            for result in ready.values():
+                progress.unit_done(
+                    result.input_bytes, result.num_documents, result.num_tokens, reused=True
+                )
+            assembler = Assembler(opts, files, units, workdir, progress.note)
+            for next_index in range(len(units)):
+                while next_index not in ready:
+                    finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+                    for future in finished:
+                        index = pending.pop(future)
+                        try:
+                            result = future.result()
+                        except Exception as exc:  # raised in unit order below, like bad records
+                            result = exc
+                        ready[index] = result
+                        if isinstance(result, UnitResult):
+                            progress.unit_done(
+                                result.input_bytes, result.num_documents, result.num_tokens, False
+                            )
+                        else:
+                            # The run will stop at this unit: later units are wasted work.
+                            for other in [f for f, i in pending.items() if i > index]:
+                                if other.cancel():
+                                    del pending[other]
+                result = ready.pop(next_index)
+                if isinstance(result, Exception):
+                    raise result
+                assembler.add(result)
+            manifest, rejects_path = assembler.finish(planned.settings)
+        except BaseException:
+            if assembler is not None:
+                assembler.abandon()
+            raise
+        finally:
+            if progress is not None:
+                progress.close()
 
     remove_stale_shards(out, manifest)
     if not opts.keep_work:
@@ -300,6 +360,6 @@ def _convert(
         rejects_path=str(rejects_path) if rejects_path else None,
         tokenizer_backend=opts.tokenizer.backend,
         tokenizer_backend_note=opts.tokenizer.backend_note,
-        stored_token_bytes=_stored_token_bytes(out, manifest),
+        stored_token_bytes=stored_token_bytes(str(out), manifest),
         sft=None if opts.sft is None else dict(assembler.sft_counts),
     )  # fmt: skip

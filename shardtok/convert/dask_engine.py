@@ -1,0 +1,264 @@
+"""Every phase of a conversion on a dask cluster: ``shardtok convert ... --engine dask``.
+
+The driver (this process) plans, then sends one task per unit still to do, whose arguments are
+only the output, the storage options and the unit's index: each worker process parses the job
+from the plan in the work folder once (the tokenizer travels there too; see run_unit), so
+nothing big crosses the network per task. Tasks may run anywhere, twice, or
+die halfway (a lost worker's task is rerun elsewhere): a unit's files are deterministic and its
+marker is written last. A unit that stops the conversion ends the submitting; the merge then
+reports it exactly as the one-command run would, else writes the shards as cluster tasks too.
+The bytes are those of ``shardtok convert ... --workers 1`` with the same unit size.
+
+Without a scheduler address a LocalCluster of worker processes on this machine runs the tasks.
+dask is optional: importing this module does not import it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import multiprocessing
+import multiprocessing.connection
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+
+from shardtok.convert.job import PLAN_NAME, TOKENIZER_NAME, Job, distributed_unit_size, parse_plan
+from shardtok.convert.phases import (
+    check_done,
+    job_worker_config,
+    load_job,
+    merge_job,
+    pending_units,
+)
+from shardtok.convert.progress import ConvertProgress, ConvertResult
+from shardtok.convert.runner import (
+    ConvertOptions,
+    finished_result,
+    open_job,
+    plan_job,
+    usable_cores,
+)
+from shardtok.convert.workdir import UnitResult, WorkDir, unit_base
+from shardtok.convert.worker import init_worker, tokenize_unit
+from shardtok.errors import ShardtokError, UsageError
+from shardtok.storage.location import is_local
+
+# Tasks in flight per worker thread: enough that no worker waits for the driver, few enough
+# that a failure stops the submitting early.
+_IN_FLIGHT_PER_THREAD = 2
+
+
+def require_dask():
+    """The distributed package, or a one-line UsageError saying how to install it."""
+    try:
+        import distributed
+    except ImportError:
+        raise UsageError(
+            "--engine dask needs dask's distributed scheduler: pip install 'shardtok[dask]'"
+        ) from None
+    return distributed
+
+
+def convert_with_dask(
+    opts: ConvertOptions, scheduler: str | None = None, workers: int | None = None
+) -> ConvertResult:
+    """Run (or resume, or recognise as done) the conversion `opts` on a dask cluster: the one
+    at `scheduler` (``tcp://HOST:PORT``), else a LocalCluster of `workers` processes (default:
+    opts.workers, else every core) started here and closed at the end. The output may be an
+    object store; a local one is locked for the whole run, as by the one-command convert."""
+    distributed = require_dask()
+    started = time.monotonic()
+    with open_job(opts, remote=True) as (opts, files):
+        planned = plan_job(opts, files, distributed_unit_size)
+        if planned.done is not None:
+            return finished_result(opts.output, planned.done, opts.storage_options)
+        workdir = planned.workdir
+        job = load_job(workdir)
+        pending = pending_units(job, workdir, range(len(job.units)))
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(_environment_kept())
+            if scheduler is None:
+                n = workers or opts.workers or usable_cores()
+                cluster = stack.enter_context(
+                    distributed.LocalCluster(
+                        n_workers=n,
+                        threads_per_worker=1,
+                        processes=True,
+                        host="127.0.0.1",
+                        dashboard_address=None,
+                        # The scheduler's HTTP server runs even without a dashboard, by default
+                        # on every interface at port 8787: loopback, any free port instead.
+                        scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
+                    )  # fmt: skip
+                )
+                client = stack.enter_context(distributed.Client(cluster))
+            else:
+                client = stack.enter_context(_connect(distributed, scheduler))
+            bar = ConvertProgress(sum(u.nbytes for u in job.units), opts.progress)
+            stack.callback(bar.close)
+            for warning in pending.warnings:
+                bar.note(warning)
+            for result in pending.kept:
+                bar.unit_done(result.input_bytes, result.num_documents, result.num_tokens, True)
+            # Workers elsewhere have another working directory: a local output goes to them
+            # as an absolute path (a shared file system), for the units and the shards.
+            where = os.path.abspath(opts.output) if is_local(opts.output) else opts.output
+            todo = [u.index for u in pending.todo]
+            _tokenize(distributed, client, where, opts.storage_options, todo, bar)
+            bar.close()
+            result = merge_job(
+                job, WorkDir(where, opts.storage_options), where, opts.storage_options,
+                map_tasks=_map_tasks(client), progress=opts.progress, keep_work=opts.keep_work,
+            )  # fmt: skip
+    result.output = workdir.output.display  # as given, like the one-command convert says it
+    result.units_reused = len(pending.kept)
+    result.units_tokenized = len(pending.todo)
+    result.seconds = time.monotonic() - started
+    result.tokenizer_backend = opts.tokenizer.backend
+    result.tokenizer_backend_note = opts.tokenizer.backend_note
+    return result
+
+
+@contextlib.contextmanager
+def _environment_kept() -> Iterator[None]:
+    """Leave this process's environment as it was. A LocalCluster's nannies write variables
+    into it (OMP_NUM_THREADS, PYTHONHASHSEED... for the workers they spawn, again on each
+    restart), and shardtok writes no environment variable of its caller's."""
+    before = dict(os.environ)
+    try:
+        yield
+    finally:
+        for name in [n for n in os.environ if n not in before]:
+            del os.environ[name]
+        for name, value in before.items():
+            if os.environ.get(name) != value:
+                os.environ[name] = value
+
+
+# -- the task: one unit, in a worker process ---------------------------------------------------
+
+_ENGINE_LOCK = threading.Lock()
+_ENGINE_JOBS: dict[str, Job] = {}  # by plan digest
+_ENGINE_STATE: dict[str, tuple | None] = {"built_for": None}
+_ENGINE_PIPES: list = []
+
+
+def run_unit(output: str, storage_options: dict | None, index: int) -> tuple:
+    """An engine's task for unit `index`, in any process, any number of times: the job comes
+    from the plan in `output`. Returns (index, input bytes, documents, tokens, whether the unit
+    stops the conversion, a warning or None)."""
+    with _ENGINE_LOCK:  # the worker module's state serves one unit at a time
+        job, workdir = _engine_job(output, storage_options)
+        unit = job.units[index]
+        result = warning = None
+        if workdir.folder.exists(unit_base(index) + ".json"):  # a requeued task, or a rerun
+            result, warning = check_done(
+                workdir, index, job.tokenizer.dtype.name, job.sft is not None
+            )
+        if result is None:
+            result = tokenize_unit(unit)
+    if isinstance(result, UnitResult):
+        return index, result.input_bytes, result.num_documents, result.num_tokens, False, warning
+    return index, unit.nbytes, 0, 0, True, warning
+
+
+def _engine_job(output: str, storage_options: dict | None) -> tuple[Job, WorkDir]:
+    """The job of the plan in `output`, parsed once per process and plan, with this process's
+    worker state built for it. The plan is read again for every task (a small share of a
+    unit's input) so that a later conversion into the same output, on the same long-lived
+    engine worker, never gets an earlier one's job."""
+    workdir = WorkDir(output, storage_options)
+    data = workdir.folder.read_bytes(PLAN_NAME)
+    digest = hashlib.sha256(data).hexdigest()
+    job = _ENGINE_JOBS.get(digest)
+    if job is None:
+        backend = workdir.read_file(TOKENIZER_NAME)
+        job = parse_plan(data, backend, workdir.folder.display_of(PLAN_NAME))
+        _ENGINE_JOBS.clear()  # one plan at a time is the common case: keep memory flat
+        _ENGINE_JOBS[digest] = job
+    key = (digest, output, repr(sorted((storage_options or {}).items())))
+    if _ENGINE_STATE["built_for"] != key:
+        _init_engine_worker(job_worker_config(job, output, storage_options))
+        _ENGINE_STATE["built_for"] = key
+    return job, workdir
+
+
+def _init_engine_worker(config) -> None:
+    """worker.init_worker in a process an engine owns. init_worker makes its process exit when
+    the pipe `alive` reaches EOF (its pool's parent died); here the engine ends its own workers,
+    so the write end stays open in this process for good and the watch never fires."""
+    read, write = multiprocessing.Pipe(duplex=False)
+    _ENGINE_PIPES.append((read, write))
+    init_worker(config, read, multiprocessing.connection.Connection(os.dup(write.fileno())))
+
+
+def _connect(distributed, scheduler: str):
+    try:
+        return distributed.Client(scheduler)
+    except (OSError, ValueError) as exc:  # timeouts are OSErrors: not the output's fault
+        raise UsageError(f"--scheduler {scheduler}: cannot connect ({exc})") from None
+
+
+def _tokenize(
+    distributed, client, output: str, storage_options: dict | None, todo: list[int], bar
+) -> None:
+    """Run the units `todo` as tasks, in index order, until done or one stops the conversion
+    (then nothing after it is submitted, and what runs after it is cancelled)."""
+    threads = sum(client.nthreads().values()) or 1
+    window = max(4, threads * _IN_FLIGHT_PER_THREAD)
+    queue = list(reversed(todo))
+    running = distributed.as_completed()
+    index_of = {}
+    stop_at = None
+
+    def submit() -> None:
+        while queue and len(index_of) < window:
+            index = queue.pop()
+            if stop_at is not None and index > stop_at:
+                continue
+            # pure=False: a rerun after a crash must run again, not find a cached result.
+            future = client.submit(run_unit, output, storage_options, index, pure=False)
+            index_of[future] = index
+            running.add(future)
+
+    submit()
+    try:
+        for future in running:
+            if future not in index_of:  # cancelled
+                continue
+            index = index_of.pop(future)
+            try:
+                _, nbytes, documents, tokens, stops, warning = future.result()
+            except distributed.KilledWorker as exc:
+                raise ShardtokError(
+                    f"work unit {index}: every dask worker that ran it died ({exc}); finished "
+                    "units are kept, so running the same command again resumes"
+                ) from None
+            if warning:
+                bar.note(warning)
+            if stops:
+                stop_at = index if stop_at is None else min(stop_at, index)
+                later = [f for f, i in index_of.items() if i > stop_at]
+                for f in later:
+                    del index_of[f]
+                client.cancel(later)
+            else:
+                bar.unit_done(nbytes, documents, tokens, False)
+            submit()
+    except BaseException:
+        client.cancel(list(index_of))
+        raise
+
+
+def _map_tasks(client) -> Callable[[Callable, Sequence], list]:
+    """merge_units' map_tasks on the cluster: results in the order of `items`."""
+
+    def map_tasks(fn: Callable, items: Sequence) -> list:
+        if not items:
+            return []
+        futures = client.map(fn, list(items), pure=False)
+        return client.gather(futures)
+
+    return map_tasks
