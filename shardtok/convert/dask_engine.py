@@ -24,22 +24,19 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 
-from shardtok.convert.job import PLAN_NAME, TOKENIZER_NAME, Job, distributed_unit_size, parse_plan
-from shardtok.convert.phases import (
-    check_done,
-    job_worker_config,
-    load_job,
-    merge_job,
-    pending_units,
-)
+from shardtok.convert.job import Job, distributed_unit_size
+from shardtok.convert.phases import job_worker_config, merge_job
+from shardtok.convert.plan_file import load_job, plan_bytes
 from shardtok.convert.progress import ConvertProgress, ConvertResult
 from shardtok.convert.runner import (
     ConvertOptions,
     finished_result,
     open_job,
     plan_job,
+    reusable_unit,
     usable_cores,
 )
+from shardtok.convert.unit_status import pending_units
 from shardtok.convert.workdir import UnitResult, WorkDir, unit_base
 from shardtok.convert.worker import init_worker, tokenize_unit
 from shardtok.errors import ShardtokError, UsageError
@@ -154,8 +151,8 @@ def run_unit(output: str, storage_options: dict | None, index: int) -> tuple:
         unit = job.units[index]
         result = warning = None
         if workdir.folder.exists(unit_base(index) + ".json"):  # a requeued task, or a rerun
-            result, warning = check_done(
-                workdir, index, job.tokenizer.dtype.name, job.sft is not None
+            result, warning = reusable_unit(
+                workdir, index, job.tokenizer.dtype, job.sft is not None, verify=False
             )
         if result is None:
             result = tokenize_unit(unit)
@@ -170,12 +167,11 @@ def _engine_job(output: str, storage_options: dict | None) -> tuple[Job, WorkDir
     unit's input) so that a later conversion into the same output, on the same long-lived
     engine worker, never gets an earlier one's job."""
     workdir = WorkDir(output, storage_options)
-    data = workdir.folder.read_bytes(PLAN_NAME)
+    data = plan_bytes(workdir)
     digest = hashlib.sha256(data).hexdigest()
     job = _ENGINE_JOBS.get(digest)
     if job is None:
-        backend = workdir.read_file(TOKENIZER_NAME)
-        job = parse_plan(data, backend, workdir.folder.display_of(PLAN_NAME))
+        job = load_job(workdir, data)
         _ENGINE_JOBS.clear()  # one plan at a time is the common case: keep memory flat
         _ENGINE_JOBS[digest] = job
     key = (digest, output, repr(sorted((storage_options or {}).items())))

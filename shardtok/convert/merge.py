@@ -28,6 +28,7 @@ from shardtok.convert.accounting import RecordAccounting, reject_line
 from shardtok.convert.inputs import InputFile
 from shardtok.convert.merge_tasks import LoadBatch, ShardTask, UnitPart, load_batch, write_shard
 from shardtok.convert.output_dir import REJECTS_NAME, remove_stale_shards
+from shardtok.convert.progress import plural
 from shardtok.convert.units import Unit
 from shardtok.convert.workdir import UnitResult, WorkDir
 from shardtok.convert.worker import EncoderMismatch, UnitFailure
@@ -133,7 +134,7 @@ class _ShardBar:
 def _not_ready(workdir: WorkDir, index: int, state: tuple, others: int) -> UnitsNotReadyError:
     name = workdir.unit_name(index)
     why = "is not finished" if state[0] != "damaged" else f"is damaged ({state[1]}; discarded)"
-    more = f" ({others} other unit{'s' if others != 1 else ''} too)" if others else ""
+    more = f" ({others} other unit{plural(others)} too)" if others else ""
     return UnitsNotReadyError(
         f"work unit {name} {why}{more}; run `shardtok convert run-units` again, then merge"
     )

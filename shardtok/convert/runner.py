@@ -31,6 +31,8 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from shardtok.convert.assembler import Assembler
 from shardtok.convert.failures import EncoderMismatch, UnitFailure
 from shardtok.convert.inputs import InputFile, discover
@@ -181,6 +183,23 @@ def plan_job(
     return Planned(opts, files, units, unit_size, job_settings, workdir)
 
 
+def reusable_unit(
+    workdir: WorkDir, index: int, dtype: np.dtype | str, masks: bool, *, verify: bool = True
+) -> tuple[UnitResult | None, str | None]:
+    """A unit finished earlier: (its result, None) when its files are intact, (None, None) when
+    it never finished, else (None, a warning) with its marker dropped so that it is tokenized
+    again. `verify=False` checks the files' sizes but not their crc32 (see load_result)."""
+    previous = workdir.load_result(index, np.dtype(dtype), masks=masks, verify=verify)
+    if not isinstance(previous, str):
+        return previous, None
+    # Redoing it gives the same bytes, so the output stays identical to a clean run.
+    workdir.discard_unit(index)
+    return None, (
+        f"warning: work unit {workdir.unit_name(index)} is damaged ({previous}); tokenizing it "
+        "again"
+    )
+
+
 def _read_or_none(workdir: WorkDir, name: str) -> bytes | None:
     try:
         return workdir.read_file(name)
@@ -286,16 +305,10 @@ def _convert(planned: Planned, started: float) -> ConvertResult:
     dtype = opts.tokenizer.dtype
     ready: dict[int, UnitResult | UnitFailure | EncoderMismatch | Exception] = {}
     for unit in units:
-        previous = workdir.load_result(unit.index, dtype, masks=opts.sft is not None)
-        if isinstance(previous, str):
-            # Redoing it gives the same bytes, so the output stays identical to a clean run.
-            print(
-                f"warning: work unit {workdir.unit_name(unit.index)} is damaged ({previous}); "
-                "tokenizing it again",
-                file=sys.stderr,
-            )
-            workdir.discard_unit(unit.index)
-        elif previous is not None:
+        previous, warning = reusable_unit(workdir, unit.index, dtype, opts.sft is not None)
+        if warning is not None:
+            print(warning, file=sys.stderr)
+        if previous is not None:
             ready[unit.index] = previous
     reused = len(ready)
     todo = [u for u in units if u.index not in ready]

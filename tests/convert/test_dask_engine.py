@@ -16,7 +16,7 @@ from pathlib import Path
 import distributed
 import pytest
 
-from shardtok.convert import ConvertOptions, convert, load_tokenizer, phases
+from shardtok.convert import ConvertOptions, convert, load_tokenizer, unit_status
 from shardtok.convert.dask_engine import convert_with_dask
 from shardtok.convert.workdir import WORK_DIR_NAME
 from shardtok.errors import BadRecordError
@@ -115,7 +115,7 @@ def test_a_bad_record_stops_the_dask_run_like_the_one_command_run(cluster, tmp_p
     with pytest.raises(BadRecordError) as engine:
         convert_with_dask(options(corpus, tmp_path / "out"), scheduler=cluster.scheduler_address)
     assert str(engine.value) == str(one_command.value) and "a.jsonl, line 401" in str(engine.value)
-    found = phases.status(str(tmp_path / "out"))
+    found = unit_status.status(str(tmp_path / "out"))
     assert found.failed == 1 and found.failure == str(one_command.value) and found.exit_code == 1
     assert found.done >= found.failure_unit > 0  # every unit before it, for the file's line
 
@@ -222,7 +222,8 @@ def test_dask_is_optional():
     code = textwrap.dedent(
         """
         import sys
-        import shardtok.convert, shardtok.convert.phases, shardtok.convert.dask_engine
+        import shardtok.convert, shardtok.convert.phases, shardtok.convert.unit_status
+        import shardtok.convert.dask_engine
         import shardtok.cli.main
         assert "dask" not in sys.modules and "distributed" not in sys.modules, "dask imported"
         sys.modules["distributed"] = None  # as if it were not installed

@@ -17,8 +17,16 @@ from pathlib import Path
 import pytest
 
 import shardtok
-from shardtok.convert import ConvertOptions, convert, load_sft_config, load_tokenizer, phases
-from shardtok.convert.job import PlanError, distributed_unit_size
+from shardtok.convert import (
+    ConvertOptions,
+    convert,
+    load_sft_config,
+    load_tokenizer,
+    phases,
+    unit_status,
+)
+from shardtok.convert.job import distributed_unit_size
+from shardtok.convert.plan_file import PlanError
 from shardtok.convert.tokenizer import BUNDLED_PATH
 from shardtok.convert.units import auto_unit_size
 from shardtok.convert.workdir import WORK_DIR_NAME
@@ -67,10 +75,10 @@ def test_output_and_work_folder_on_an_object_store(corpus, reference, s3_server,
     assert summary.units > 4 and summary.units_done == 0
     first = phases.run_units(url, 0, 2, storage_options=storage, progress=False)
     assert first.tokenized == len(range(0, summary.units, 2)) and not first.failed
-    found = phases.status(url, storage)
+    found = unit_status.status(url, storage)
     assert (found.exit_code, found.first_missing) == (3, 1)
     phases.run_units(url, 1, 2, workers=2, storage_options=storage, progress=False)
-    assert phases.status(url, storage).complete
+    assert unit_status.status(url, storage).complete
     result = phases.merge(url, jobs=2, storage_options=storage, progress=False)
     assert result.documents == 600
 
@@ -81,7 +89,7 @@ def test_output_and_work_folder_on_an_object_store(corpus, reference, s3_server,
     for key in fs.find(prefix, withdirs=False):
         (local / key[len(prefix) + 1 :]).write_bytes(fs.cat_file(key))
     assert tree_digest(local) == reference  # and no work folder left
-    assert phases.status(url, storage).merged
+    assert unit_status.status(url, storage).merged
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +140,7 @@ def _set(path: list, value):
 )
 def test_a_tampered_plan_is_refused_in_one_line(planned, tmp_path, edit, message):
     out = _tampered(planned, tmp_path, edit)
-    for call in (lambda: phases.status(str(out)), lambda: phases.run_units(str(out), 0, 1)):
+    for call in (lambda: unit_status.status(str(out)), lambda: phases.run_units(str(out), 0, 1)):
         with pytest.raises(PlanError) as error:
             call()
         text = str(error.value)
@@ -149,7 +157,7 @@ def test_tokenizer_json_must_be_the_planned_one(planned, tmp_path):
         phases.run_units(str(out), 0, 1)
     tokenizer.unlink()
     with pytest.raises(PlanError, match="tokenizer.json is missing"):
-        phases.status(str(out))
+        unit_status.status(str(out))
     (out / WORK_DIR_NAME / "plan.json").write_text("{not json")
     with pytest.raises(PlanError, match="not valid JSON"):
         phases.merge(str(out))
