@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import multiprocessing
-import multiprocessing.connection
 import os
 import threading
 import time
@@ -139,7 +137,6 @@ def _environment_kept() -> Iterator[None]:
 _ENGINE_LOCK = threading.Lock()
 _ENGINE_JOBS: dict[str, Job] = {}  # by plan digest
 _ENGINE_STATE: dict[str, tuple | None] = {"built_for": None}
-_ENGINE_PIPES: list = []
 
 
 def run_unit(output: str, storage_options: dict | None, index: int) -> tuple:
@@ -176,18 +173,9 @@ def _engine_job(output: str, storage_options: dict | None) -> tuple[Job, WorkDir
         _ENGINE_JOBS[digest] = job
     key = (digest, output, repr(sorted((storage_options or {}).items())))
     if _ENGINE_STATE["built_for"] != key:
-        _init_engine_worker(job_worker_config(job, output, storage_options))
+        init_worker(job_worker_config(job, output, storage_options))  # dask ends its workers
         _ENGINE_STATE["built_for"] = key
     return job, workdir
-
-
-def _init_engine_worker(config) -> None:
-    """worker.init_worker in a process an engine owns. init_worker makes its process exit when
-    the pipe `alive` reaches EOF (its pool's parent died); here the engine ends its own workers,
-    so the write end stays open in this process for good and the watch never fires."""
-    read, write = multiprocessing.Pipe(duplex=False)
-    _ENGINE_PIPES.append((read, write))
-    init_worker(config, read, multiprocessing.connection.Connection(os.dup(write.fileno())))
 
 
 def _connect(distributed, scheduler: str):
