@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator, Sequence
 from shardtok.convert.job import Job, distributed_unit_size
 from shardtok.convert.phases import job_worker_config, merge_job
 from shardtok.convert.plan_file import load_job, plan_bytes
+from shardtok.convert.pool import usable_cores
 from shardtok.convert.progress import ConvertProgress, ConvertResult
 from shardtok.convert.runner import (
     ConvertOptions,
@@ -32,7 +33,6 @@ from shardtok.convert.runner import (
     open_job,
     plan_job,
     reusable_unit,
-    usable_cores,
 )
 from shardtok.convert.unit_status import pending_units
 from shardtok.convert.workdir import UnitResult, WorkDir, unit_base

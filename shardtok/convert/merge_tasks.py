@@ -51,9 +51,7 @@ def load_batch(task: LoadBatch) -> list[tuple]:
                 reframed = encode_frames(tokens, docs[:, 2], frame_size, level)[0].tolist()
             out.append(("done", result.to_json().decode(), reframed))
         else:
-            # The work folder of IO's phased runs records failures; an older one has none.
-            load_failure = getattr(task.workdir, "load_failure", None)
-            failure = None if load_failure is None else load_failure(index)
+            failure = task.workdir.load_failure(index)
             if failure is None:
                 out.append(("missing",))
             else:

@@ -29,15 +29,14 @@ from shardtok.convert.merge import merge_units
 from shardtok.convert.output_dir import finished_manifest, output_folder
 from shardtok.convert.output_lock import OutputLock, os_error
 from shardtok.convert.plan_file import load_job
+from shardtok.convert.pool import usable_cores, worker_pool
 from shardtok.convert.progress import ConvertProgress, ConvertResult, plural, size_text
 from shardtok.convert.runner import (
     ConvertOptions,
     finished_result,
     open_job,
     plan_job,
-    usable_cores,
     worker_config,
-    worker_pool,
 )
 from shardtok.convert.unit_status import describe_failure, pending_units
 from shardtok.convert.workdir import UnitResult, WorkDir

@@ -22,12 +22,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import multiprocessing
-import os
 import sys
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,12 +50,13 @@ from shardtok.convert.output_dir import (
     resolve_output,
 )
 from shardtok.convert.output_lock import OutputLock, os_error
+from shardtok.convert.pool import usable_cores, worker_pool
 from shardtok.convert.progress import ConvertProgress, ConvertResult
 from shardtok.convert.sft.setup import SFTSetup
 from shardtok.convert.tokenizer import TokenizerSpec
 from shardtok.convert.units import Unit, auto_unit_size, plan_units
 from shardtok.convert.workdir import UnitResult, WorkDir
-from shardtok.convert.worker import WorkerConfig, init_worker, tokenize_unit
+from shardtok.convert.worker import WorkerConfig, tokenize_unit
 from shardtok.errors import UsageError
 from shardtok.format.dataset_writer import DEFAULT_SHARD_SIZE
 from shardtok.format.frames import DEFAULT_FRAME_SIZE
@@ -224,26 +223,11 @@ def finished_result(output: str, done: Manifest, storage_options: dict | None = 
     return ConvertResult(
         output, done, extra.get("records_read", 0), extra.get("documents_written", 0),
         dict(extra.get("rejected_by_reason", {})), already_complete=True,
-        rejects_path=str(rejects) if exists(rejects, storage_options) else None,
+        # (display: a URL's credentials are never printed)
+        rejects_path=rejects.display if exists(rejects, storage_options) else None,
         stored_token_bytes=stored_token_bytes(output, done, storage_options),
         sft=extra.get("sft_stats"),
     )  # fmt: skip
-
-
-def usable_cores() -> int:
-    """Cores this process may use (a container's CPU set, not the host's core count)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0)) or 1
-    return os.cpu_count() or 1
-
-
-def _mp_context(start_method: str | None):
-    """fork where it is safe and cheap (Linux), spawn elsewhere (macOS, Windows)."""
-    if start_method is not None:
-        return multiprocessing.get_context(start_method)
-    if sys.platform == "linux":
-        return multiprocessing.get_context("fork")
-    return multiprocessing.get_context("spawn")
 
 
 def worker_config(opts: ConvertOptions, files) -> WorkerConfig:
@@ -259,30 +243,6 @@ def worker_config(opts: ConvertOptions, files) -> WorkerConfig:
         opts.sft,
         opts.storage_options,
     )
-
-
-@contextlib.contextmanager
-def worker_pool(
-    config: WorkerConfig, workers: int, start_method: str | None = None
-) -> Iterator[ProcessPoolExecutor]:
-    """`workers` processes ready to run worker.tokenize_unit. Start it before anything starts a
-    thread here (tqdm's monitor), so forking is safe; fork also spares each worker re-importing
-    and unpickling. Workers exit when this process dies, however it dies (see worker.py)."""
-    context = _mp_context(start_method)
-    # This process only ever holds the write end; it is never written.
-    alive_r, alive_w = context.Pipe(duplex=False)
-    try:
-        pool = ProcessPoolExecutor(
-            workers, mp_context=context, initializer=init_worker,
-            initargs=(config, alive_r, alive_w),
-        )  # fmt: skip
-        try:
-            yield pool
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)
-    finally:
-        alive_r.close()
-        alive_w.close()
 
 
 def convert(opts: ConvertOptions) -> ConvertResult:

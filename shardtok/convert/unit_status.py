@@ -181,7 +181,7 @@ def _first_error(job: Job, workdir: WorkDir, upto: int, failure=None) -> Shardto
         return None  # rejects stop nothing: no marker needs reading
     accounting = RecordAccounting(
         list(job.files), list(job.units), skip_bad_records=job.on_bad_record == "skip",
-        sft=job.sft is not None, write_reject=lambda *reject: None,
+        sft=job.sft is not None,
     )  # fmt: skip
     try:
         with ThreadPoolExecutor(_MARKER_READERS) as readers:

@@ -47,7 +47,7 @@ from shardtok.convert.failures import (
     failure_from_json,
     failure_to_json,
 )
-from shardtok.storage.folder import Folder, temporary_name
+from shardtok.storage.folder import SCRATCH_PREFIX, Folder, temporary_name
 
 WORK_DIR_NAME = ".shardtok-work"
 PLAN_NAME = "plan.json"
@@ -55,7 +55,6 @@ _TRASH_PREFIX = WORK_DIR_NAME + ".trash-"
 _UNIT_FORMAT = 3  # 2: units carry their compressed frames; 3: and their files' crc32
 _MARKER = re.compile(r"unit-(\d{6,})(\.failed)?\.json")
 _UNIT_FILE = re.compile(r"unit-\d+\..*")
-_SCRATCH_PREFIX = ".scratch-"  # Folder.scratch()'s private folders
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -204,7 +203,7 @@ class WorkDir:
         if not self.is_local or not self.path.is_dir():
             return
         for entry in self.path.iterdir():
-            if entry.name.startswith(_SCRATCH_PREFIX) and entry.is_dir():
+            if entry.name.startswith(SCRATCH_PREFIX) and entry.is_dir():
                 shutil.rmtree(entry, ignore_errors=True)
             elif entry.name.startswith(".") and ".tmp-" in entry.name:
                 entry.unlink(missing_ok=True)

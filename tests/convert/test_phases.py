@@ -18,7 +18,6 @@ import pytest
 
 import shardtok
 from shardtok.convert import (
-    ConvertOptions,
     convert,
     load_sft_config,
     load_tokenizer,
@@ -31,15 +30,8 @@ from shardtok.convert.tokenizer import BUNDLED_PATH
 from shardtok.convert.units import auto_unit_size
 from shardtok.convert.workdir import WORK_DIR_NAME
 from shardtok.errors import UsageError
-from tests.convert.test_determinism import tree_digest, write_corpus
-
-
-def options(corpus: Path, out, **kw) -> ConvertOptions:
-    base = dict(
-        inputs=(str(corpus),), output=str(out), tokenizer=load_tokenizer("bundled"),
-        unit_size=32 << 10, shard_size=64 << 10, frame_size=16 << 10, progress=False,
-    )  # fmt: skip
-    return ConvertOptions(**{**base, **kw})
+from tests.convert.test_determinism import s3_tree_digest, tree_digest, write_corpus
+from tests.convert.test_determinism import small_options as options
 
 
 @pytest.fixture(scope="module")
@@ -66,9 +58,7 @@ def test_distributed_unit_size_is_the_local_default_below_160_gb():
     assert distributed_unit_size(10 * 10**12) == 256 << 20  # 10 TB: 37,253 units, not 596,047
 
 
-def test_output_and_work_folder_on_an_object_store(corpus, reference, s3_server, tmp_path):
-    import fsspec
-
+def test_output_and_work_folder_on_an_object_store(corpus, reference, s3_server):
     storage = s3_server.storage_options()
     url = s3_server.url(f"phases-{uuid.uuid4().hex[:8]}/out")
     summary = phases.plan(options(corpus, url, on_bad_record="skip", storage_options=storage))
@@ -82,13 +72,7 @@ def test_output_and_work_folder_on_an_object_store(corpus, reference, s3_server,
     result = phases.merge(url, jobs=2, storage_options=storage, progress=False)
     assert result.documents == 600
 
-    fs = fsspec.filesystem("s3", **storage)
-    prefix = url.removeprefix("s3://")
-    local = tmp_path / "download"
-    local.mkdir()
-    for key in fs.find(prefix, withdirs=False):
-        (local / key[len(prefix) + 1 :]).write_bytes(fs.cat_file(key))
-    assert tree_digest(local) == reference  # and no work folder left
+    assert s3_tree_digest(url, storage) == reference  # and no work folder left
     assert unit_status.status(url, storage).merged
 
 
