@@ -12,13 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from shardtok.convert.failures import EncoderMismatch, UnitFailure
 from shardtok.convert.inputs import InputFile
 from shardtok.convert.units import Unit
-from shardtok.convert.workdir import UnitResult
-from shardtok.convert.worker import EncoderMismatch, UnitFailure
+from shardtok.convert.workdir import SFT_COUNTS, UnitResult
 from shardtok.errors import BadRecordError, TokenizerMismatchError
-
-SFT_COUNTS = ("trained_tokens", "boundary_tokens", "truncated_records")
 
 RejectWriter = Callable[[str, int, str, str], None]
 

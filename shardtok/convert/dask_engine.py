@@ -145,11 +145,16 @@ def run_unit(output: str, storage_options: dict | None, index: int) -> tuple:
     stops the conversion, a warning or None)."""
     with _ENGINE_LOCK:  # the worker module's state serves one unit at a time
         job, workdir = _engine_job(output, storage_options)
+        if index >= len(job.units):
+            raise ShardtokError(
+                f"{workdir.output.display} was planned again while the conversion ran (work "
+                f"unit {index} is not in its plan now); run the command again"
+            )
         unit = job.units[index]
         result = warning = None
         if workdir.folder.exists(unit_base(index) + ".json"):  # a requeued task, or a rerun
             result, warning = reusable_unit(
-                workdir, index, job.tokenizer.dtype, job.sft is not None, verify=False
+                workdir, unit, job.tokenizer.dtype, job.sft is not None, verify=False
             )
         if result is None:
             result = tokenize_unit(unit)

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from shardtok.convert.accounting import RecordAccounting
+from shardtok.convert.failures import EncoderMismatch, UnitFailure, stops
 from shardtok.convert.inputs import InputFile
 from shardtok.convert.merge_tasks import LoadBatch, ShardTask, UnitPart, load_batch, write_shard
 from shardtok.convert.output_dir import REJECTS_NAME, RejectsFile, remove_stale_shards
@@ -31,7 +32,6 @@ from shardtok.convert.pool import mp_context
 from shardtok.convert.progress import plural
 from shardtok.convert.units import Unit
 from shardtok.convert.workdir import UnitResult, WorkDir
-from shardtok.convert.worker import EncoderMismatch, UnitFailure
 from shardtok.errors import ShardtokError
 from shardtok.format.manifest import MANIFEST_NAME, Manifest, ShardEntry
 from shardtok.format.mmidx import token_dtype
@@ -145,9 +145,11 @@ def _load_states(workdir, units, opts, jobs, map_tasks) -> list[tuple]:
         LoadBatch(
             workdir,
             tuple(u.index for u in units[at : at + size]),
+            tuple(len(u.pieces) for u in units[at : at + size]),
             opts.tokenizer.dtype.name,
             opts.sft is not None,
             frame_settings,
+            opts.on_bad_record == "error",
         )
         for at in range(0, len(units), size)
     ]
@@ -200,10 +202,11 @@ def _account(opts, files, units, workdir, states, note, rejects) -> _Ledger:
     )  # fmt: skip
     ledger = _Ledger(accounting, [], [], [], [])
     for position, (unit, state) in enumerate(zip(units, states)):
-        if state[0] == "failed" and not (skip and state[1] == "UnitFailure"):
-            accounting.add(_failure(state))  # raises what the one-command run raises here
+        failure = _failure(state) if state[0] == "failed" else None
+        if stops(failure, opts.on_bad_record, opts.tokenizer.backend):  # as status judges it
+            accounting.add(failure)  # raises what the one-command run raises here
         if state[0] != "done":
-            # (Under skip, a unit that stopped at a bad record under error mode is unfinished.)
+            # (A failure that no longer stops the job, the plan having changed, is unfinished.)
             others = sum(s[0] != "done" for s in states[position + 1 :])
             raise _not_ready(workdir, unit.index, state, others)
         result = UnitResult.from_json(state[1].encode())

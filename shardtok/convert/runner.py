@@ -183,19 +183,21 @@ def plan_job(
 
 
 def reusable_unit(
-    workdir: WorkDir, index: int, dtype: np.dtype | str, masks: bool, *, verify: bool = True
+    workdir: WorkDir, unit: Unit, dtype: np.dtype | str, masks: bool, *, verify: bool = True
 ) -> tuple[UnitResult | None, str | None]:
     """A unit finished earlier: (its result, None) when its files are intact, (None, None) when
     it never finished, else (None, a warning) with its marker dropped so that it is tokenized
     again. `verify=False` checks the files' sizes but not their crc32 (see load_result)."""
-    previous = workdir.load_result(index, np.dtype(dtype), masks=masks, verify=verify)
+    previous = workdir.load_result(
+        unit.index, np.dtype(dtype), masks=masks, verify=verify, pieces=len(unit.pieces)
+    )
     if not isinstance(previous, str):
         return previous, None
     # Redoing it gives the same bytes, so the output stays identical to a clean run.
-    workdir.discard_unit(index)
+    workdir.discard_unit(unit.index)
     return None, (
-        f"warning: work unit {workdir.unit_name(index)} is damaged ({previous}); tokenizing it "
-        "again"
+        f"warning: work unit {workdir.unit_name(unit.index)} is damaged ({previous}); "
+        "tokenizing it again"
     )
 
 
@@ -265,7 +267,7 @@ def _convert(planned: Planned, started: float) -> ConvertResult:
     dtype = opts.tokenizer.dtype
     ready: dict[int, UnitResult | UnitFailure | EncoderMismatch | Exception] = {}
     for unit in units:
-        previous, warning = reusable_unit(workdir, unit.index, dtype, opts.sft is not None)
+        previous, warning = reusable_unit(workdir, unit, dtype, opts.sft is not None)
         if warning is not None:
             print(warning, file=sys.stderr)
         if previous is not None:

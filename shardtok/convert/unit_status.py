@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from shardtok.convert.accounting import RecordAccounting
-from shardtok.convert.failures import EncoderMismatch, UnitFailure
+from shardtok.convert.failures import EncoderMismatch, UnitFailure, stops
 from shardtok.convert.job import Job
 from shardtok.convert.output_dir import finished_manifest, output_folder
 from shardtok.convert.output_lock import os_error
@@ -32,18 +32,16 @@ from shardtok.storage.folder import Folder
 _MARKER_READERS = 16  # threads reading unit markers (remote reads are latency-bound)
 
 
-def _stop_at_bad_record(job: Job) -> bool:
-    """The job's mode as the work folder records failures."""
-    return job.on_bad_record == "error"
-
-
-def _applies(job: Job, failure: UnitFailure | EncoderMismatch | None) -> bool:
-    """Whether a recorded failure stops this job (else the unit is tokenized again)."""
-    if isinstance(failure, UnitFailure):
-        return job.on_bad_record == "error"
-    if isinstance(failure, EncoderMismatch):
-        return job.tokenizer.backend == "tiktoken"
-    return False
+def _stopping_failure(
+    job: Job, workdir: WorkDir, index: int
+) -> UnitFailure | EncoderMismatch | None:
+    """Unit `index`'s recorded failure when it stops this job: written under this job's mode,
+    well-formed for the plan's unit, and one that stops it (see failures.stops); else None,
+    and the unit is tokenized again."""
+    failure = workdir.load_failure(
+        index, job.on_bad_record == "error", pieces=len(job.units[index].pieces)
+    )
+    return failure if stops(failure, job.on_bad_record, job.tokenizer.backend) else None
 
 
 @dataclass
@@ -64,9 +62,8 @@ class Pending:
 def _first_stop(job: Job, workdir: WorkDir, failed: set[int]) -> int | None:
     """The first unit whose recorded failure stops this job (a failure file is read only until
     one applies: usually just the first)."""
-    stop = _stop_at_bad_record(job)
     for index in sorted(i for i in failed if i < len(job.units)):
-        if _applies(job, workdir.load_failure(index, stop)):
+        if _stopping_failure(job, workdir, index) is not None:
             return index
     return None
 
@@ -92,7 +89,7 @@ def pending_units(job: Job, workdir: WorkDir, indices) -> Pending:
     # on each rerun).
     with ThreadPoolExecutor(_MARKER_READERS) as readers:
         checked = readers.map(
-            lambda i: reusable_unit(workdir, i, dtype, masks, verify=False), to_check
+            lambda i: reusable_unit(workdir, job.units[i], dtype, masks, verify=False), to_check
         )
         for index, (result, warning) in zip(to_check, checked):
             if result is not None:
@@ -162,13 +159,24 @@ class Status:
         return "\n".join(lines)
 
 
-def _read_marker(workdir: WorkDir, index: int) -> UnitResult:
-    """A done unit's marker alone (no file checked: status must stay cheap)."""
-    result = UnitResult.from_json(workdir.folder.read_bytes(unit_base(index) + ".json"))
-    if result is None or result.index != index:
+def _read_marker(job: Job, workdir: WorkDir, index: int) -> UnitResult:
+    """A done unit's marker alone (no file checked: status must stay cheap). One that is not
+    this unit's (damaged, edited, another format) is a one-line error; run-units redoes it."""
+    problem = None
+    try:
+        result = UnitResult.from_json(workdir.folder.read_bytes(unit_base(index) + ".json"))
+    except ValueError as exc:  # (not JSON, or not a marker's fields)
+        result, problem = None, f"is damaged ({exc})"
+    if result is None:
+        problem = problem or "was written by another shardtok"
+    elif result.index != index:
+        problem = f"is damaged (its marker names unit {result.index})"
+    elif len(result.piece_records) != len(job.units[index].pieces):
+        problem = "is damaged (its marker does not have its plan's pieces)"
+    if problem is not None:
         raise ShardtokError(
-            f"work unit {workdir.unit_name(index)} was written by another shardtok; run "
-            "`shardtok convert run-units` again"
+            f"work unit {workdir.unit_name(index)} {problem}; run `shardtok convert run-units` "
+            "again, which tokenizes it again"
         )
     return result
 
@@ -185,7 +193,7 @@ def _first_error(job: Job, workdir: WorkDir, upto: int, failure=None) -> Shardto
     )  # fmt: skip
     try:
         with ThreadPoolExecutor(_MARKER_READERS) as readers:
-            for result in readers.map(lambda i: _read_marker(workdir, i), range(upto)):
+            for result in readers.map(lambda i: _read_marker(job, workdir, i), range(upto)):
                 accounting.add(result)
         if failure is not None:
             accounting.add(failure)
@@ -218,7 +226,7 @@ def _piece_text(job: Job, unit: Unit, failure: UnitFailure | EncoderMismatch) ->
 def describe_failure(job: Job, workdir: WorkDir, index: int) -> str:
     """Unit `index`'s failure in one line: file and line exactly as the one-command convert
     says it when every earlier unit is done, else the unit and piece."""
-    failure = workdir.load_failure(index, _stop_at_bad_record(job))
+    failure = _stopping_failure(job, workdir, index)
     if failure is None:
         return f"work unit {workdir.unit_name(index)} failed; its failure file cannot be read"
     done, _ = workdir.markers()
@@ -248,14 +256,13 @@ def _status(folder: Folder, workdir: WorkDir) -> Status:
             return Status(folder.display, 0, 0, 0, 0, complete=True, merged=True)
         raise
     done_markers, failed_markers = workdir.markers()
-    stop = _stop_at_bad_record(job)
     counts = {"done": 0, "failed": 0, "missing": 0}
     first_failed = first_missing = None
     for unit in job.units:
         i = unit.index
         if i in done_markers:
             counts["done"] += 1
-        elif i in failed_markers and _applies(job, workdir.load_failure(i, stop)):
+        elif i in failed_markers and _stopping_failure(job, workdir, i) is not None:
             counts["failed"] += 1
             first_failed = i if first_failed is None else first_failed
         else:

@@ -99,11 +99,72 @@ class UnitResult:
 
     @classmethod
     def from_json(cls, data: bytes) -> UnitResult | None:
-        """The result, or None for a unit written by another unit format (not reusable)."""
+        """The result, or None for a unit written by another unit format (not reusable).
+        ValueError, saying what is wrong, for a marker that is not one (damaged or edited):
+        every field is checked, since the counts and tables go straight into the accounting
+        and the shards."""
         doc = json.loads(data)
+        if not isinstance(doc, dict):
+            raise ValueError("the marker is not a JSON object")
         if doc.pop("format", None) != _UNIT_FORMAT:
             return None
+        _check_marker(doc)
         return cls(**doc)
+
+
+def _count(value) -> bool:
+    return type(value) is int and value >= 0
+
+
+def _counts(value, length: int | None = None) -> bool:
+    return isinstance(value, list) and all(map(_count, value)) and length in (None, len(value))
+
+
+# An SFT unit's counts (its marker's "sft", beside "jq_rewrites"), summed by the accounting
+SFT_COUNTS = ("trained_tokens", "boundary_tokens", "truncated_records")
+
+
+def _check_marker(doc: dict) -> None:
+    """A unit marker's fields, types and internal sums (see UnitResult.from_json)."""
+    fields = set(UnitResult.__dataclass_fields__)
+    if set(doc) != fields:
+        raise ValueError(f"the marker's fields are {sorted(doc)}, not {sorted(fields)}")
+    for name in ("index", "num_documents", "num_tokens", "input_bytes", "records_read"):
+        if not _count(doc[name]):
+            raise ValueError(f"{name} is {doc[name]!r}, not a count")
+    pieces = doc["piece_records"]
+    if not _counts(pieces) or not pieces:
+        raise ValueError("piece_records is not a list of counts, one per piece")
+    rejects = doc["rejects"]
+    if not isinstance(rejects, list) or not all(
+        isinstance(r, list) and len(r) == 4 and _count(r[0]) and r[0] < len(pieces)
+        and _count(r[1]) and isinstance(r[2], str) and isinstance(r[3], str)
+        for r in rejects
+    ):  # fmt: skip
+        raise ValueError("rejects is not a list of [piece, record, reason, detail]")
+    if doc["num_documents"] + len(rejects) != doc["records_read"]:
+        raise ValueError("its documents and rejects do not add up to the records read")
+    if not isinstance(doc["frames"], list) or not all(_counts(f, 4) for f in doc["frames"]):
+        raise ValueError("frames is not a table of [document, size, stored size, crc32]")
+    settings = doc["frame_settings"]
+    if not (isinstance(settings, list) and len(settings) == 2 and _count(settings[0])) or not (
+        settings[1] is None or _count(settings[1])
+    ):
+        raise ValueError("frame_settings is not [frame size, compression level or null]")
+    checksums = doc["checksums"]
+    if not isinstance(checksums, dict) or not all(map(_count, checksums.values())):
+        raise ValueError("checksums is not a mapping of file suffixes to crc32s")
+    sft = doc["sft"]
+    if sft is not None and not (
+        isinstance(sft, dict)
+        and all(_count(sft.get(key)) for key in SFT_COUNTS)
+        and isinstance(sft.get("jq_rewrites", []), list)
+        and all(
+            isinstance(r, list) and len(r) == 2 and all(isinstance(x, str) for x in r)
+            for r in sft.get("jq_rewrites", [])
+        )
+    ):
+        raise ValueError("sft is not the unit's fine-tuning counts")
 
 
 class ChecksumWriter:
@@ -247,12 +308,19 @@ class WorkDir:
         self.folder.delete(base + ".failed.json")
 
     def load_result(
-        self, index: int, dtype: np.dtype, masks: bool = False, *, verify: bool = True
+        self,
+        index: int,
+        dtype: np.dtype,
+        masks: bool = False,
+        *,
+        verify: bool = True,
+        pieces: int | None = None,
     ) -> UnitResult | str | None:
         """The unit's result if it finished and its files are intact; None if it never finished
         (or was written by another unit format); else why it is damaged. `masks`: whether the
         run needs the unit's loss masks (SFT). `verify=False` skips the crc32 checks (which
-        read every file: remotely a download) and checks only the marker and the sizes."""
+        read every file: remotely a download) and checks only the marker and the sizes.
+        `pieces`: the unit's piece count in the plan, which the marker must have too."""
         base = unit_base(index)
         try:
             data = self.folder.read_bytes(base + ".json")
@@ -271,6 +339,8 @@ class WorkDir:
             # Sizes first: they cost no reading, and a file of the wrong size needs no crc.
             if result.index != index:
                 return f"its marker names unit {result.index}"
+            if pieces is not None and len(result.piece_records) != pieces:
+                return f"its plan has {pieces} pieces and its marker {len(result.piece_records)}"
             expected = {
                 ".tokens": result.num_tokens * dtype.itemsize,
                 ".frames": sum(row[2] for row in result.frames),
@@ -337,23 +407,28 @@ class WorkDir:
         self._write(name, failure_to_json(failure, stop_at_bad_record))
 
     def load_failure_and_mode(
-        self, index: int
+        self, index: int, pieces: int | None = None
     ) -> tuple[UnitFailure | EncoderMismatch, bool] | None:
         """(the failure, stop_at_bad_record of the run that wrote it), or None when the unit
-        has no well-formed failure marker."""
+        has no well-formed failure marker (`pieces`: the unit's piece count in the plan, whose
+        range the failure's piece must be in)."""
         try:
             data = self.folder.read_bytes(unit_base(index) + ".failed.json")
         except OSError:
             return None
-        return failure_from_json(data, index)
+        found = failure_from_json(data, index)
+        if found is not None and pieces is not None and found[0].piece >= pieces:
+            return None
+        return found
 
     def load_failure(
-        self, index: int, stop_at_bad_record: bool | None = None
+        self, index: int, stop_at_bad_record: bool | None = None, pieces: int | None = None
     ) -> UnitFailure | EncoderMismatch | None:
         """The unit's recorded failure, or None. Given `stop_at_bad_record` (this run's mode),
         only a failure written under the same mode is returned: a bad record that stopped an
-        ``error`` run is no failure for a ``skip`` run, which must redo the unit."""
-        found = self.load_failure_and_mode(index)
+        ``error`` run is no failure for a ``skip`` run, which must redo the unit. `pieces`: see
+        load_failure_and_mode."""
+        found = self.load_failure_and_mode(index, pieces)
         if found is None or (stop_at_bad_record is not None and found[1] != stop_at_bad_record):
             return None
         return found[0]

@@ -25,11 +25,12 @@ from shardtok.convert import (
     unit_status,
 )
 from shardtok.convert.job import distributed_unit_size
+from shardtok.convert.merge import UnitsNotReadyError
 from shardtok.convert.plan_file import PlanError
 from shardtok.convert.tokenizer import BUNDLED_PATH
 from shardtok.convert.units import auto_unit_size
 from shardtok.convert.workdir import WORK_DIR_NAME
-from shardtok.errors import UsageError
+from shardtok.errors import ShardtokError, UsageError
 from tests.convert.test_determinism import s3_tree_digest, tree_digest, write_corpus
 from tests.convert.test_determinism import small_options as options
 
@@ -242,3 +243,61 @@ def test_a_work_folder_of_the_old_format_starts_over(corpus, reference, tmp_path
     assert (doc["format"], doc["version"]) == ("shardtok.convert-plan", 1)
     shutil.rmtree(work)
     assert tree_digest(out) == reference
+
+
+# -- markers are someone else's files too ----------------------------------------------------
+
+
+def _run_out(planned: Path, tmp_path: Path) -> tuple[Path, Path, str]:
+    """A copy of the planned output with every unit run: (output, work folder, the failure
+    status names: the corpus's bad record, with its file and line)."""
+    out = _tampered(planned, tmp_path, lambda doc: None)
+    assert phases.run_units(str(out), 0, 1, progress=False).failed
+    found = unit_status.status(str(out))
+    assert found.exit_code == 1 and "part-b.jsonl" in found.failure
+    return out, out / WORK_DIR_NAME, found.failure
+
+
+@pytest.mark.parametrize("damage", ["{", '{"format": 3, "index": 1}', '"a string"'])
+def test_a_damaged_done_marker_is_one_line_then_redone(planned, tmp_path, damage):
+    out, work, failure = _run_out(planned, tmp_path)
+    (work / "unit-000001.json").write_text(damage)
+    with pytest.raises(ShardtokError) as error:  # was: JSONDecodeError, TypeError...
+        unit_status.status(str(out))
+    text = str(error.value)
+    assert text.startswith(f"work unit {work / 'unit-000001.json'} is damaged") and "\n" not in text
+    assert "run `shardtok convert run-units` again" in text
+    assert phases.run_units(str(out), 0, 1, progress=False).tokenized == 1
+    assert unit_status.status(str(out)).failure == failure
+
+
+def test_a_failure_marker_naming_a_piece_outside_its_unit_is_redone(planned, tmp_path):
+    out, work, failure = _run_out(planned, tmp_path)
+    (marker,) = work.glob("unit-*.failed.json")
+    doc = json.loads(marker.read_text())
+    marker.write_text(json.dumps(dict(doc, piece=99)))
+    found = unit_status.status(str(out))  # was: IndexError, in status, run-units and merge
+    assert found.exit_code == 3 and found.first_missing == doc["index"]
+    with pytest.raises(UnitsNotReadyError):
+        phases.merge(str(out), progress=False)
+    summary = phases.run_units(str(out), 0, 1, progress=False)
+    assert summary.failed == (doc["index"],) and summary.failure == failure
+    assert json.loads(marker.read_text()) == doc
+
+
+def test_merge_and_status_agree_on_a_mismatch_the_job_no_longer_has(planned, tmp_path):
+    """A tiktoken mismatch recorded before the plan switched to the tokenizers backend (the
+    same units): status counts the unit as to do, and the merge says so too, instead of
+    raising the mismatch and advising the backend already in use."""
+    out, work, _ = _run_out(planned, tmp_path)
+    assert load_tokenizer("bundled").backend != "tiktoken"
+    (work / "unit-000000.json").unlink()
+    mismatch = {
+        "format": "shardtok.unit-failure", "version": 1, "kind": "encoder_mismatch",
+        "index": 0, "piece": 0, "record": 3, "detail": "ids differ", "stop_at_bad_record": True,
+    }  # fmt: skip
+    (work / "unit-000000.failed.json").write_text(json.dumps(mismatch))
+    found = unit_status.status(str(out))
+    assert (found.missing, found.first_missing) == (1, 0)  # (and the bad record still fails)
+    with pytest.raises(UnitsNotReadyError, match="unit-000000.json is not finished"):
+        phases.merge(str(out), progress=False)
