@@ -14,8 +14,8 @@ from collections.abc import Callable
 
 from shardtok.convert.failures import EncoderMismatch, UnitFailure
 from shardtok.convert.inputs import InputFile
+from shardtok.convert.unit_result import SFT_COUNTS, UnitResult
 from shardtok.convert.units import Unit
-from shardtok.convert.workdir import SFT_COUNTS, UnitResult
 from shardtok.errors import BadRecordError, TokenizerMismatchError
 
 RejectWriter = Callable[[str, int, str, str], None]

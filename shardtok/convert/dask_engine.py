@@ -34,8 +34,9 @@ from shardtok.convert.runner import (
     plan_job,
     reusable_unit,
 )
+from shardtok.convert.unit_result import UnitResult
 from shardtok.convert.unit_status import pending_units
-from shardtok.convert.workdir import UnitResult, WorkDir, unit_base
+from shardtok.convert.workdir import WorkDir, unit_base
 from shardtok.convert.worker import init_worker, tokenize_unit
 from shardtok.errors import ShardtokError, UsageError
 from shardtok.storage.location import is_local

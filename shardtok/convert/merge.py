@@ -30,8 +30,9 @@ from shardtok.convert.merge_tasks import LoadBatch, ShardTask, UnitPart, load_ba
 from shardtok.convert.output_dir import REJECTS_NAME, RejectsFile, remove_stale_shards
 from shardtok.convert.pool import mp_context
 from shardtok.convert.progress import plural
+from shardtok.convert.unit_result import UnitResult
 from shardtok.convert.units import Unit
-from shardtok.convert.workdir import UnitResult, WorkDir
+from shardtok.convert.workdir import WorkDir
 from shardtok.errors import ShardtokError
 from shardtok.format.manifest import MANIFEST_NAME, Manifest, ShardEntry
 from shardtok.format.mmidx import token_dtype

@@ -38,8 +38,9 @@ from shardtok.convert.runner import (
     plan_job,
     worker_config,
 )
+from shardtok.convert.unit_result import UnitResult
 from shardtok.convert.unit_status import describe_failure, pending_units
-from shardtok.convert.workdir import UnitResult, WorkDir
+from shardtok.convert.workdir import WorkDir
 from shardtok.convert.worker import tokenize_unit
 from shardtok.errors import UsageError
 from shardtok.storage.folder import Folder

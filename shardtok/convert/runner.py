@@ -54,8 +54,9 @@ from shardtok.convert.pool import usable_cores, worker_pool
 from shardtok.convert.progress import ConvertProgress, ConvertResult
 from shardtok.convert.sft.setup import SFTSetup
 from shardtok.convert.tokenizer import TokenizerSpec
+from shardtok.convert.unit_result import UnitResult
 from shardtok.convert.units import Unit, auto_unit_size, plan_units
-from shardtok.convert.workdir import UnitResult, WorkDir
+from shardtok.convert.workdir import WorkDir
 from shardtok.convert.worker import WorkerConfig, tokenize_unit
 from shardtok.errors import UsageError
 from shardtok.format.dataset_writer import DEFAULT_SHARD_SIZE

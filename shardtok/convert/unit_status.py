@@ -24,8 +24,9 @@ from shardtok.convert.output_dir import finished_manifest, output_folder
 from shardtok.convert.output_lock import os_error
 from shardtok.convert.plan_file import load_job
 from shardtok.convert.runner import reusable_unit
+from shardtok.convert.unit_result import UnitResult
 from shardtok.convert.units import Unit
-from shardtok.convert.workdir import UnitResult, WorkDir, unit_base
+from shardtok.convert.workdir import WorkDir, unit_base
 from shardtok.errors import BadRecordError, ShardtokError, TokenizerMismatchError, UsageError
 from shardtok.storage.folder import Folder
 

@@ -28,8 +28,9 @@ from shardtok.convert.records import RangeReader, Reject
 from shardtok.convert.sft.conversation import SFTBad
 from shardtok.convert.sft.setup import SFTSetup
 from shardtok.convert.tokenizer import BatchEncoder, TokenizerSpec
+from shardtok.convert.unit_result import UnitResult
 from shardtok.convert.units import Unit
-from shardtok.convert.workdir import ChecksumWriter, UnitResult, WorkDir
+from shardtok.convert.workdir import ChecksumWriter, WorkDir
 from shardtok.format.frames import FrameBuilder
 
 _BATCH_CHARS = 1 << 20

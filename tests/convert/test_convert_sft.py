@@ -302,7 +302,8 @@ def test_work_units_check_their_masks(tmp_path):
 
     import numpy as np
 
-    from shardtok.convert.workdir import UnitResult, WorkDir
+    from shardtok.convert.unit_result import UnitResult
+    from shardtok.convert.workdir import WorkDir
 
     work = WorkDir(tmp_path)
     work.start({"plan": 1})

@@ -15,8 +15,9 @@ import pytest
 
 from shardtok.convert import load_tokenizer
 from shardtok.convert.inputs import discover
+from shardtok.convert.unit_result import UnitResult
 from shardtok.convert.units import plan_units
-from shardtok.convert.workdir import WORK_DIR_NAME, UnitResult, WorkDir
+from shardtok.convert.workdir import WORK_DIR_NAME, WorkDir
 from shardtok.convert.worker import (
     EncoderMismatch,
     UnitFailure,
