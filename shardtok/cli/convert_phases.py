@@ -218,7 +218,7 @@ def run_run_units(args: argparse.Namespace) -> int:
 
 
 def run_status(args: argparse.Namespace) -> int:
-    from shardtok.convert.phases import status
+    from shardtok.convert.unit_status import status
 
     found = status(args.output)
     if args.json:

@@ -3,8 +3,9 @@
 Fine-tuning records: ``ConvertOptions(..., sft=prepare_sft(load_sft_config(path, {}), spec,
 tokenizer_path))`` with a spec loaded with ``append_eos=False``.
 
-Across machines: ``shardtok.convert.phases`` (``plan``, ``run_units``, ``status``, ``merge``)
-and ``shardtok.convert.dask_engine.convert_with_dask`` (dask is optional and imported only there).
+Across machines: ``shardtok.convert.phases`` (``plan``, ``run_units``, ``merge``),
+``shardtok.convert.unit_status.status`` and ``shardtok.convert.dask_engine.convert_with_dask``
+(dask is optional and imported only there).
 
 Imports nothing heavy: transformers is loaded only when a tokenizer is.
 """

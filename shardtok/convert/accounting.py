@@ -10,16 +10,13 @@ the phased merge and `convert status` all keep their books here, so they agree t
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 
+from shardtok.convert.failures import EncoderMismatch, UnitFailure
 from shardtok.convert.inputs import InputFile
+from shardtok.convert.unit_result import SFT_COUNTS, UnitResult
 from shardtok.convert.units import Unit
-from shardtok.convert.workdir import UnitResult
-from shardtok.convert.worker import EncoderMismatch, UnitFailure
 from shardtok.errors import BadRecordError, TokenizerMismatchError
-
-SFT_COUNTS = ("trained_tokens", "boundary_tokens", "truncated_records")
 
 RejectWriter = Callable[[str, int, str, str], None]
 
@@ -31,18 +28,12 @@ def rewrite_note(pattern: str, rewrite: str) -> str:
     )
 
 
-def reject_line(file: str, line: int, reason: str, detail: str) -> bytes:
-    """One line of rejects.jsonl, newline included."""
-    record = {"file": file, "line": line, "reason": reason, "detail": detail}
-    return json.dumps(record, ensure_ascii=False).encode("utf-8") + b"\n"
-
-
 class RecordAccounting:
     """Counts, rejects and record bases over unit results fed in input order.
 
-    `skip_bad_records`: rejects are passed to `write_reject(file, line, reason, detail)`, or kept
-    in :attr:`rejects` when it is None; otherwise a unit's first reject is raised as the
-    BadRecordError the run stops with. `sft`: count the units' SFT statistics. `note` prints a
+    `skip_bad_records`: rejects are counted and passed to `write_reject(file, line, reason,
+    detail)` (output_dir.RejectsFile.write; None: only counted, as status does); otherwise a
+    unit's first reject is raised as the BadRecordError the run stops with. `sft`: count the units' SFT statistics. `note` prints a
     one-line note (once per distinct note).
     """
 
@@ -60,17 +51,13 @@ class RecordAccounting:
         self.units = units
         self.skip_bad_records = skip_bad_records
         self.note = note
-        self.rejects: list[tuple[str, int, str, str]] = []
-        self._write_reject = write_reject if write_reject is not None else self._collect
+        self._write_reject = write_reject
         self.records_seen = [0] * len(files)  # lines/rows of each file consumed so far
         self.records_read = 0
         self.documents = 0
         self.rejected: dict[str, int] = {}
         self.sft_counts = dict.fromkeys(SFT_COUNTS, 0) if sft else None
         self._noted: set[str] = set()
-
-    def _collect(self, file: str, line: int, reason: str, detail: str) -> None:
-        self.rejects.append((file, line, reason, detail))
 
     def paths(self, unit: Unit) -> list[str]:
         """The input path of each of the unit's pieces."""
@@ -100,8 +87,9 @@ class RecordAccounting:
         for piece_no, record, reason, detail in result.rejects:
             if not self.skip_bad_records:
                 self._raise(unit, bases, piece_no, record, reason, detail)
-            path = self.files[unit.pieces[piece_no].input_index].path
-            self._write_reject(path, bases[piece_no] + record, reason, detail)
+            if self._write_reject is not None:
+                path = self.files[unit.pieces[piece_no].input_index].path
+                self._write_reject(path, bases[piece_no] + record, reason, detail)
             self.rejected[reason] = self.rejected.get(reason, 0) + 1
         self.records_read += result.records_read
         self.documents += result.num_documents

@@ -14,11 +14,12 @@ from pathlib import Path
 import numpy as np
 
 from shardtok.convert.accounting import RecordAccounting
+from shardtok.convert.failures import EncoderMismatch, UnitFailure
 from shardtok.convert.inputs import InputFile
 from shardtok.convert.output_dir import RejectsFile
+from shardtok.convert.unit_result import UnitResult
 from shardtok.convert.units import Unit
-from shardtok.convert.workdir import UnitResult, WorkDir
-from shardtok.convert.worker import EncoderMismatch, UnitFailure
+from shardtok.convert.workdir import WorkDir
 from shardtok.format.dataset_writer import DatasetWriter
 from shardtok.format.shard_plan import encode_frames
 

@@ -17,30 +17,26 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import multiprocessing
-import multiprocessing.connection
 import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 
-from shardtok.convert.job import PLAN_NAME, TOKENIZER_NAME, Job, distributed_unit_size, parse_plan
-from shardtok.convert.phases import (
-    check_done,
-    job_worker_config,
-    load_job,
-    merge_job,
-    pending_units,
-)
+from shardtok.convert.job import Job, distributed_unit_size
+from shardtok.convert.phases import job_worker_config, merge_job
+from shardtok.convert.plan_file import load_job, plan_bytes
+from shardtok.convert.pool import usable_cores
 from shardtok.convert.progress import ConvertProgress, ConvertResult
 from shardtok.convert.runner import (
     ConvertOptions,
     finished_result,
     open_job,
     plan_job,
-    usable_cores,
+    reusable_unit,
 )
-from shardtok.convert.workdir import UnitResult, WorkDir, unit_base
+from shardtok.convert.unit_result import UnitResult
+from shardtok.convert.unit_status import pending_units
+from shardtok.convert.workdir import WorkDir, unit_base
 from shardtok.convert.worker import init_worker, tokenize_unit
 from shardtok.errors import ShardtokError, UsageError
 from shardtok.storage.location import is_local
@@ -142,7 +138,6 @@ def _environment_kept() -> Iterator[None]:
 _ENGINE_LOCK = threading.Lock()
 _ENGINE_JOBS: dict[str, Job] = {}  # by plan digest
 _ENGINE_STATE: dict[str, tuple | None] = {"built_for": None}
-_ENGINE_PIPES: list = []
 
 
 def run_unit(output: str, storage_options: dict | None, index: int) -> tuple:
@@ -151,11 +146,16 @@ def run_unit(output: str, storage_options: dict | None, index: int) -> tuple:
     stops the conversion, a warning or None)."""
     with _ENGINE_LOCK:  # the worker module's state serves one unit at a time
         job, workdir = _engine_job(output, storage_options)
+        if index >= len(job.units):
+            raise ShardtokError(
+                f"{workdir.output.display} was planned again while the conversion ran (work "
+                f"unit {index} is not in its plan now); run the command again"
+            )
         unit = job.units[index]
         result = warning = None
         if workdir.folder.exists(unit_base(index) + ".json"):  # a requeued task, or a rerun
-            result, warning = check_done(
-                workdir, index, job.tokenizer.dtype.name, job.sft is not None
+            result, warning = reusable_unit(
+                workdir, unit, job.tokenizer.dtype, job.sft is not None, verify=False
             )
         if result is None:
             result = tokenize_unit(unit)
@@ -170,28 +170,18 @@ def _engine_job(output: str, storage_options: dict | None) -> tuple[Job, WorkDir
     unit's input) so that a later conversion into the same output, on the same long-lived
     engine worker, never gets an earlier one's job."""
     workdir = WorkDir(output, storage_options)
-    data = workdir.folder.read_bytes(PLAN_NAME)
+    data = plan_bytes(workdir)
     digest = hashlib.sha256(data).hexdigest()
     job = _ENGINE_JOBS.get(digest)
     if job is None:
-        backend = workdir.read_file(TOKENIZER_NAME)
-        job = parse_plan(data, backend, workdir.folder.display_of(PLAN_NAME))
+        job = load_job(workdir, data)
         _ENGINE_JOBS.clear()  # one plan at a time is the common case: keep memory flat
         _ENGINE_JOBS[digest] = job
     key = (digest, output, repr(sorted((storage_options or {}).items())))
     if _ENGINE_STATE["built_for"] != key:
-        _init_engine_worker(job_worker_config(job, output, storage_options))
+        init_worker(job_worker_config(job, output, storage_options))  # dask ends its workers
         _ENGINE_STATE["built_for"] = key
     return job, workdir
-
-
-def _init_engine_worker(config) -> None:
-    """worker.init_worker in a process an engine owns. init_worker makes its process exit when
-    the pipe `alive` reaches EOF (its pool's parent died); here the engine ends its own workers,
-    so the write end stays open in this process for good and the watch never fires."""
-    read, write = multiprocessing.Pipe(duplex=False)
-    _ENGINE_PIPES.append((read, write))
-    init_worker(config, read, multiprocessing.connection.Connection(os.dup(write.fileno())))
 
 
 def _connect(distributed, scheduler: str):

@@ -36,6 +36,18 @@ class EncoderMismatch:
     detail: str
 
 
+def stops(failure: UnitFailure | EncoderMismatch | None, on_bad_record: str, backend: str) -> bool:
+    """Whether a recorded failure stops a job with this --on-bad-record mode and tokenizer
+    backend; else its unit is tokenized again. A bad record stops an ``error`` job only, and a
+    tiktoken mismatch a job that encodes with tiktoken only (the plan may have changed either
+    since the failure was recorded, keeping the units)."""
+    if isinstance(failure, UnitFailure):
+        return on_bad_record == "error"
+    if isinstance(failure, EncoderMismatch):
+        return backend == "tiktoken"
+    return False
+
+
 def failure_to_json(failure: UnitFailure | EncoderMismatch, stop_at_bad_record: bool) -> bytes:
     doc = {
         "format": _FORMAT,

@@ -15,7 +15,6 @@ pool or a distributed engine can run them: `map_tasks(fn, items)` runs the top-l
 from __future__ import annotations
 
 import bisect
-import multiprocessing
 import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -24,13 +23,16 @@ from pathlib import Path
 
 import numpy as np
 
-from shardtok.convert.accounting import RecordAccounting, reject_line
+from shardtok.convert.accounting import RecordAccounting
+from shardtok.convert.failures import EncoderMismatch, UnitFailure, stops
 from shardtok.convert.inputs import InputFile
 from shardtok.convert.merge_tasks import LoadBatch, ShardTask, UnitPart, load_batch, write_shard
-from shardtok.convert.output_dir import REJECTS_NAME, remove_stale_shards
+from shardtok.convert.output_dir import REJECTS_NAME, RejectsFile, remove_stale_shards
+from shardtok.convert.pool import mp_context
+from shardtok.convert.progress import plural
+from shardtok.convert.unit_result import UnitResult
 from shardtok.convert.units import Unit
-from shardtok.convert.workdir import UnitResult, WorkDir
-from shardtok.convert.worker import EncoderMismatch, UnitFailure
+from shardtok.convert.workdir import WorkDir
 from shardtok.errors import ShardtokError
 from shardtok.format.manifest import MANIFEST_NAME, Manifest, ShardEntry
 from shardtok.format.mmidx import token_dtype
@@ -66,13 +68,6 @@ def print_to_stderr(text: str) -> None:
 # -- running tasks -----------------------------------------------------------------------------
 
 
-def _context(start_method: str | None):
-    """fork where it is safe and cheap (Linux), spawn elsewhere, like the tokenizing pool."""
-    if start_method is not None:
-        return multiprocessing.get_context(start_method)
-    return multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
-
-
 class _LocalMap:
     """The default map_tasks: in this process for one job, else a pool of `jobs` processes
     (started on first use, shared by both kinds of task). `tick` is called per result."""
@@ -99,7 +94,7 @@ class _LocalMap:
 
     def start(self) -> ProcessPoolExecutor:
         if self.pool is None:
-            self.pool = ProcessPoolExecutor(self.jobs, mp_context=_context(self.start_method))
+            self.pool = ProcessPoolExecutor(self.jobs, mp_context=mp_context(self.start_method))
         return self.pool
 
     def close(self) -> None:
@@ -133,7 +128,7 @@ class _ShardBar:
 def _not_ready(workdir: WorkDir, index: int, state: tuple, others: int) -> UnitsNotReadyError:
     name = workdir.unit_name(index)
     why = "is not finished" if state[0] != "damaged" else f"is damaged ({state[1]}; discarded)"
-    more = f" ({others} other unit{'s' if others != 1 else ''} too)" if others else ""
+    more = f" ({others} other unit{plural(others)} too)" if others else ""
     return UnitsNotReadyError(
         f"work unit {name} {why}{more}; run `shardtok convert run-units` again, then merge"
     )
@@ -151,9 +146,11 @@ def _load_states(workdir, units, opts, jobs, map_tasks) -> list[tuple]:
         LoadBatch(
             workdir,
             tuple(u.index for u in units[at : at + size]),
+            tuple(len(u.pieces) for u in units[at : at + size]),
             opts.tokenizer.dtype.name,
             opts.sft is not None,
             frame_settings,
+            opts.on_bad_record == "error",
         )
         for at in range(0, len(units), size)
     ]
@@ -198,17 +195,19 @@ class _Ledger:
     reframed: list[bool]  # whether that table was re-made (other frame settings)
 
 
-def _account(opts, files, units, workdir, states, note) -> _Ledger:
+def _account(opts, files, units, workdir, states, note, rejects) -> _Ledger:
     skip = opts.on_bad_record == "skip"
     accounting = RecordAccounting(
-        files, units, skip_bad_records=skip, sft=opts.sft is not None, note=note
-    )
+        files, units, skip_bad_records=skip, sft=opts.sft is not None, note=note,
+        write_reject=None if rejects is None else rejects.write,
+    )  # fmt: skip
     ledger = _Ledger(accounting, [], [], [], [])
     for position, (unit, state) in enumerate(zip(units, states)):
-        if state[0] == "failed" and not (skip and state[1] == "UnitFailure"):
-            accounting.add(_failure(state))  # raises what the one-command run raises here
+        failure = _failure(state) if state[0] == "failed" else None
+        if stops(failure, opts.on_bad_record, opts.tokenizer.backend):  # as status judges it
+            accounting.add(failure)  # raises what the one-command run raises here
         if state[0] != "done":
-            # (Under skip, a unit that stopped at a bad record under error mode is unfinished.)
+            # (A failure that no longer stops the job, the plan having changed, is unfinished.)
             others = sum(s[0] != "done" for s in states[position + 1 :])
             raise _not_ready(workdir, unit.index, state, others)
         result = UnitResult.from_json(state[1].encode())
@@ -250,47 +249,26 @@ def _shard_tasks(ledger: _Ledger, units, folder, workdir, shard, shard_size) -> 
 
 
 def _merge(opts, files, units, workdir, settings, jobs, map_tasks, local, note, progress):
-    folder = Folder(opts.output, getattr(opts, "storage_options", None))
+    folder = Folder(opts.output, opts.storage_options)
     states = _load_states(workdir, units, opts, jobs, map_tasks or local)
     for unit, state in zip(units, states):
         if state[0] == "damaged":
             workdir.discard_unit(unit.index)
-    ledger = _account(opts, files, units, workdir, states, note)
-    accounting = ledger.accounting
-    extra = accounting.extra(settings)
-
-    shard = ShardSettings(
-        opts.name,
-        opts.tokenizer.dtype,
-        opts.tokenizer.vocab_size,
-        opts.compression_level,
-        opts.frame_size,
-        opts.tokenizer.as_metadata(),
-        opts.sft is not None,
-    )
-    tasks = _shard_tasks(ledger, units, folder, workdir, shard, opts.shard_size)
     folder.make()
-    if map_tasks is None and jobs > 1 and len(tasks) > 1:
-        local.start()  # before the bar starts tqdm's monitor thread: forking is safe then
-    bar = _ShardBar(len(tasks), progress)
+    # Streamed to a temporary file, as by the one-command run, and published before index.json.
+    rejects = RejectsFile(folder) if opts.on_bad_record == "skip" else None
     try:
-        if map_tasks is None:
-            docs = local(write_shard, tasks, bar.tick)
-        else:
-            docs = map_tasks(write_shard, tasks)
-            bar.tick(len(docs))
-    finally:
-        bar.close()
-    manifest = Manifest(
-        shard.name,
-        token_dtype(shard.dtype),
-        shard.vocab_size,
-        dict(shard.tokenizer),
-        tuple(ShardEntry(**doc) for doc in docs),
-        extra,
-        None if opts.sft is None else dict(opts.sft.metadata or {}),
-    )
-    rejects_path = _publish(folder, manifest, accounting, opts.on_bad_record == "skip")
+        ledger = _account(opts, files, units, workdir, states, note, rejects)
+        tasks = _shard_tasks(ledger, units, folder, workdir, _shard_settings(opts), opts.shard_size)
+        manifest = _write_shards(
+            opts, tasks, ledger.accounting.extra(settings), jobs, map_tasks, local, progress
+        )
+        rejects_path = _publish(folder, manifest, rejects)
+    except BaseException:
+        if rejects is not None:
+            rejects.discard()
+        raise
+    accounting = ledger.accounting
     return MergeResult(
         manifest,
         rejects_path,
@@ -302,22 +280,54 @@ def _merge(opts, files, units, workdir, settings, jobs, map_tasks, local, note, 
     )
 
 
-def _publish(folder: Folder, manifest: Manifest, accounting, skip: bool) -> str | None:
+def _shard_settings(opts) -> ShardSettings:
+    return ShardSettings(
+        opts.name,
+        opts.tokenizer.dtype,
+        opts.tokenizer.vocab_size,
+        opts.compression_level,
+        opts.frame_size,
+        opts.tokenizer.as_metadata(),
+        opts.sft is not None,
+    )
+
+
+def _write_shards(opts, tasks: list[ShardTask], extra: dict, jobs, map_tasks, local, progress):
+    """Every shard, as tasks; the manifest that lists them (not written yet)."""
+    if map_tasks is None and jobs > 1 and len(tasks) > 1:
+        local.start()  # before the bar starts tqdm's monitor thread: forking is safe then
+    bar = _ShardBar(len(tasks), progress)
+    try:
+        if map_tasks is None:
+            docs = local(write_shard, tasks, bar.tick)
+        else:
+            docs = map_tasks(write_shard, tasks)
+            bar.tick(len(docs))
+    finally:
+        bar.close()
+    shard = _shard_settings(opts)
+    return Manifest(
+        shard.name,
+        token_dtype(shard.dtype),
+        shard.vocab_size,
+        dict(shard.tokenizer),
+        tuple(ShardEntry(**doc) for doc in docs),
+        extra,
+        None if opts.sft is None else dict(opts.sft.metadata or {}),
+    )
+
+
+def _publish(folder: Folder, manifest: Manifest, rejects: RejectsFile | None) -> str | None:
     """rejects.jsonl, then away with stale shards of an earlier longer attempt, then the
     manifest: a folder with an index.json is complete."""
     rejects_path = None
-    if skip:
-        folder.write_bytes(REJECTS_NAME, b"".join(reject_line(*r) for r in accounting.rejects))
-        rejects_path = (
-            folder.url(REJECTS_NAME) if folder.is_local else folder.display_of(REJECTS_NAME)
-        )
+    if rejects is not None:
+        rejects_path = str(rejects.commit())
     else:
         folder.delete(REJECTS_NAME)
-    local = Path(folder.location.local_path) if folder.is_local else None
-    # IO's output_dir works on a Folder once it can; until then on the local path.
-    remove_stale_shards(local if local is not None else folder, manifest)
-    if local is not None:
-        manifest.write(local)  # fsynced
+    remove_stale_shards(folder, manifest)
+    if folder.is_local:
+        manifest.write(Path(folder.location.local_path))  # fsynced
     else:
         folder.write_bytes(MANIFEST_NAME, manifest.to_bytes())
     return rejects_path

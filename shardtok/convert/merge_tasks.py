@@ -29,9 +29,11 @@ from shardtok.storage.folder import Folder
 class LoadBatch:
     workdir: WorkDir
     indices: tuple[int, ...]
+    pieces: tuple[int, ...]  # each unit's piece count in the plan (its markers must agree)
     dtype: str
     masks: bool
     frame_settings: tuple[int, int | None]
+    stop_at_bad_record: bool  # the job's mode: only failures recorded under it count
 
 
 def load_batch(task: LoadBatch) -> list[tuple]:
@@ -39,8 +41,8 @@ def load_batch(task: LoadBatch) -> list[tuple]:
     None), ("damaged", why), ("failed", failure fields) or ("missing",)."""
     dtype = token_dtype(task.dtype)
     out = []
-    for index in task.indices:
-        result = task.workdir.load_result(index, dtype, masks=task.masks)
+    for index, pieces in zip(task.indices, task.pieces):
+        result = task.workdir.load_result(index, dtype, masks=task.masks, pieces=pieces)
         if isinstance(result, str):
             out.append(("damaged", result))
         elif result is not None:
@@ -51,9 +53,7 @@ def load_batch(task: LoadBatch) -> list[tuple]:
                 reframed = encode_frames(tokens, docs[:, 2], frame_size, level)[0].tolist()
             out.append(("done", result.to_json().decode(), reframed))
         else:
-            # The work folder of IO's phased runs records failures; an older one has none.
-            load_failure = getattr(task.workdir, "load_failure", None)
-            failure = None if load_failure is None else load_failure(index)
+            failure = task.workdir.load_failure(index, task.stop_at_bad_record, pieces)
             if failure is None:
                 out.append(("missing",))
             else:

@@ -22,13 +22,12 @@ from shardtok.convert.output_lock import LOCK_NAME
 from shardtok.convert.workdir import WORK_DIR_NAME, WorkDir
 from shardtok.errors import ShardtokError
 from shardtok.format.manifest import MANIFEST_NAME, Manifest
-from shardtok.storage.folder import Folder, temporary_name
+from shardtok.storage.folder import SCRATCH_PREFIX, Folder, temporary_name
 from shardtok.storage.location import Location
 
 REJECTS_NAME = "rejects.jsonl"
 # Temporary names: ".NAME.tmp-PID" (older writers) or ".NAME.tmp-PID-RANDOM" (temporary_name).
 _TMP = r"(\.tmp-\d+(-[0-9a-f]+)?)?"
-_SCRATCH_PREFIX = ".scratch-"  # Folder.scratch()'s private folders
 
 
 class OutputDirError(ShardtokError):
@@ -73,7 +72,7 @@ def _ours(name: str, dataset_name: str) -> bool:
         or own
         or name in (WORK_DIR_NAME, LOCK_NAME)
         or name.startswith(WORK_DIR_NAME + ".trash-")
-        or name.startswith(_SCRATCH_PREFIX)
+        or name.startswith(SCRATCH_PREFIX)
     )
 
 
@@ -108,7 +107,7 @@ def sweep_temporaries(out: Path | Folder, dataset_name: str) -> None:
     folder = _folder(out)
     for name in _entries(folder):
         temporary = name.startswith(".") and ".tmp-" in name
-        if (temporary or name.startswith(_SCRATCH_PREFIX)) and _ours(name, dataset_name):
+        if (temporary or name.startswith(SCRATCH_PREFIX)) and _ours(name, dataset_name):
             folder.delete(name)
 
 
@@ -220,17 +219,18 @@ class RejectsFile:
         self._file = open(self._tmp, "wb")  # noqa: SIM115 (closed in commit/discard)
 
     def write(self, file: str, line: int, reason: str, detail: str) -> None:
+        """One line of rejects.jsonl (the only writer of its lines)."""
         record = {"file": file, "line": line, "reason": reason, "detail": detail}
         self._file.write(json.dumps(record, ensure_ascii=False).encode("utf-8") + b"\n")
 
     def commit(self) -> Path | str:
-        """The published file: its path when local, its URL otherwise."""
+        """The published file: its path when local, its URL as printed otherwise."""
         self._file.close()
         if self.path is not None:
             os.replace(self._tmp, self.path)
             return self.path
         self.folder.put_file(REJECTS_NAME, self._tmp)
-        return self.folder.url(REJECTS_NAME)
+        return self.folder.display_of(REJECTS_NAME)  # never the credentials a URL may hold
 
     def discard(self) -> None:
         # Flushing fails on a full disk: the error being reported already says so.

@@ -13,6 +13,20 @@ from dataclasses import dataclass, field
 from shardtok.format.manifest import Manifest
 
 
+def size_text(n: int) -> str:
+    """A byte count for people: "512 B", "16.0 MiB"."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:,} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
+    raise AssertionError
+
+
+def plural(n: int) -> str:
+    """The "s" of a count's noun: f"unit{plural(n)}"."""
+    return "" if n == 1 else "s"
+
+
 class ConvertProgress:
     def __init__(self, total_bytes: int, enabled: bool):
         self.documents = 0

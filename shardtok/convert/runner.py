@@ -22,14 +22,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import multiprocessing
-import os
 import sys
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from shardtok.convert.assembler import Assembler
 from shardtok.convert.failures import EncoderMismatch, UnitFailure
@@ -50,12 +50,14 @@ from shardtok.convert.output_dir import (
     resolve_output,
 )
 from shardtok.convert.output_lock import OutputLock, os_error
+from shardtok.convert.pool import usable_cores, worker_pool
 from shardtok.convert.progress import ConvertProgress, ConvertResult
 from shardtok.convert.sft.setup import SFTSetup
 from shardtok.convert.tokenizer import TokenizerSpec
+from shardtok.convert.unit_result import UnitResult
 from shardtok.convert.units import Unit, auto_unit_size, plan_units
-from shardtok.convert.workdir import UnitResult, WorkDir
-from shardtok.convert.worker import WorkerConfig, init_worker, tokenize_unit
+from shardtok.convert.workdir import WorkDir
+from shardtok.convert.worker import WorkerConfig, tokenize_unit
 from shardtok.errors import UsageError
 from shardtok.format.dataset_writer import DEFAULT_SHARD_SIZE
 from shardtok.format.frames import DEFAULT_FRAME_SIZE
@@ -181,6 +183,25 @@ def plan_job(
     return Planned(opts, files, units, unit_size, job_settings, workdir)
 
 
+def reusable_unit(
+    workdir: WorkDir, unit: Unit, dtype: np.dtype | str, masks: bool, *, verify: bool = True
+) -> tuple[UnitResult | None, str | None]:
+    """A unit finished earlier: (its result, None) when its files are intact, (None, None) when
+    it never finished, else (None, a warning) with its marker dropped so that it is tokenized
+    again. `verify=False` checks the files' sizes but not their crc32 (see load_result)."""
+    previous = workdir.load_result(
+        unit.index, np.dtype(dtype), masks=masks, verify=verify, pieces=len(unit.pieces)
+    )
+    if not isinstance(previous, str):
+        return previous, None
+    # Redoing it gives the same bytes, so the output stays identical to a clean run.
+    workdir.discard_unit(unit.index)
+    return None, (
+        f"warning: work unit {workdir.unit_name(unit.index)} is damaged ({previous}); "
+        "tokenizing it again"
+    )
+
+
 def _read_or_none(workdir: WorkDir, name: str) -> bytes | None:
     try:
         return workdir.read_file(name)
@@ -205,26 +226,11 @@ def finished_result(output: str, done: Manifest, storage_options: dict | None = 
     return ConvertResult(
         output, done, extra.get("records_read", 0), extra.get("documents_written", 0),
         dict(extra.get("rejected_by_reason", {})), already_complete=True,
-        rejects_path=str(rejects) if exists(rejects, storage_options) else None,
+        # (display: a URL's credentials are never printed)
+        rejects_path=rejects.display if exists(rejects, storage_options) else None,
         stored_token_bytes=stored_token_bytes(output, done, storage_options),
         sft=extra.get("sft_stats"),
     )  # fmt: skip
-
-
-def usable_cores() -> int:
-    """Cores this process may use (a container's CPU set, not the host's core count)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0)) or 1
-    return os.cpu_count() or 1
-
-
-def _mp_context(start_method: str | None):
-    """fork where it is safe and cheap (Linux), spawn elsewhere (macOS, Windows)."""
-    if start_method is not None:
-        return multiprocessing.get_context(start_method)
-    if sys.platform == "linux":
-        return multiprocessing.get_context("fork")
-    return multiprocessing.get_context("spawn")
 
 
 def worker_config(opts: ConvertOptions, files) -> WorkerConfig:
@@ -240,30 +246,6 @@ def worker_config(opts: ConvertOptions, files) -> WorkerConfig:
         opts.sft,
         opts.storage_options,
     )
-
-
-@contextlib.contextmanager
-def worker_pool(
-    config: WorkerConfig, workers: int, start_method: str | None = None
-) -> Iterator[ProcessPoolExecutor]:
-    """`workers` processes ready to run worker.tokenize_unit. Start it before anything starts a
-    thread here (tqdm's monitor), so forking is safe; fork also spares each worker re-importing
-    and unpickling. Workers exit when this process dies, however it dies (see worker.py)."""
-    context = _mp_context(start_method)
-    # This process only ever holds the write end; it is never written.
-    alive_r, alive_w = context.Pipe(duplex=False)
-    try:
-        pool = ProcessPoolExecutor(
-            workers, mp_context=context, initializer=init_worker,
-            initargs=(config, alive_r, alive_w),
-        )  # fmt: skip
-        try:
-            yield pool
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)
-    finally:
-        alive_r.close()
-        alive_w.close()
 
 
 def convert(opts: ConvertOptions) -> ConvertResult:
@@ -286,16 +268,10 @@ def _convert(planned: Planned, started: float) -> ConvertResult:
     dtype = opts.tokenizer.dtype
     ready: dict[int, UnitResult | UnitFailure | EncoderMismatch | Exception] = {}
     for unit in units:
-        previous = workdir.load_result(unit.index, dtype, masks=opts.sft is not None)
-        if isinstance(previous, str):
-            # Redoing it gives the same bytes, so the output stays identical to a clean run.
-            print(
-                f"warning: work unit {workdir.unit_name(unit.index)} is damaged ({previous}); "
-                "tokenizing it again",
-                file=sys.stderr,
-            )
-            workdir.discard_unit(unit.index)
-        elif previous is not None:
+        previous, warning = reusable_unit(workdir, unit, dtype, opts.sft is not None)
+        if warning is not None:
+            print(warning, file=sys.stderr)
+        if previous is not None:
             ready[unit.index] = previous
     reused = len(ready)
     todo = [u for u in units if u.index not in ready]

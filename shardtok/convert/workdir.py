@@ -36,7 +36,6 @@ import re
 import secrets
 import shutil
 import zlib
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -47,15 +46,14 @@ from shardtok.convert.failures import (
     failure_from_json,
     failure_to_json,
 )
-from shardtok.storage.folder import Folder, temporary_name
+from shardtok.convert.unit_result import UnitResult
+from shardtok.storage.folder import SCRATCH_PREFIX, Folder, temporary_name
 
 WORK_DIR_NAME = ".shardtok-work"
 PLAN_NAME = "plan.json"
 _TRASH_PREFIX = WORK_DIR_NAME + ".trash-"
-_UNIT_FORMAT = 3  # 2: units carry their compressed frames; 3: and their files' crc32
 _MARKER = re.compile(r"unit-(\d{6,})(\.failed)?\.json")
 _UNIT_FILE = re.compile(r"unit-\d+\..*")
-_SCRATCH_PREFIX = ".scratch-"  # Folder.scratch()'s private folders
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -72,39 +70,6 @@ def atomic_write(path: Path, data: bytes) -> None:
 
 def unit_base(index: int) -> str:
     return f"unit-{index:06d}"
-
-
-@dataclass
-class UnitResult:
-    """What a worker reports and the assembler reads back: one unit's documents and accounting."""
-
-    index: int
-    num_documents: int
-    num_tokens: int
-    input_bytes: int
-    piece_records: list[int]  # lines/rows spanned by each piece (for file line numbers)
-    records_read: int
-    rejects: list[list]  # [piece, record, reason, detail]
-    # [first document, uncompressed size, stored size, crc32] of each frame in the .frames file
-    frames: list[list[int]]
-    frame_settings: list  # [frame_size, compression level or None] the frames were made with
-    # crc32 of the unit's files, by suffix (".tokens", ".frames", ".docs.npy", ".mask"); set by
-    # save_unit
-    checksums: dict[str, int] | None = None
-    # SFT units: trained_tokens, boundary_tokens, truncated_records, jq_rewrites; else None
-    sft: dict | None = None
-
-    def to_json(self) -> bytes:
-        doc = dict(self.__dict__, format=_UNIT_FORMAT)
-        return json.dumps(doc, sort_keys=True).encode()
-
-    @classmethod
-    def from_json(cls, data: bytes) -> UnitResult | None:
-        """The result, or None for a unit written by another unit format (not reusable)."""
-        doc = json.loads(data)
-        if doc.pop("format", None) != _UNIT_FORMAT:
-            return None
-        return cls(**doc)
 
 
 class ChecksumWriter:
@@ -204,7 +169,7 @@ class WorkDir:
         if not self.is_local or not self.path.is_dir():
             return
         for entry in self.path.iterdir():
-            if entry.name.startswith(_SCRATCH_PREFIX) and entry.is_dir():
+            if entry.name.startswith(SCRATCH_PREFIX) and entry.is_dir():
                 shutil.rmtree(entry, ignore_errors=True)
             elif entry.name.startswith(".") and ".tmp-" in entry.name:
                 entry.unlink(missing_ok=True)
@@ -248,12 +213,19 @@ class WorkDir:
         self.folder.delete(base + ".failed.json")
 
     def load_result(
-        self, index: int, dtype: np.dtype, masks: bool = False, *, verify: bool = True
+        self,
+        index: int,
+        dtype: np.dtype,
+        masks: bool = False,
+        *,
+        verify: bool = True,
+        pieces: int | None = None,
     ) -> UnitResult | str | None:
         """The unit's result if it finished and its files are intact; None if it never finished
         (or was written by another unit format); else why it is damaged. `masks`: whether the
         run needs the unit's loss masks (SFT). `verify=False` skips the crc32 checks (which
-        read every file: remotely a download) and checks only the marker and the sizes."""
+        read every file: remotely a download) and checks only the marker and the sizes.
+        `pieces`: the unit's piece count in the plan, which the marker must have too."""
         base = unit_base(index)
         try:
             data = self.folder.read_bytes(base + ".json")
@@ -272,6 +244,8 @@ class WorkDir:
             # Sizes first: they cost no reading, and a file of the wrong size needs no crc.
             if result.index != index:
                 return f"its marker names unit {result.index}"
+            if pieces is not None and len(result.piece_records) != pieces:
+                return f"its plan has {pieces} pieces and its marker {len(result.piece_records)}"
             expected = {
                 ".tokens": result.num_tokens * dtype.itemsize,
                 ".frames": sum(row[2] for row in result.frames),
@@ -338,23 +312,28 @@ class WorkDir:
         self._write(name, failure_to_json(failure, stop_at_bad_record))
 
     def load_failure_and_mode(
-        self, index: int
+        self, index: int, pieces: int | None = None
     ) -> tuple[UnitFailure | EncoderMismatch, bool] | None:
         """(the failure, stop_at_bad_record of the run that wrote it), or None when the unit
-        has no well-formed failure marker."""
+        has no well-formed failure marker (`pieces`: the unit's piece count in the plan, whose
+        range the failure's piece must be in)."""
         try:
             data = self.folder.read_bytes(unit_base(index) + ".failed.json")
         except OSError:
             return None
-        return failure_from_json(data, index)
+        found = failure_from_json(data, index)
+        if found is not None and pieces is not None and found[0].piece >= pieces:
+            return None
+        return found
 
     def load_failure(
-        self, index: int, stop_at_bad_record: bool | None = None
+        self, index: int, stop_at_bad_record: bool | None = None, pieces: int | None = None
     ) -> UnitFailure | EncoderMismatch | None:
         """The unit's recorded failure, or None. Given `stop_at_bad_record` (this run's mode),
         only a failure written under the same mode is returned: a bad record that stopped an
-        ``error`` run is no failure for a ``skip`` run, which must redo the unit."""
-        found = self.load_failure_and_mode(index)
+        ``error`` run is no failure for a ``skip`` run, which must redo the unit. `pieces`: see
+        load_failure_and_mode."""
+        found = self.load_failure_and_mode(index, pieces)
         if found is None or (stop_at_bad_record is not None and found[1] != stop_at_bad_record):
             return None
         return found[0]

@@ -28,8 +28,9 @@ from shardtok.convert.records import RangeReader, Reject
 from shardtok.convert.sft.conversation import SFTBad
 from shardtok.convert.sft.setup import SFTSetup
 from shardtok.convert.tokenizer import BatchEncoder, TokenizerSpec
+from shardtok.convert.unit_result import UnitResult
 from shardtok.convert.units import Unit
-from shardtok.convert.workdir import ChecksumWriter, UnitResult, WorkDir
+from shardtok.convert.workdir import ChecksumWriter, WorkDir
 from shardtok.format.frames import FrameBuilder
 
 _BATCH_CHARS = 1 << 20
@@ -74,12 +75,20 @@ def _exit_with_main(alive: Connection) -> None:
     os._exit(1)
 
 
-def init_worker(config: WorkerConfig, alive: Connection, alive_w: Connection) -> None:
+def init_worker(
+    config: WorkerConfig, alive: Connection | None = None, alive_w: Connection | None = None
+) -> None:
+    """Make this process a worker for `config`. In a pool of ours, `alive` is the read end of a
+    pipe whose write end only the pool's parent holds (`alive_w`: this process's inherited copy,
+    closed here): the worker exits when the parent dies. Without them (an engine's worker, whose
+    lifetime the engine manages) nothing is watched."""
     global _config, _encoder, _sft
     # Before anything slow: a forked worker inherits the write end, and must drop it for the
     # EOF to come when the main process dies.
-    alive_w.close()
-    threading.Thread(target=_exit_with_main, args=(alive,), daemon=True).start()
+    if alive_w is not None:
+        alive_w.close()
+    if alive is not None:
+        threading.Thread(target=_exit_with_main, args=(alive,), daemon=True).start()
     _config = config
     if config.sft is None:
         _encoder = BatchEncoder(config.tokenizer)

@@ -30,6 +30,7 @@ from pathlib import Path
 from shardtok.storage.location import Location, LocationError, join_url
 
 _BLOCK = 4 << 20
+SCRATCH_PREFIX = ".scratch-"  # scratch()'s private folders, inside a local folder
 
 
 _forking: list = []  # the parent's fsspec clients while it forks
@@ -182,7 +183,7 @@ class Folder:
         otherwise. Removed on exit with whatever was not published."""
         if self.is_local:
             self.make()
-            path = Path(tempfile.mkdtemp(prefix=".scratch-", dir=self.location.local_path))
+            path = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=self.location.local_path))
         else:
             path = Path(tempfile.mkdtemp(prefix="shardtok-"))
         try:

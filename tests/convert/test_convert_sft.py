@@ -302,14 +302,16 @@ def test_work_units_check_their_masks(tmp_path):
 
     import numpy as np
 
-    from shardtok.convert.workdir import UnitResult, WorkDir
+    from shardtok.convert.unit_result import UnitResult
+    from shardtok.convert.workdir import WorkDir
 
     work = WorkDir(tmp_path)
     work.start({"plan": 1})
     u16 = np.dtype(np.uint16)
+    counts = {"trained_tokens": 0, "boundary_tokens": 0, "truncated_records": 0, "jq_rewrites": []}
 
     def save(index: int, mask: bytes | None):
-        sft = None if mask is None else {"trained_tokens": 1}
+        sft = None if mask is None else dict(counts, trained_tokens=1)
         result = UnitResult(index, 1, 3, 10, [1], 1, [], [[0, 6, 6, 0]], [1, None], sft=sft)
         files = {"t": b"\1" * 6, "f": b"\2" * 6, "m": mask or b""}
         for name, data in files.items():
@@ -323,7 +325,7 @@ def test_work_units_check_their_masks(tmp_path):
     assert isinstance(work.load_result(0, u16), UnitResult)
     assert work.load_result(0, u16, masks=True) == "it has no loss masks"
     save(1, b"\0\1\1")
-    assert work.load_result(1, u16, masks=True).sft == {"trained_tokens": 1}
+    assert work.load_result(1, u16, masks=True).sft["trained_tokens"] == 1
     assert work.load_masks(1).tolist() == [0, 1, 1]
     assert work.load_result(1, u16) == "it has loss masks and this run has none"
     (work.path / "unit-000001.mask").write_bytes(b"\1\1\1")

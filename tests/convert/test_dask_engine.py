@@ -16,19 +16,12 @@ from pathlib import Path
 import distributed
 import pytest
 
-from shardtok.convert import ConvertOptions, convert, load_tokenizer, phases
+from shardtok.convert import convert, unit_status
 from shardtok.convert.dask_engine import convert_with_dask
 from shardtok.convert.workdir import WORK_DIR_NAME
 from shardtok.errors import BadRecordError
-from tests.convert.test_determinism import tree_digest, write_corpus
-
-
-def options(corpus: Path, out: Path, **kw) -> ConvertOptions:
-    base = dict(
-        inputs=(str(corpus),), output=str(out), tokenizer=load_tokenizer("bundled"),
-        unit_size=32 << 10, shard_size=64 << 10, frame_size=16 << 10, progress=False,
-    )  # fmt: skip
-    return ConvertOptions(**{**base, **kw})
+from tests.convert.test_determinism import s3_tree_digest, tree_digest, write_corpus
+from tests.convert.test_determinism import small_options as options
 
 
 @pytest.fixture(scope="module")
@@ -87,20 +80,12 @@ def test_a_local_cluster_leaves_the_environment_alone(corpus, reference, tmp_pat
     assert tree_digest(tmp_path / "out") == reference
 
 
-def test_output_on_an_object_store(corpus, reference, cluster, s3_server, tmp_path):
-    import fsspec
-
+def test_output_on_an_object_store(corpus, reference, cluster, s3_server):
     storage = s3_server.storage_options()
     url = s3_server.url(f"dask-{uuid.uuid4().hex[:8]}/out")
     opts = options(corpus, url, storage_options=storage)
     convert_with_dask(opts, scheduler=cluster.scheduler_address)
-    fs = fsspec.filesystem("s3", **storage)
-    prefix = url.removeprefix("s3://")
-    local = tmp_path / "download"
-    local.mkdir()
-    for key in fs.find(prefix, withdirs=False):
-        (local / key[len(prefix) + 1 :]).write_bytes(fs.cat_file(key))
-    assert tree_digest(local) == reference
+    assert s3_tree_digest(url, storage) == reference
 
 
 def test_a_bad_record_stops_the_dask_run_like_the_one_command_run(cluster, tmp_path):
@@ -115,7 +100,7 @@ def test_a_bad_record_stops_the_dask_run_like_the_one_command_run(cluster, tmp_p
     with pytest.raises(BadRecordError) as engine:
         convert_with_dask(options(corpus, tmp_path / "out"), scheduler=cluster.scheduler_address)
     assert str(engine.value) == str(one_command.value) and "a.jsonl, line 401" in str(engine.value)
-    found = phases.status(str(tmp_path / "out"))
+    found = unit_status.status(str(tmp_path / "out"))
     assert found.failed == 1 and found.failure == str(one_command.value) and found.exit_code == 1
     assert found.done >= found.failure_unit > 0  # every unit before it, for the file's line
 
@@ -222,7 +207,8 @@ def test_dask_is_optional():
     code = textwrap.dedent(
         """
         import sys
-        import shardtok.convert, shardtok.convert.phases, shardtok.convert.dask_engine
+        import shardtok.convert, shardtok.convert.phases, shardtok.convert.unit_status
+        import shardtok.convert.dask_engine
         import shardtok.cli.main
         assert "dask" not in sys.modules and "distributed" not in sys.modules, "dask imported"
         sys.modules["distributed"] = None  # as if it were not installed

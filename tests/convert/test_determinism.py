@@ -49,6 +49,18 @@ def tree_digest(folder: Path) -> dict[str, str]:
     }
 
 
+def s3_tree_digest(url: str, storage_options: dict) -> dict[str, str]:
+    """tree_digest of everything under an s3:// prefix."""
+    import fsspec
+
+    fs = fsspec.filesystem("s3", **storage_options)
+    prefix = url.removeprefix("s3://").rstrip("/")
+    return {
+        key[len(prefix) + 1 :]: hashlib.sha256(fs.cat_file(key)).hexdigest()
+        for key in sorted(fs.find(prefix, withdirs=False))
+    }
+
+
 def cli(*args: str, **kwargs) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "shardtok", "convert", *args],
@@ -80,7 +92,8 @@ def reference(corpus, tmp_path_factory) -> dict[str, str]:
     return digest
 
 
-def _options(corpus: Path, out: Path, **kw) -> ConvertOptions:
+def small_options(corpus: Path, out, **kw) -> ConvertOptions:
+    """Options that cut a small corpus into many units, frames and shards (`kw` override)."""
     base = dict(
         inputs=(str(corpus),), output=str(out), tokenizer=load_tokenizer("bundled"),
         unit_size=32 << 10, shard_size=64 << 10, frame_size=16 << 10, progress=False,
@@ -98,7 +111,7 @@ def _documents(out: Path) -> list[list[int]]:
 
 
 def test_two_workers_give_identical_bytes(corpus, reference, tmp_path):
-    result = convert(_options(corpus, tmp_path / "w2", workers=2))
+    result = convert(small_options(corpus, tmp_path / "w2", workers=2))
     assert tree_digest(tmp_path / "w2") == reference
     assert result.units_reused == 0 and result.units_tokenized == result.units_total > 4
 
@@ -107,8 +120,8 @@ def test_frames_end_at_unit_boundaries_so_unit_size_only_moves_frames(corpus, tm
     """Workers compress their own unit, so a frame never spans two units: another unit size
     gives the same documents and tokens, cut into different frames."""
     small, large = tmp_path / "u32k", tmp_path / "u1m"
-    convert(_options(corpus, small, workers=2))
-    convert(_options(corpus, large, workers=2, unit_size=1 << 20))
+    convert(small_options(corpus, small, workers=2))
+    convert(small_options(corpus, large, workers=2, unit_size=1 << 20))
     assert _documents(small) == _documents(large)
     assert load_manifest(small).num_tokens == load_manifest(large).num_tokens
     # With 32 KiB units, some frames close early (at a unit's end) and the first document of
@@ -128,11 +141,11 @@ def test_rerun_with_another_compression_level_reencodes_persisted_frames(corpus,
     """Units persisted at one level are reused under another: the assembler re-encodes their
     frames, and the result equals a fresh run at that level."""
     out = tmp_path / "out"
-    convert(_options(corpus, out, workers=2, compression_level=3, keep_work=True))
+    convert(small_options(corpus, out, workers=2, compression_level=3, keep_work=True))
     (out / "index.json").unlink()  # now an unfinished conversion with every unit done
-    result = convert(_options(corpus, out, workers=2, compression_level=9))
+    result = convert(small_options(corpus, out, workers=2, compression_level=9))
     assert result.units_reused == result.units_total
-    convert(_options(corpus, tmp_path / "fresh", workers=1, compression_level=9))
+    convert(small_options(corpus, tmp_path / "fresh", workers=1, compression_level=9))
     assert tree_digest(out) == tree_digest(tmp_path / "fresh")
 
 

@@ -17,21 +17,22 @@ from pathlib import Path
 import pytest
 
 import shardtok
-from shardtok.convert import ConvertOptions, convert, load_sft_config, load_tokenizer, phases
-from shardtok.convert.job import PlanError, distributed_unit_size
+from shardtok.convert import (
+    convert,
+    load_sft_config,
+    load_tokenizer,
+    phases,
+    unit_status,
+)
+from shardtok.convert.job import distributed_unit_size
+from shardtok.convert.merge import UnitsNotReadyError
+from shardtok.convert.plan_file import PlanError
 from shardtok.convert.tokenizer import BUNDLED_PATH
 from shardtok.convert.units import auto_unit_size
 from shardtok.convert.workdir import WORK_DIR_NAME
-from shardtok.errors import UsageError
-from tests.convert.test_determinism import tree_digest, write_corpus
-
-
-def options(corpus: Path, out, **kw) -> ConvertOptions:
-    base = dict(
-        inputs=(str(corpus),), output=str(out), tokenizer=load_tokenizer("bundled"),
-        unit_size=32 << 10, shard_size=64 << 10, frame_size=16 << 10, progress=False,
-    )  # fmt: skip
-    return ConvertOptions(**{**base, **kw})
+from shardtok.errors import ShardtokError, UsageError
+from tests.convert.test_determinism import s3_tree_digest, tree_digest, write_corpus
+from tests.convert.test_determinism import small_options as options
 
 
 @pytest.fixture(scope="module")
@@ -58,30 +59,22 @@ def test_distributed_unit_size_is_the_local_default_below_160_gb():
     assert distributed_unit_size(10 * 10**12) == 256 << 20  # 10 TB: 37,253 units, not 596,047
 
 
-def test_output_and_work_folder_on_an_object_store(corpus, reference, s3_server, tmp_path):
-    import fsspec
-
+def test_output_and_work_folder_on_an_object_store(corpus, reference, s3_server):
     storage = s3_server.storage_options()
     url = s3_server.url(f"phases-{uuid.uuid4().hex[:8]}/out")
     summary = phases.plan(options(corpus, url, on_bad_record="skip", storage_options=storage))
     assert summary.units > 4 and summary.units_done == 0
     first = phases.run_units(url, 0, 2, storage_options=storage, progress=False)
     assert first.tokenized == len(range(0, summary.units, 2)) and not first.failed
-    found = phases.status(url, storage)
+    found = unit_status.status(url, storage)
     assert (found.exit_code, found.first_missing) == (3, 1)
     phases.run_units(url, 1, 2, workers=2, storage_options=storage, progress=False)
-    assert phases.status(url, storage).complete
+    assert unit_status.status(url, storage).complete
     result = phases.merge(url, jobs=2, storage_options=storage, progress=False)
     assert result.documents == 600
 
-    fs = fsspec.filesystem("s3", **storage)
-    prefix = url.removeprefix("s3://")
-    local = tmp_path / "download"
-    local.mkdir()
-    for key in fs.find(prefix, withdirs=False):
-        (local / key[len(prefix) + 1 :]).write_bytes(fs.cat_file(key))
-    assert tree_digest(local) == reference  # and no work folder left
-    assert phases.status(url, storage).merged
+    assert s3_tree_digest(url, storage) == reference  # and no work folder left
+    assert unit_status.status(url, storage).merged
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +125,7 @@ def _set(path: list, value):
 )
 def test_a_tampered_plan_is_refused_in_one_line(planned, tmp_path, edit, message):
     out = _tampered(planned, tmp_path, edit)
-    for call in (lambda: phases.status(str(out)), lambda: phases.run_units(str(out), 0, 1)):
+    for call in (lambda: unit_status.status(str(out)), lambda: phases.run_units(str(out), 0, 1)):
         with pytest.raises(PlanError) as error:
             call()
         text = str(error.value)
@@ -149,7 +142,7 @@ def test_tokenizer_json_must_be_the_planned_one(planned, tmp_path):
         phases.run_units(str(out), 0, 1)
     tokenizer.unlink()
     with pytest.raises(PlanError, match="tokenizer.json is missing"):
-        phases.status(str(out))
+        unit_status.status(str(out))
     (out / WORK_DIR_NAME / "plan.json").write_text("{not json")
     with pytest.raises(PlanError, match="not valid JSON"):
         phases.merge(str(out))
@@ -250,3 +243,61 @@ def test_a_work_folder_of_the_old_format_starts_over(corpus, reference, tmp_path
     assert (doc["format"], doc["version"]) == ("shardtok.convert-plan", 1)
     shutil.rmtree(work)
     assert tree_digest(out) == reference
+
+
+# -- markers are someone else's files too ----------------------------------------------------
+
+
+def _run_out(planned: Path, tmp_path: Path) -> tuple[Path, Path, str]:
+    """A copy of the planned output with every unit run: (output, work folder, the failure
+    status names: the corpus's bad record, with its file and line)."""
+    out = _tampered(planned, tmp_path, lambda doc: None)
+    assert phases.run_units(str(out), 0, 1, progress=False).failed
+    found = unit_status.status(str(out))
+    assert found.exit_code == 1 and "part-b.jsonl" in found.failure
+    return out, out / WORK_DIR_NAME, found.failure
+
+
+@pytest.mark.parametrize("damage", ["{", '{"format": 3, "index": 1}', '"a string"'])
+def test_a_damaged_done_marker_is_one_line_then_redone(planned, tmp_path, damage):
+    out, work, failure = _run_out(planned, tmp_path)
+    (work / "unit-000001.json").write_text(damage)
+    with pytest.raises(ShardtokError) as error:  # was: JSONDecodeError, TypeError...
+        unit_status.status(str(out))
+    text = str(error.value)
+    assert text.startswith(f"work unit {work / 'unit-000001.json'} is damaged") and "\n" not in text
+    assert "run `shardtok convert run-units` again" in text
+    assert phases.run_units(str(out), 0, 1, progress=False).tokenized == 1
+    assert unit_status.status(str(out)).failure == failure
+
+
+def test_a_failure_marker_naming_a_piece_outside_its_unit_is_redone(planned, tmp_path):
+    out, work, failure = _run_out(planned, tmp_path)
+    (marker,) = work.glob("unit-*.failed.json")
+    doc = json.loads(marker.read_text())
+    marker.write_text(json.dumps(dict(doc, piece=99)))
+    found = unit_status.status(str(out))  # was: IndexError, in status, run-units and merge
+    assert found.exit_code == 3 and found.first_missing == doc["index"]
+    with pytest.raises(UnitsNotReadyError):
+        phases.merge(str(out), progress=False)
+    summary = phases.run_units(str(out), 0, 1, progress=False)
+    assert summary.failed == (doc["index"],) and summary.failure == failure
+    assert json.loads(marker.read_text()) == doc
+
+
+def test_merge_and_status_agree_on_a_mismatch_the_job_no_longer_has(planned, tmp_path):
+    """A tiktoken mismatch recorded before the plan switched to the tokenizers backend (the
+    same units): status counts the unit as to do, and the merge says so too, instead of
+    raising the mismatch and advising the backend already in use."""
+    out, work, _ = _run_out(planned, tmp_path)
+    assert load_tokenizer("bundled").backend != "tiktoken"
+    (work / "unit-000000.json").unlink()
+    mismatch = {
+        "format": "shardtok.unit-failure", "version": 1, "kind": "encoder_mismatch",
+        "index": 0, "piece": 0, "record": 3, "detail": "ids differ", "stop_at_bad_record": True,
+    }  # fmt: skip
+    (work / "unit-000000.failed.json").write_text(json.dumps(mismatch))
+    found = unit_status.status(str(out))
+    assert (found.missing, found.first_missing) == (1, 0)  # (and the bad record still fails)
+    with pytest.raises(UnitsNotReadyError, match="unit-000000.json is not finished"):
+        phases.merge(str(out), progress=False)

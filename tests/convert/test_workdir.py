@@ -15,8 +15,9 @@ import pytest
 
 from shardtok.convert import load_tokenizer
 from shardtok.convert.inputs import discover
+from shardtok.convert.unit_result import UnitResult
 from shardtok.convert.units import plan_units
-from shardtok.convert.workdir import WORK_DIR_NAME, UnitResult, WorkDir
+from shardtok.convert.workdir import WORK_DIR_NAME, WorkDir
 from shardtok.convert.worker import (
     EncoderMismatch,
     UnitFailure,
@@ -28,6 +29,7 @@ from shardtok.storage.folder import Folder
 from tests.helpers.servers import s3_server  # noqa: F401
 
 U16 = np.dtype(np.uint16)
+SFT_UNIT = {"trained_tokens": 0, "boundary_tokens": 0, "truncated_records": 0, "jq_rewrites": []}
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -41,7 +43,7 @@ def out(request, tmp_path) -> Folder:
 
 def save(work: WorkDir, index: int, tokens: bytes, mask: bytes | None = None) -> UnitResult:
     """A hand-made unit of one document, saved as a worker saves it."""
-    sft = None if mask is None else {"trained_tokens": sum(mask)}
+    sft = None if mask is None else dict(SFT_UNIT, trained_tokens=sum(mask))
     frames = b"\7" * 5
     result = UnitResult(index, 1, len(tokens) // 2, 10, [1], 1, [], [[0, len(tokens), 5, 0]],
                         [4096, None], sft=sft)  # fmt: skip
@@ -80,11 +82,43 @@ def test_a_saved_unit_reads_back_and_damage_is_found(out):
     assert work.load_result(3, U16) is None
 
 
+@pytest.mark.parametrize(
+    "edit, why",
+    [
+        ({"num_documents": -1}, "num_documents is -1, not a count"),
+        ({"piece_records": []}, "piece_records is not a list of counts"),
+        ({"rejects": [[1, 0, "invalid_json", "x"]], "records_read": 2}, "rejects is not a list"),
+        ({"records_read": 5}, "do not add up to the records read"),
+        ({"frames": [[0, 12, "5", 0]]}, "frames is not a table"),
+        ({"sft": {"trained_tokens": 1}}, "sft is not the unit's fine-tuning counts"),
+        ({"extra": 1}, "the marker's fields are"),
+    ],
+)
+def test_a_marker_is_checked_field_by_field(tmp_path, edit, why):
+    # Its counts and tables go straight into the accounting and the shards: a marker that is
+    # not one is a damaged unit (tokenized again), never an IndexError later on.
+    work = WorkDir(Folder(tmp_path / "out"))
+    work.start({"plan": 1})
+    save(work, 0, np.arange(1, 7, dtype=np.uint16).tobytes())
+    marker = work.path / "unit-000000.json"
+    marker.write_text(json.dumps(dict(json.loads(marker.read_text()), **edit)))
+    found = work.load_result(0, U16, verify=False)
+    assert isinstance(found, str) and found.startswith("cannot be read back") and why in found
+
+
+def test_a_marker_must_have_its_plans_pieces(tmp_path):
+    work = WorkDir(Folder(tmp_path / "out"))
+    work.start({"plan": 1})
+    saved = save(work, 0, np.arange(1, 7, dtype=np.uint16).tobytes())
+    assert work.load_result(0, U16, pieces=1) == saved
+    assert work.load_result(0, U16, pieces=2) == "its plan has 2 pieces and its marker 1"
+
+
 def test_masks_are_checked_and_loaded(out):
     work = WorkDir(out)
     save(work, 1, b"\1\0\2\0\3\0", mask=b"\0\1\1")
     assert work.load_masks(1).tolist() == [0, 1, 1]
-    assert work.load_result(1, U16, masks=True).sft == {"trained_tokens": 2}
+    assert work.load_result(1, U16, masks=True).sft["trained_tokens"] == 2
     assert work.load_result(1, U16) == "it has loss masks and this run has none"
 
 
