@@ -51,6 +51,7 @@ def cpu():
 spec = load_tokenizer({tokenizer!r})
 opts = ConvertOptions(inputs=({corpus!r},), output={out!r}, tokenizer=spec, workers={workers},
                       overwrite=True, progress=False, unit_size={unit_size},
+                      shard_size={shard_size},
                       storage_options={storage!r})
 """
 
@@ -81,7 +82,8 @@ s2, k2 = cpu()
 index = Folder({out!r}, {storage!r}).read_bytes("index.json")
 print(json.dumps({{"wall": plan_wall + tokenize_wall + merge_wall, "plan_wall": plan_wall,
     "tokenize_wall": tokenize_wall, "merge_wall": merge_wall,
-    "cpu": s2 - s0 + k2 - k0, "merge_cpu": s2 - s1 + k2 - k1, "units": summary.units,
+    "cpu": s2 - s0 + k2 - k0, "merge_cpu": s2 - s1 + k2 - k1, "merge_driver_cpu": s2 - s1,
+    "units": summary.units,
     "tokens": r.manifest.num_tokens, "shards": len(r.manifest.shards),
     "digest": hashlib.sha256(index).hexdigest()}}))
 """
@@ -149,7 +151,8 @@ def summarize(runs: dict[str, list[dict]]) -> None:
         if "merge_wall" in r:
             print(
                 f"{'':18s} plan {r['plan_wall']:.2f} s, run-units {r['tokenize_wall']:.2f} s, "
-                f"merge {r['merge_wall']:.2f} s ({r['shards']} shards)"
+                f"merge {r['merge_wall']:.2f} s ({r['shards']} shards; the merging process "
+                f"{r['merge_driver_cpu']:.2f} s CPU of its {r['merge_cpu']:.2f})"
             )
 
 
@@ -160,6 +163,12 @@ def main() -> int:
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--paths", nargs="+", default=["local", "phases", "dask"])
     parser.add_argument("--unit-size", default=None, help="bytes per unit (default: auto)")
+    parser.add_argument(
+        "--shard-size",
+        type=int,
+        default=4 << 20,
+        help="stored bytes per shard (default 4 MiB: several shards, so the merge has parallel work)",
+    )
     parser.add_argument("--s3", action="store_true", help="also phases into a loopback SeaweedFS")
     args = parser.parse_args()
     unknown = set(args.paths) - set(_BODIES)
@@ -193,6 +202,7 @@ def main() -> int:
                     r = run_path(
                         path, tokenizer=str(tokenizer), corpus=str(corpus), out=out,
                         workers=workers, unit_size=unit_size, storage=storage,
+                        shard_size=args.shard_size,
                     )  # fmt: skip
                     if reference is None:
                         reference = r["digest"]
