@@ -10,6 +10,10 @@ run does, so the bytes are identical whatever ran the tasks.
 The tasks (merge_tasks.py) take and return only small, picklable, JSON-like values, so a process
 pool or a distributed engine can run them: `map_tasks(fn, items)` runs the top-level `fn` over
 `items` and returns the results in order.
+
+The cheap pass checks markers and sizes, not crc32s (reading the whole work folder, remotely a
+download, that the shard tasks read again): each task checks the unit files it loads, the driver
+sends damaged units back to run-units before index.json (a rerun rewrites published shards).
 """
 
 from __future__ import annotations
@@ -241,6 +245,7 @@ def _shard_tasks(ledger: _Ledger, units, folder, workdir, shard, shard_size) -> 
                         tuple(ledger.accounting.paths(units[position])),
                         tuple(ledger.bases[position]),
                         ledger.reframed[position],
+                        tuple(sorted(result.checksums.items())),
                     )
                 )
             position += 1
@@ -260,9 +265,9 @@ def _merge(opts, files, units, workdir, settings, jobs, map_tasks, local, note, 
     try:
         ledger = _account(opts, files, units, workdir, states, note, rejects)
         tasks = _shard_tasks(ledger, units, folder, workdir, _shard_settings(opts), opts.shard_size)
-        manifest = _write_shards(
-            opts, tasks, ledger.accounting.extra(settings), jobs, map_tasks, local, progress
-        )
+        docs = _write_shards(tasks, jobs, map_tasks, local, progress)
+        _raise_damage(workdir, units, docs)
+        manifest = _manifest(opts, docs, ledger.accounting.extra(settings))
         rejects_path = _publish(folder, manifest, rejects)
     except BaseException:
         if rejects is not None:
@@ -292,8 +297,8 @@ def _shard_settings(opts) -> ShardSettings:
     )
 
 
-def _write_shards(opts, tasks: list[ShardTask], extra: dict, jobs, map_tasks, local, progress):
-    """Every shard, as tasks; the manifest that lists them (not written yet)."""
+def _write_shards(tasks: list[ShardTask], jobs, map_tasks, local, progress) -> list[dict]:
+    """Every shard, as tasks; their answers (see write_shard)."""
     if map_tasks is None and jobs > 1 and len(tasks) > 1:
         local.start()  # before the bar starts tqdm's monitor thread: forking is safe then
     bar = _ShardBar(len(tasks), progress)
@@ -305,6 +310,22 @@ def _write_shards(opts, tasks: list[ShardTask], extra: dict, jobs, map_tasks, lo
             bar.tick(len(docs))
     finally:
         bar.close()
+    return docs
+
+
+def _raise_damage(workdir: WorkDir, units: list[Unit], docs: list[dict]) -> None:
+    """Units a shard task found damaged go back to run-units; the first in input order is named."""
+    damaged: dict[int, str] = {}
+    for index, why in (pair for doc in docs for pair in doc.get("damaged", ())):
+        damaged.setdefault(index, why)
+        workdir.discard_unit(index)
+    first = next((unit.index for unit in units if unit.index in damaged), None)
+    if first is not None:
+        raise _not_ready(workdir, first, ("damaged", damaged[first]), len(damaged) - 1)
+
+
+def _manifest(opts, docs: list[dict], extra: dict) -> Manifest:
+    """The manifest that lists the shards (not written yet)."""
     shard = _shard_settings(opts)
     return Manifest(
         shard.name,

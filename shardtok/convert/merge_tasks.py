@@ -4,16 +4,24 @@ Both are top-level functions over small frozen dataclasses (picklable under any 
 with nothing big in them: never the tokenizer, whose JSON is megabytes), and both return plain
 JSON-like data. :func:`load_batch` reads and checks a batch of units' markers; :func:`write_shard`
 writes one planned shard from its units' frames through shard_plan's writer and publishes it.
+
+Where the crc32s are checked: a unit's files are read whole to check them, on an object store a
+download, and the shard tasks must read them anyway. So load_batch checks only the markers and
+the files' sizes, and each shard task checks every unit file it loads on the bytes it holds (a
+unit in two shards is checked twice); a unit load_batch re-encodes is checked there too. A task
+that finds damage publishes nothing and returns it as data (see :func:`write_shard`), so the
+driver can send the unit back to run-units before index.json is ever written.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
 
-from shardtok.convert.workdir import WorkDir
+from shardtok.convert.workdir import WorkDir, unit_base
 from shardtok.format.mmidx import token_dtype
 from shardtok.format.shard_plan import (
     FramedDocs,
@@ -38,18 +46,25 @@ class LoadBatch:
 
 def load_batch(task: LoadBatch) -> list[tuple]:
     """Each unit's state: ("done", marker JSON, frame table re-made under other frame settings or
-    None), ("damaged", why), ("failed", failure fields) or ("missing",)."""
+    None), ("damaged", why), ("failed", failure fields) or ("missing",). Only markers and sizes
+    are checked, but for a re-encoded unit, whose tokens are read here anyway."""
     dtype = token_dtype(task.dtype)
     out = []
     for index, pieces in zip(task.indices, task.pieces):
-        result = task.workdir.load_result(index, dtype, masks=task.masks, pieces=pieces)
+        result = task.workdir.load_result(
+            index, dtype, masks=task.masks, verify=False, pieces=pieces
+        )
         if isinstance(result, str):
             out.append(("damaged", result))
         elif result is not None:
             reframed = None
             frame_size, level = task.frame_settings
             if result.frame_settings != [frame_size, level]:
-                tokens, docs = task.workdir.load_unit(index, dtype)
+                try:
+                    tokens, docs = _load_unit(task.workdir, index, dtype, result.checksums)
+                except _Damaged as damaged:
+                    out.append(("damaged", damaged.why))
+                    continue
                 reframed = encode_frames(tokens, docs[:, 2], frame_size, level)[0].tolist()
             out.append(("done", result.to_json().decode(), reframed))
         else:
@@ -59,6 +74,29 @@ def load_batch(task: LoadBatch) -> list[tuple]:
             else:
                 out.append(("failed", type(failure).__name__, dataclasses.asdict(failure)))
     return out
+
+
+class _Damaged(Exception):
+    """A unit file whose bytes are not those its marker's crc32 vouches for."""
+
+    def __init__(self, index: int, why: str):
+        super().__init__(index, why)
+        self.index, self.why = index, why
+
+
+def _checked(index: int, checksums: dict, suffix: str, data):
+    """`data` (a unit file's whole bytes) if they match the marker's crc32, else _Damaged."""
+    if zlib.crc32(data) != checksums.get(suffix):
+        raise _Damaged(index, f"{unit_base(index) + suffix} fails its crc32 check")
+    return data
+
+
+def _load_unit(workdir: WorkDir, index: int, dtype, checksums: dict):
+    """(tokens, docs) of a unit, both files checked against its marker's crc32s."""
+    tokens = _checked(index, checksums, ".tokens", workdir.load_tokens(index, dtype))
+    data, docs = workdir.load_docs_bytes(index)
+    _checked(index, checksums, ".docs.npy", data)
+    return tokens, docs
 
 
 @dataclass(frozen=True)
@@ -72,6 +110,7 @@ class UnitPart:
     paths: tuple[str, ...]  # input path of each of the unit's pieces
     bases: tuple[int, ...]  # record base of each piece (see RecordAccounting)
     reframe: bool  # the unit's frames were made under other settings: encode them here
+    checksums: tuple[tuple[str, int], ...]  # the marker's crc32 of each unit file, by suffix
 
 
 @dataclass(frozen=True)
@@ -86,7 +125,8 @@ class ShardTask:
 def _framed(task: ShardTask, part: UnitPart) -> FramedDocs:
     settings = task.settings
     dtype = token_dtype(settings.dtype)
-    tokens, docs = task.workdir.load_unit(part.index, dtype)
+    checksums = dict(part.checksums)
+    tokens, docs = _load_unit(task.workdir, part.index, dtype, checksums)
     table = np.asarray(part.frames, dtype=np.int64).reshape(-1, 4)
     first_doc, end_doc = int(table[0, 0]), part.doc_end
     table[:, 0] -= first_doc
@@ -101,12 +141,12 @@ def _framed(task: ShardTask, part: UnitPart) -> FramedDocs:
             raise AssertionError(f"unit {part.index}: re-encoded frames differ from the plan")
     else:
         size = int(table[:, 2].sum())
-        stored = memoryview(task.workdir.load_frames(part.index))[
-            part.stored_at : part.stored_at + size
-        ]
+        frames = _checked(part.index, checksums, ".frames", task.workdir.load_frames(part.index))
+        stored = memoryview(frames)[part.stored_at : part.stored_at + size]
     masks = None
     if settings.masked:
-        masks = check_mask(task.workdir.load_masks(part.index)[lo:hi], hi - lo)
+        all_masks = _checked(part.index, checksums, ".mask", task.workdir.load_masks(part.index))
+        masks = check_mask(all_masks[lo:hi], hi - lo)
     rows = docs[first_doc:end_doc]
     records = np.asarray(part.bases, dtype=np.int64)[rows[:, 0]] + rows[:, 1]
     return FramedDocs.checked(
@@ -122,10 +162,23 @@ def _framed(task: ShardTask, part: UnitPart) -> FramedDocs:
 
 
 def write_shard(task: ShardTask) -> dict:
-    """Write one shard into the output folder; its manifest entry, as a dict."""
+    """Write one shard into the output folder; its manifest entry, as a dict. When unit files
+    fail their crc32 the shard is not published and the answer is {"damaged": [[unit index,
+    why], ...]} (every damaged unit of the shard): data, not an exception, so the driver hears
+    from every task before it raises."""
     file = task.settings.file(task.number)
     parts = ((_framed(task, part), 0, len(part.frames)) for part in task.parts)
     with task.folder.scratch() as scratch:
-        entry = build_shard(task.settings, task.number, parts, scratch / file)
+        try:
+            entry = build_shard(task.settings, task.number, parts, scratch / file)
+        except _Damaged as first:  # the half-built shard goes with the scratch folder
+            found = [first]
+            at = [part.index for part in task.parts].index(first.index)
+            for part in task.parts[at + 1 :]:  # the others damaged too, for the message
+                try:
+                    _framed(task, part)
+                except _Damaged as damaged:
+                    found.append(damaged)
+            return {"damaged": [[damaged.index, damaged.why] for damaged in found]}
         task.folder.put_file(file, scratch / file)
     return dataclasses.asdict(entry)

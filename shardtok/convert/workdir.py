@@ -280,6 +280,12 @@ class WorkDir:
             return np.load(self.folder.url(name), mmap_mode="r" if mmap else None)
         return np.load(io.BytesIO(self.folder.read_bytes(name)))
 
+    def load_docs_bytes(self, index: int) -> tuple[bytes, np.ndarray]:
+        """(the unit's .docs.npy file as read, its array): its crc32 is over the file's bytes,
+        so a caller checking it needs those, and parses them only once."""
+        data = self.folder.read_bytes(unit_base(index) + ".docs.npy")
+        return data, np.load(io.BytesIO(data))
+
     def _array(self, name: str, dtype: np.dtype) -> np.ndarray:
         """A unit file as a read-only array: memory-mapped locally, downloaded remotely."""
         if not self.is_local:
@@ -291,7 +297,11 @@ class WorkDir:
 
     def load_unit(self, index: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
         """(tokens, docs) of a finished unit; tokens are memory-mapped when local."""
-        return self._array(unit_base(index) + ".tokens", dtype), self._docs(index)
+        return self.load_tokens(index, dtype), self._docs(index)
+
+    def load_tokens(self, index: int, dtype: np.dtype) -> np.ndarray:
+        """The tokens of a finished unit (memory-mapped when local)."""
+        return self._array(unit_base(index) + ".tokens", dtype)
 
     def load_masks(self, index: int) -> np.ndarray:
         """The loss masks of a finished SFT unit (one uint8 per token)."""

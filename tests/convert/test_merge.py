@@ -209,6 +209,36 @@ def test_a_missing_or_damaged_unit_is_named_and_sent_back_to_run_units(spec, tmp
     assert not (tmp_path / "out" / "index.json").exists()
 
 
+def flip_bit(path: Path, at: int) -> None:
+    """Damage that keeps the size: only a crc32 check sees it."""
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0x10
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("reframe", [False, True])
+def test_a_same_size_bit_flip_is_caught_by_the_shard_tasks(spec, tmp_path, reframe):
+    # Sizes pass the first pass; the crc32 of the bytes each task loads does not. Re-encoded
+    # units (other frame settings) are checked where they are re-encoded.
+    data = write_corpus(tmp_path / "a.jsonl", 150, seed=7)
+    opts, _ = reference(spec, [data], tmp_path / "ref", unit_size=1500, shard_size=2000)
+    work = WorkDir(tmp_path / "ref")
+    flip_bit(Path(work.unit_name(2)).with_suffix(".tokens"), 5)
+    # The last byte of .docs.npy is data (the array still parses); re-encoding reads no .frames.
+    flip_bit(Path(work.unit_name(4)).with_suffix(".docs.npy" if reframe else ".frames"), -1)
+    if reframe:
+        opts = dataclasses.replace(opts, frame_size=300)
+    with pytest.raises(UnitsNotReadyError) as caught:
+        merge(opts, tmp_path / "ref", tmp_path / "out", jobs=2)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert f"{work.unit_name(2)} is damaged (unit-000002.tokens fails its crc32 check" in message
+    assert "(1 other unit too)" in message and "shardtok convert run-units" in message
+    assert not Path(work.unit_name(2)).exists() and not Path(work.unit_name(4)).exists()
+    assert Path(work.unit_name(3)).exists()  # intact units stay done
+    assert not (tmp_path / "out" / "index.json").exists()
+
+
 def test_units_of_other_frame_settings_are_re_encoded_without_touching_the_work_folder(
     spec, tmp_path
 ):
