@@ -47,25 +47,13 @@ from shardtok.convert.failures import (
     failure_to_json,
 )
 from shardtok.convert.unit_result import UnitResult
-from shardtok.storage.folder import SCRATCH_PREFIX, Folder, temporary_name
+from shardtok.storage.folder import SCRATCH_PREFIX, Folder
 
 WORK_DIR_NAME = ".shardtok-work"
 PLAN_NAME = "plan.json"
 _TRASH_PREFIX = WORK_DIR_NAME + ".trash-"
 _MARKER = re.compile(r"unit-(\d{6,})(\.failed)?\.json")
 _UNIT_FILE = re.compile(r"unit-\d+\..*")
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write `path` whole or not at all: a temporary name of this process and host, renamed."""
-    tmp = path.with_name(temporary_name(path.name))
-    try:
-        with open(tmp, "wb") as out:
-            out.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def unit_base(index: int) -> str:
@@ -117,11 +105,8 @@ class WorkDir:
     # -- plan-side files --------------------------------------------------------------------
 
     def _write(self, name: str, data: bytes) -> None:
-        if self.is_local:
-            self.folder.make()
-            atomic_write(self.path / name, data)
-        else:
-            self.folder.write_bytes(name, data)
+        self.folder.make()
+        self.folder.write_bytes(name, data)
 
     def write_plan(self, doc: dict) -> None:
         """plan.json: any JSON object (whoever plans decides its content)."""

@@ -182,13 +182,13 @@ def test_second_convert_into_the_same_folder_is_refused(tmp_path, corpus):
 
 _FULL_DISK = """
 import errno, os, sys
-import shardtok.convert.workdir as workdir
 from shardtok.cli.main import main
+from shardtok.storage.folder import Folder
 
-def full(path, data):
+def full(self, name, local):
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-workdir.atomic_write = full  # workers are forked: they inherit this
+Folder.put_file = full  # where a worker publishes a unit's files; forked workers inherit it
 sys.exit(main(sys.argv[1:]))
 """
 
