@@ -9,7 +9,9 @@ marker is written last. A unit that stops the conversion ends the submitting; th
 reports it exactly as the one-command run would, else writes the shards as cluster tasks too.
 The bytes are those of ``shardtok convert ... --workers 1`` with the same unit size.
 
-Without a scheduler address a LocalCluster of worker processes on this machine runs the tasks.
+Without a scheduler address a LocalCluster of worker processes on this machine runs the tasks,
+started in a helper process (local_cluster.py) so that its writes to the environment never
+reach the caller's.
 dask is optional: importing this module does not import it.
 """
 
@@ -20,9 +22,10 @@ import hashlib
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 
 from shardtok.convert.job import Job, distributed_unit_size
+from shardtok.convert.local_cluster import local_cluster
 from shardtok.convert.phases import job_worker_config, merge_job
 from shardtok.convert.plan_file import load_job, plan_bytes
 from shardtok.convert.pool import usable_cores
@@ -74,24 +77,10 @@ def convert_with_dask(
         job = load_job(workdir)
         pending = pending_units(job, workdir, range(len(job.units)))
         with contextlib.ExitStack() as stack:
-            stack.enter_context(_environment_kept())
             if scheduler is None:
                 n = workers or opts.workers or usable_cores()
-                cluster = stack.enter_context(
-                    distributed.LocalCluster(
-                        n_workers=n,
-                        threads_per_worker=1,
-                        processes=True,
-                        host="127.0.0.1",
-                        dashboard_address=None,
-                        # The scheduler's HTTP server runs even without a dashboard, by default
-                        # on every interface at port 8787: loopback, any free port instead.
-                        scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
-                    )  # fmt: skip
-                )
-                client = stack.enter_context(distributed.Client(cluster))
-            else:
-                client = stack.enter_context(_connect(distributed, scheduler))
+                scheduler = stack.enter_context(local_cluster(n))
+            client = stack.enter_context(_connect(distributed, scheduler))
             bar = ConvertProgress(sum(u.nbytes for u in job.units), opts.progress)
             stack.callback(bar.close)
             for warning in pending.warnings:
@@ -115,22 +104,6 @@ def convert_with_dask(
     result.tokenizer_backend = opts.tokenizer.backend
     result.tokenizer_backend_note = opts.tokenizer.backend_note
     return result
-
-
-@contextlib.contextmanager
-def _environment_kept() -> Iterator[None]:
-    """Leave this process's environment as it was. A LocalCluster's nannies write variables
-    into it (OMP_NUM_THREADS, PYTHONHASHSEED... for the workers they spawn, again on each
-    restart), and shardtok writes no environment variable of its caller's."""
-    before = dict(os.environ)
-    try:
-        yield
-    finally:
-        for name in [n for n in os.environ if n not in before]:
-            del os.environ[name]
-        for name, value in before.items():
-            if os.environ.get(name) != value:
-                os.environ[name] = value
 
 
 # -- the task: one unit, in a worker process ---------------------------------------------------

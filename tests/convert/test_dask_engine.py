@@ -11,6 +11,7 @@ import textwrap
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import distributed
@@ -18,6 +19,7 @@ import pytest
 
 from shardtok.convert import convert, unit_status
 from shardtok.convert.dask_engine import convert_with_dask
+from shardtok.convert.local_cluster import local_cluster
 from shardtok.convert.workdir import WORK_DIR_NAME
 from shardtok.errors import BadRecordError
 from tests.convert.test_determinism import s3_tree_digest, tree_digest, write_corpus
@@ -41,34 +43,21 @@ def reference(corpus, tmp_path_factory) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    # Its nannies write OMP_NUM_THREADS and kin into this process's environment (for the workers
-    # they spawn): put it back, so that later tests see the environment they started with.
-    environ = dict(os.environ)
-    try:
-        with distributed.LocalCluster(
-            n_workers=2,
-            threads_per_worker=1,
-            host="127.0.0.1",
-            dashboard_address=None,
-            scheduler_kwargs={
-                "dashboard_address": "127.0.0.1:0"
-            },  # not on port 8787 of every interface
-        ) as local:
-            yield local
-    finally:
-        os.environ.clear()
-        os.environ.update(environ)
+def cluster() -> Iterator[str]:
+    """The scheduler address of a real 2-worker LocalCluster on loopback, started the engine's
+    way (in a helper process, so its nannies' environment writes stay there)."""
+    with local_cluster(2) as address:
+        yield address
 
 
 def test_dask_engine_gives_the_bytes_of_one_worker(corpus, reference, cluster, tmp_path):
     out = tmp_path / "out"
-    result = convert_with_dask(options(corpus, out), scheduler=cluster.scheduler_address)
+    result = convert_with_dask(options(corpus, out), scheduler=cluster)
     assert tree_digest(out) == reference
     assert result.units_tokenized == result.units_total > 8 and result.units_reused == 0
     assert not (out / WORK_DIR_NAME).exists()
     environ = dict(os.environ)
-    again = convert_with_dask(options(corpus, out), scheduler=cluster.scheduler_address)
+    again = convert_with_dask(options(corpus, out), scheduler=cluster)
     assert again.already_complete and tree_digest(out) == reference
     assert dict(os.environ) == environ
 
@@ -84,7 +73,7 @@ def test_output_on_an_object_store(corpus, reference, cluster, s3_server):
     storage = s3_server.storage_options()
     url = s3_server.url(f"dask-{uuid.uuid4().hex[:8]}/out")
     opts = options(corpus, url, storage_options=storage)
-    convert_with_dask(opts, scheduler=cluster.scheduler_address)
+    convert_with_dask(opts, scheduler=cluster)
     assert s3_tree_digest(url, storage) == reference
 
 
@@ -98,7 +87,7 @@ def test_a_bad_record_stops_the_dask_run_like_the_one_command_run(cluster, tmp_p
     with pytest.raises(BadRecordError) as one_command:
         convert(options(corpus, tmp_path / "one", workers=1))
     with pytest.raises(BadRecordError) as engine:
-        convert_with_dask(options(corpus, tmp_path / "out"), scheduler=cluster.scheduler_address)
+        convert_with_dask(options(corpus, tmp_path / "out"), scheduler=cluster)
     assert str(engine.value) == str(one_command.value) and "a.jsonl, line 401" in str(engine.value)
     found = unit_status.status(str(tmp_path / "out"))
     assert found.failed == 1 and found.failure == str(one_command.value) and found.exit_code == 1
@@ -109,7 +98,7 @@ def test_the_command_line_engine_flag(corpus, reference, cluster, tmp_path):
     out = tmp_path / "out"
     result = subprocess.run(
         [sys.executable, "-m", "shardtok", "convert", str(corpus), "-o", str(out), "--engine",
-         "dask", "--scheduler", cluster.scheduler_address, "--unit-size", "32KiB",
+         "dask", "--scheduler", cluster, "--unit-size", "32KiB",
          "--shard-size", "64KiB", "--frame-size", "16KiB"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
@@ -150,7 +139,7 @@ def test_a_worker_dying_inside_a_unit_task(corpus, reference, cluster, tmp_path)
         before = set(client.scheduler_info()["workers"])
         client.register_plugin(KillOnce(str(marker), str(out / WORK_DIR_NAME)), name="kill-once")
         try:
-            convert_with_dask(options(corpus, out), scheduler=cluster.scheduler_address)
+            convert_with_dask(options(corpus, out), scheduler=cluster)
         finally:
             client.unregister_worker_plugin("kill-once")
         assert marker.exists(), "no worker was killed"
@@ -196,7 +185,7 @@ def test_driver_killed_then_rerun(corpus, reference, cluster, tmp_path):
     done = len(list(work.glob("unit-*.json")))
     assert not (out / "index.json").exists()
 
-    result = convert_with_dask(options(corpus, out), scheduler=cluster.scheduler_address)
+    result = convert_with_dask(options(corpus, out), scheduler=cluster)
     assert result.units_reused >= done and result.units_reused + result.units_tokenized == (
         result.units_total
     )
