@@ -89,15 +89,10 @@ class BFDPacker(Packer):
         overlong: str = "split",
         masked: bool = False,
     ):
-        super().__init__()
-        self.masked = masked
+        self._take(upstream, seq_len, masked)
         self.overlong = OverlongCount(overlong)
-        if seq_len < 1:
-            raise ValueError(f"seq_len must be at least 1, got {seq_len}")
         if not 1 <= bfd_window <= MAX_BFD_WINDOW:
             raise ValueError(f"bfd_window must lie in [1, {MAX_BFD_WINDOW}], got {bfd_window}")
-        self.upstream = upstream
-        self.window = seq_len + 1
         self.bfd_window = bfd_window
         self.pad_id = int(pad_id)
         self._start = 0  # upstream position of the current window's first document

@@ -54,12 +54,7 @@ class ConcatPacker(Packer):
         *,
         masked: bool = False,
     ):
-        super().__init__()
-        self.masked = masked
-        if seq_len < 1:
-            raise ValueError(f"seq_len must be at least 1, got {seq_len}")
-        self.upstream = upstream
-        self.window = seq_len + 1
+        self._take(upstream, seq_len, masked)
         self.stride = self.window if stride is None else int(stride)
         if not 1 <= self.stride <= self.window:
             raise ValueError(f"stride must lie in [1, seq_len + 1 = {self.window}], got {stride}")

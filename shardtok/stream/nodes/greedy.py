@@ -70,15 +70,10 @@ class GreedyPacker(Packer):
         overlong: str = "split",
         masked: bool = False,
     ):
-        super().__init__()
-        self.masked = masked
+        self._take(upstream, seq_len, masked)
         self.overlong = OverlongCount(overlong)
-        if seq_len < 1:
-            raise ValueError(f"seq_len must be at least 1, got {seq_len}")
         if lookahead < 1:
             raise ValueError(f"lookahead must be at least 1, got {lookahead}")
-        self.upstream = upstream
-        self.window = seq_len + 1
         self.lookahead = lookahead
         self.pad_id = int(pad_id)
         self._open: list[_Bin] = []

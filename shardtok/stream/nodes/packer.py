@@ -26,6 +26,15 @@ class Packer(Node[PackedSequence]):
     dtype: np.dtype | None = None  # of the documents, known once one was read
     masked: bool = False
 
+    def _take(self, upstream, seq_len: int, masked: bool) -> None:
+        """What every packer's constructor starts with: its upstream, its window, the mask flag."""
+        super().__init__()
+        if seq_len < 1:
+            raise ValueError(f"seq_len must be at least 1, got {seq_len}")
+        self.upstream = upstream
+        self.window = seq_len + 1
+        self.masked = masked
+
     @property
     def row_masked(self) -> bool:
         """Whether the sequence just emitted is fine-tuning data (its documents have masks):
