@@ -18,8 +18,8 @@ The torch adapter, the fast loader's workers and the CLI all build their streams
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 
 from shardtok.errors import ResumeStateError
 from shardtok.storage.dataset import DatasetSource
@@ -28,6 +28,7 @@ from shardtok.stream.batch import Allocator, allocate_arrays
 from shardtok.stream.build import plan_for, resolved
 from shardtok.stream.mix.sequences import MixedSequences, SourceSequences
 from shardtok.stream.mix.spec import MixSpec, check_tokenizers
+from shardtok.stream.mix.stages import Curriculum
 from shardtok.stream.mix.stream import MixedStream
 from shardtok.stream.nodes import (
     ArrayDocuments,
@@ -87,11 +88,13 @@ def _check_levels(value: object) -> None:
 
 @dataclass
 class StreamSetup:
-    """One dataset (``mix`` None) or a weighted mix, streamed with ``options``."""
+    """One dataset (``mix`` None), a weighted mix, or curriculum stages (``curriculum``, whose
+    sources are numbered across stages), streamed with ``options``."""
 
     sources: Sequence[DatasetSource]
     options: StreamOptions
     mix: MixSpec | None = None
+    curriculum: Curriculum | None = None
     _fingerprint: dict | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -108,6 +111,32 @@ class StreamSetup:
         """A mix; sources tokenized differently are refused (``check_tokenizers``)."""
         check_tokenizers(spec)
         return cls(list(spec.sources), options, spec)
+
+    def map_sources(self, change: Callable[[DatasetSource], DatasetSource]) -> StreamSetup:
+        """This setup with every source replaced by `change(source)` (each distinct source
+        changed once, so a curriculum's stages still share theirs): what a provenance trace
+        streams, with sources whose documents are token addresses."""
+        changed: dict[int, DatasetSource] = {}
+
+        def one(source: DatasetSource) -> DatasetSource:
+            if id(source) not in changed:
+                changed[id(source)] = change(source)
+            return changed[id(source)]
+
+        def mix(spec: MixSpec) -> MixSpec:
+            return replace(spec, sources=[one(s) for s in spec.sources])
+
+        curriculum = None
+        if self.curriculum is not None:
+            stages = [replace(s, mix=mix(s.mix)) for s in self.curriculum.stages]
+            curriculum = replace(self.curriculum, stages=stages)
+        return StreamSetup(
+            [one(s) for s in self.sources],
+            self.options,
+            None if self.mix is None else mix(self.mix),
+            curriculum,
+            self._fingerprint,
+        )
 
     @property
     def fingerprint(self) -> dict:

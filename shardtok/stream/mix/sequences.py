@@ -229,10 +229,21 @@ class MixedSequences(Packer):
     KIND = "mix_sequences"
     FIELDS = {"step": envelope.INT, "sources": envelope.LIST}
 
-    def __init__(self, sources: Sequence[SourceSequences], weights: Sequence[float | Fraction]):
+    def __init__(
+        self,
+        sources: Sequence[SourceSequences],
+        weights: Sequence[float | Fraction],
+        source_ids: Sequence[int] | None = None,
+    ):
+        """`source_ids`: what each source is called in batches' ``source_ids`` (default its
+        index; a curriculum numbers the sources of all its stages together)."""
         super().__init__()
         if len(sources) != len(weights) or not sources:
             raise ValueError("give one weight per source, and at least one source")
+        self.source_ids = list(range(len(sources)) if source_ids is None else source_ids)
+        if len(self.source_ids) != len(sources):
+            raise ValueError("give one source id per source")
+        self._row_source = 0
         self.sources = list(sources)
         self.schedule = MixSchedule(weights)
         self.window = self.sources[0].window
@@ -269,12 +280,18 @@ class MixedSequences(Packer):
     def row_masked(self) -> bool:
         return self._row_masked
 
+    @property
+    def row_source(self) -> int:
+        return self._row_source
+
     def next_into(self, out: np.ndarray) -> tuple[list[int], int]:
         if not self._started:
             self.reset(None)
-        source = self.sources[self.schedule[self.step]]
+        index = self.schedule[self.step]
+        source = self.sources[index]
         placed = source.next_into(out)
         self._row_masked = source.masked
+        self._row_source = self.source_ids[index]
         self.step += 1
         return placed
 

@@ -95,22 +95,9 @@ def load_mix_config(
     stage: str | int = 0,
     storage_options: dict | None = None,
 ) -> MixSpec:
-    """A MixSpec from a YAML file (or the dict it holds); `stage` picks a ``data_stages`` entry."""
-    base: Path | None = None
-    if isinstance(config, (str, Path)):
-        import yaml  # type: ignore[import-untyped]
-
-        path = Path(config)
-        try:
-            data = yaml.safe_load(path.read_text())
-        except (OSError, yaml.YAMLError) as exc:
-            raise ShardtokError(f"{path}: cannot read the mix config: {exc}") from None
-        base = path.resolve().parent
-        where = str(path)
-    else:
-        data, where = config, "mix config"
-    if not isinstance(data, Mapping):
-        raise ShardtokError(f"{where}: expected a mapping at the top level")
+    """A MixSpec from a YAML file (or the dict it holds); `stage` picks a ``data_stages`` entry
+    (``stages.load_curriculum`` reads them all)."""
+    data, base, where = read_config(config)
     section: Mapping[str, Any] = data
     if "data_stages" in data:
         stages = data["data_stages"]
@@ -138,6 +125,26 @@ def load_mix_config(
         raise UsageError(f"{where}: allow_mixed_tokenizers must be true or false, got {allow!r}")
     spec.allow_mixed_tokenizers = allow
     return spec
+
+
+def read_config(config: str | Path | Mapping[str, Any]) -> tuple[Mapping, Path | None, str]:
+    """(the config's mapping, the folder relative paths are read from, its name for messages)."""
+    base: Path | None = None
+    if isinstance(config, (str, Path)):
+        import yaml  # type: ignore[import-untyped]
+
+        path = Path(config)
+        try:
+            data = yaml.safe_load(path.read_text())
+        except (OSError, yaml.YAMLError) as exc:
+            raise ShardtokError(f"{path}: cannot read the mix config: {exc}") from None
+        base = path.resolve().parent
+        where = str(path)
+    else:
+        data, where = config, "mix config"
+    if not isinstance(data, Mapping):
+        raise ShardtokError(f"{where}: expected a mapping at the top level")
+    return data, base, where
 
 
 def _origin(where: Location) -> tuple:

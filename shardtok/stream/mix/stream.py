@@ -45,9 +45,11 @@ class MixedStream(PlacedStream):
         first_epoch: int = 0,
         elastic: dict | None = None,
         allocate: Allocator = allocate_arrays,
+        source_ids: list[int] | None = None,
     ):
         """`elastic`: a merged state's ``elastic_mix`` (another layout's saved positions); every
-        source then first finishes its old epochs' remainder (see ``elastic_mix``)."""
+        source then first finishes its old epochs' remainder (see ``elastic_mix``).
+        `source_ids`: the ids batches name the sources by (default: their index)."""
         super().__init__()
         if elastic is not None:
             elastic = check_mix_layout(elastic, len(spec.sources), "mixed stream elastic state")
@@ -84,7 +86,7 @@ class MixedStream(PlacedStream):
                     remainder=remainder,
                 )
             )
-        self.mixer = MixedSequences(sources, spec.weights)
+        self.mixer = MixedSequences(sources, spec.weights, source_ids)
         self.batcher = batcher_for(
             self.mixer, options, num_batches, allocate, f"mix rank {rank} worker {worker}"
         )

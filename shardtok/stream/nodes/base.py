@@ -22,6 +22,7 @@ the full state when ``state_dict()`` is called, so the hot path never builds dic
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 import numpy as np
@@ -149,6 +150,30 @@ class PlacedStream(Node[dict]):
 
     def _next(self) -> dict:
         return next(self.batcher)
+
+    def locate(self, local_batch: int) -> Located:
+        """Where this worker's batch `local_batch` (counted from the start of this layout's
+        stream, 0-based) comes from: the placed stream that yields it, positioned at the current
+        state when the batch lies in the current part, and the batches to pass over first.
+
+        A stream of one part (an epoch's slice, a mix) is that part; streams chained from
+        parts (epochs, curriculum stages) override this. Used by provenance traces, which pull
+        the part's packed rows directly (``stream.batcher.upstream``)."""
+        done = int(self.batcher.batches)  # type: ignore[attr-defined]
+        if local_batch < done:
+            raise ValueError(f"batch {local_batch} lies before this stream's position ({done})")
+        return Located(self, local_batch - done)
+
+
+@dataclass
+class Located:
+    """A placed stream positioned so that its batch number `skip` (from its position) is the
+    one asked for; `part` says which part of a chained stream it is (``{"stage": 1}``,
+    ``{"epoch": 3}``, or empty)."""
+
+    stream: PlacedStream
+    skip: int
+    part: dict = field(default_factory=dict)
 
 
 def take(node: Iterator[Any], count: int | None = None) -> list[Any]:

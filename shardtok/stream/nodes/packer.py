@@ -41,6 +41,12 @@ class Packer(Node[PackedSequence]):
         such rows never train a label across a document boundary. A mix answers per row."""
         return self.masked
 
+    @property
+    def row_source(self) -> int:
+        """The source id of the sequence just emitted (a batch's ``source_ids``): 0 for one
+        dataset; a mix answers per row with its sources' ids."""
+        return 0
+
     def next_into(self, out: np.ndarray) -> tuple[list[int], int]:
         """Write the next sequence into `out` (``window`` slots); return (starts, length)."""
         if not self._started:

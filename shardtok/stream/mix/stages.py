@@ -1,0 +1,197 @@
+"""Curriculum stages: Nanotron's ``data_stages``, each a mix that starts at a training step.
+
+A config lists stages in order (reference note 003)::
+
+    seq_len: 2048            # stream options shared by every stage sit at the top
+    batch_size: 8
+    data_stages:
+      - name: General purpose training (Single dataset)
+        start_training_step: 1
+        data: {dataset: {dataset_path: datasets/web}, seed: 1234}
+      - name: Blended
+        start_training_step: 15
+        data: {dataset: {dataset_path: {datasets/web: 0.8, datasets/code: 0.2}}, seed: 1234}
+
+Steps are 1-based global training steps, as Nanotron counts them; a step is one batch per
+rank. Stage k serves steps ``[start_k, start_{k+1})``; the last stage serves every later step.
+The first stage starts at step 1 and starts increase strictly. Each stage has its own sources
+and weights and may set its own ``seed``; any other stream option written inside a stage must
+be the same in every stage (a batch's shape cannot change mid-run).
+
+Sources are numbered across the whole curriculum in order of first appearance (the same
+location in two stages is one source): batches' ``source_ids`` name them by that number.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from shardtok.errors import ShardtokError, UsageError
+from shardtok.storage.dataset import DatasetSource
+from shardtok.stream.mix.spec import MixSpec, check_tokenizers, mix_spec, read_config
+from shardtok.stream.options import OPTION_NAMES, StreamOptions
+
+STAGE_KEYS = ("name", "start_training_step", "data")
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    start_step: int  # 1-based global training step (Nanotron's start_training_step)
+    mix: MixSpec
+    seed: int | None = None  # the stage's own seed; None: the shared one
+
+
+@dataclass
+class Curriculum:
+    """Stages in order, the stream options they share, and the curriculum's source table."""
+
+    stages: list[Stage]
+    options: dict[str, Any] = field(default_factory=dict)
+    where: str = "curriculum"
+
+    @property
+    def sources(self) -> list[DatasetSource]:
+        """Every distinct source (by location), in order of first appearance."""
+        seen: dict[str, DatasetSource] = {}
+        for stage in self.stages:
+            for source in stage.mix.sources:
+                seen.setdefault(source.location, source)
+        return list(seen.values())
+
+    def source_ids(self, stage: int) -> list[int]:
+        """The curriculum-wide ids of stage `stage`'s sources."""
+        ids = {s.location: i for i, s in enumerate(self.sources)}
+        return [ids[s.location] for s in self.stages[stage].mix.sources]
+
+    @property
+    def starts(self) -> list[int]:
+        """Each stage's first rank step, 0-based."""
+        return [s.start_step - 1 for s in self.stages]
+
+    def stage_of_step(self, step: int) -> int:
+        """The stage serving 1-based training step `step`."""
+        if step < 1:
+            raise UsageError(f"training steps count from 1, got {step}")
+        return max(k for k, s in enumerate(self.stages) if s.start_step <= step)
+
+    def options_for(self, stage: int, options: StreamOptions) -> StreamOptions:
+        """`options` with stage `stage`'s own seed, if it has one."""
+        seed = self.stages[stage].seed
+        return options if seed is None else replace(options, seed=seed)
+
+    def local_begins(self, first_step: int, worker: int, num_workers: int) -> list[int]:
+        """For one DataLoader worker: the local batch number at which each stage begins.
+
+        Worker `worker` of `num_workers` yields the rank's steps ``first_step + j * K + w``
+        (0-based; the loader takes batches round-robin; `first_step` is where this layout's
+        stream began: 0, or the step an elastic resume happened at), so stage k begins at its
+        local batch ``max(0, ceil((S_k - first_step - w) / K))``."""
+        return [max(0, -(-(start - first_step - worker) // num_workers)) for start in self.starts]
+
+    def check_tokenizers(self) -> None:
+        """Refuse a curriculum whose sources (over all stages) were tokenized differently."""
+        allow = all(stage.mix.allow_mixed_tokenizers for stage in self.stages)
+        check_tokenizers(MixSpec(self.sources, [1] * len(self.sources), {}, allow))
+
+
+def load_curriculum(
+    config: str | Path | Mapping[str, Any], *, storage_options: dict | None = None
+) -> Curriculum:
+    """Every stage of a config (a flat config or one stage gives a one-stage curriculum)."""
+    data, base, where = read_config(config)
+    top = {k: v for k, v in data.items() if k in OPTION_NAMES}
+    allow_top = data.get("allow_mixed_tokenizers", False)
+    if "data_stages" not in data:
+        spec = _stage_mix(data, data, storage_options, base, where, allow_top)
+        stage = Stage("stage 0", 1, spec, None)
+        return Curriculum([stage], {**top, **spec.options}, where)
+    entries = data["data_stages"]
+    if not isinstance(entries, list) or not entries:
+        raise ShardtokError(f"{where}: data_stages must be a non-empty list of stages")
+    stages: list[Stage] = []
+    own: list[dict[str, Any]] = []
+    for k, entry in enumerate(entries):
+        if not isinstance(entry, Mapping):
+            raise ShardtokError(f"{where}: data stage {k} must be a mapping")
+        name = entry.get("name", f"stage {k}")
+        if not isinstance(name, str) or not name:
+            raise ShardtokError(f"{where}: data stage {k}: name must be a non-empty string")
+        start = entry.get("start_training_step", 1 if k == 0 else None)
+        if isinstance(start, bool) or not isinstance(start, int) or start < 1:
+            raise ShardtokError(
+                f"{where}: data stage {name!r}: start_training_step must be an integer >= 1, "
+                f"got {start!r}"
+            )
+        section = entry.get("data", {})
+        if not isinstance(section, Mapping):
+            raise ShardtokError(f"{where}: data stage {name!r}: 'data' must be a mapping")
+        spec = _stage_mix(section, data, storage_options, base, f"{where}: stage {name!r}",
+                          allow_top)  # fmt: skip
+        seed = spec.options.pop("seed", None)
+        stages.append(Stage(name, start, spec, seed))
+        own.append(spec.options)
+    _check_order(stages, where)
+    shared = _shared_options(stages, own, top, where)
+    # One object per location: a source in several stages reads its manifest once.
+    first: dict[str, DatasetSource] = {}
+    for stage in stages:
+        stage.mix.sources = [first.setdefault(s.location, s) for s in stage.mix.sources]
+    return Curriculum(stages, shared, where)
+
+
+def _stage_mix(section, data, storage_options, base, where, allow_top) -> MixSpec:
+    dataset = section.get("dataset", section)
+    if not isinstance(dataset, Mapping) or "dataset_path" not in dataset:
+        raise ShardtokError(f"{where}: no dataset_path")
+    spec = mix_spec(dataset["dataset_path"], storage_options, base)
+    spec.options = {k: v for k, v in {**section, **dataset}.items() if k in OPTION_NAMES}
+    unknown = set(dataset) - set(OPTION_NAMES) - {"dataset_path", "allow_mixed_tokenizers"}
+    if dataset is not section and unknown:  # a flat config may carry a trainer's other keys
+        raise ShardtokError(f"{where}: unknown keys {sorted(unknown)} next to dataset_path")
+    allow = {"allow_mixed_tokenizers": allow_top, **section, **dataset}["allow_mixed_tokenizers"]
+    if not isinstance(allow, bool):
+        raise UsageError(f"{where}: allow_mixed_tokenizers must be true or false, got {allow!r}")
+    spec.allow_mixed_tokenizers = allow
+    return spec
+
+
+def _check_order(stages: list[Stage], where: str) -> None:
+    if stages[0].start_step != 1:
+        raise ShardtokError(
+            f"{where}: the first data stage ({stages[0].name!r}) must start at step 1, not "
+            f"{stages[0].start_step}"
+        )
+    for before, after in zip(stages, stages[1:]):
+        if after.start_step <= before.start_step:
+            raise ShardtokError(
+                f"{where}: data stage {after.name!r} starts at step {after.start_step}, not "
+                f"after {before.name!r} (step {before.start_step}): stages run in order"
+            )
+    names = [s.name for s in stages]
+    for name in names:
+        if names.count(name) > 1:
+            raise ShardtokError(f"{where}: two data stages are named {name!r}")
+
+
+def _shared_options(stages: list[Stage], own: list[dict], top: dict, where: str) -> dict[str, Any]:
+    """The top-level options plus those written inside stages, which every stage must agree on
+    (only the seed is a stage's own)."""
+    if len(stages) == 1:
+        return {**top, **own[0]}
+    shared = dict(top)
+    for key in sorted({k for options in own for k in options}):
+        values = [(s.name, options.get(key, top.get(key))) for s, options in zip(stages, own)]
+        first_name, first = values[0]
+        for name, value in values[1:]:
+            if value != first:
+                raise ShardtokError(
+                    f"{where}: stage {first_name!r} sets {key}={first!r}, stage {name!r} "
+                    f"{value!r}: stream options other than seed are shared by every stage; set "
+                    "them once at the top level"
+                )
+        shared[key] = first
+    return shared
