@@ -31,7 +31,13 @@ from typing import Any
 
 from shardtok.errors import ShardtokError, UsageError
 from shardtok.storage.dataset import DatasetSource
-from shardtok.stream.mix.spec import MixSpec, check_tokenizers, mix_spec, read_config
+from shardtok.stream.mix.spec import (
+    MixSpec,
+    check_tokenizers,
+    load_mix_config,
+    mix_spec,
+    read_config,
+)
 from shardtok.stream.options import OPTION_NAMES, StreamOptions
 
 STAGE_KEYS = ("name", "start_training_step", "data")
@@ -82,6 +88,13 @@ class Curriculum:
         """`options` with stage `stage`'s own seed, if it has one."""
         seed = self.stages[stage].seed
         return options if seed is None else replace(options, seed=seed)
+
+    def stage_spec(self, stage: int) -> MixSpec:
+        """Stage `stage` alone as a mix whose options are the shared ones plus the stage's seed:
+        what a one-stage config streams (exactly a plain mix, its states and fingerprint)."""
+        chosen = self.stages[stage]
+        seed = {} if chosen.seed is None else {"seed": chosen.seed}
+        return replace(chosen.mix, options={**self.options, **seed})
 
     def local_begins(self, first_step: int, worker: int, num_workers: int) -> list[int]:
         """For one DataLoader worker: the local batch number at which each stage begins.
@@ -141,6 +154,20 @@ def load_curriculum(
     for stage in stages:
         stage.mix.sources = [first.setdefault(s.location, s) for s in stage.mix.sources]
     return Curriculum(stages, shared, where)
+
+
+def load_stage(
+    config: str | Path | Mapping[str, Any],
+    stage: str | int,
+    *,
+    storage_options: dict | None = None,
+) -> MixSpec:
+    """One data stage alone (an index or a name), as a plain mix: ``load_mix_config``'s stage,
+    its options the config's top-level stream options (shared by the stages) under its own."""
+    spec = load_mix_config(config, stage=stage, storage_options=storage_options)
+    data, _, _ = read_config(config)
+    spec.options = {**{k: v for k, v in data.items() if k in OPTION_NAMES}, **spec.options}
+    return spec
 
 
 def _stage_mix(section, data, storage_options, base, where, allow_top) -> MixSpec:
