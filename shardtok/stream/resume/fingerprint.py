@@ -3,6 +3,18 @@
 A fingerprint names every source by its manifest's sha256 (which covers every shard's sha256 and
 the tokenizer fingerprint) and weight, plus the ``StreamOptions``. Locations are kept for the
 message but not compared, so a dataset copied to another folder or bucket still resumes.
+
+Curriculum stages (``staged_fingerprint``) add ``stages``: per stage its name, ``start_step``
+(1-based), effective seed (its own, else the shared one) and sources with weights. A state of
+stage k (the stage of the last batch it yielded) at training step s (that batch's 1-based step)
+resumes when
+
+* the options other than the seed are equal (they are shared by every stage);
+* stages 0..k are equal: start step, seed, and every source (manifest, tokenizer, size, weight);
+* stage k+1, if the config still has one, starts after step s.
+
+Stages after k may change otherwise (added, removed, other sources, weights, seeds, later
+starts): extending a curriculum that is under way is allowed. Any refusal names the stage.
 """
 
 from __future__ import annotations
@@ -10,11 +22,15 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import MISSING, fields
+from typing import TYPE_CHECKING
 
 from shardtok.errors import ResumeStateError
 from shardtok.storage.dataset import DatasetSource
 from shardtok.storage.location import display_url
 from shardtok.stream.options import UNMASKED_DEFAULTS, StreamOptions
+
+if TYPE_CHECKING:
+    from shardtok.stream.mix.stages import Curriculum
 
 # A key a saved state lacks was saved before that option existed, for data without masks (the
 # stream refused masked data until then), so it compares as that data's resolved default.
@@ -44,6 +60,34 @@ def stream_fingerprint(
     return {"sources": entries, "options": options.to_dict()}
 
 
+def staged_fingerprint(curriculum: Curriculum, options: StreamOptions) -> dict:
+    """The fingerprint of curriculum stages: every source (for reference, not compared), the
+    shared options, and per stage what decides its tokens (module docstring)."""
+    known: dict[int, dict] = {}
+
+    def entry(source: DatasetSource) -> dict:
+        if id(source) not in known:  # a manifest's sha256 once, however many stages read it
+            known[id(source)] = source_fingerprint(source)
+        return dict(known[id(source)])
+
+    stages = []
+    for k, stage in enumerate(curriculum.stages):
+        sources = [
+            {**entry(s), "weight": str(w)} for s, w in zip(stage.mix.sources, stage.mix.weights)
+        ]
+        stages.append({
+            "name": stage.name,
+            "start_step": stage.start_step,
+            "seed": curriculum.options_for(k, options).seed,
+            "sources": sources,
+        })  # fmt: skip
+    return {
+        "sources": [entry(s) for s in curriculum.sources],
+        "options": options.to_dict(),
+        "stages": stages,
+    }
+
+
 def _shown(entry: dict) -> str:
     # The stored location stays as given (old states compare equal); only its printed form is
     # redacted, since a pre-signed URL's signature or a user:password may be in it.
@@ -52,35 +96,91 @@ def _shown(entry: dict) -> str:
 
 def fingerprint_differences(saved: dict, current: dict) -> list[str]:
     """Human-readable differences that change the stream (empty when resumable)."""
-    out: list[str] = []
-    old, new = saved.get("sources", []), current.get("sources", [])
+    if "stages" in saved and "stages" not in current:
+        return [f"saved for {len(saved['stages'])} curriculum stages, now one dataset or mix"]
+    out = _source_differences(saved.get("sources", []), current.get("sources", []), "")
+    return out + _option_differences(saved, current, skip=())
+
+
+def _source_differences(old: list, new: list, where: str) -> list[str]:
+    out = []
     if len(old) != len(new):
-        out.append(f"{len(old)} sources saved, {len(new)} now")
+        out.append(f"{where}{len(old)} sources saved, {len(new)} now")
     for i, (a, b) in enumerate(zip(old, new)):
         for key in ("manifest_sha256", "tokenizer", "num_tokens", "weight"):
             if a.get(key) != b.get(key):
                 out.append(
-                    f"source {i} ({_shown(a)} -> {_shown(b)}): {key} "
+                    f"{where}source {i} ({_shown(a)} -> {_shown(b)}): {key} "
                     f"{a.get(key)!r} saved, {b.get(key)!r} now"
                 )
-    a_opts, b_opts = saved.get("options", {}), current.get("options", {})
-    # An option a state was saved without did not exist yet; that code behaved as its default
-    # does, so a missing key compares as the default (adding an option keeps old states valid).
-    a_opts = {**OPTION_DEFAULTS, **a_opts}
-    b_opts = {**OPTION_DEFAULTS, **b_opts}
-    for key in sorted(set(a_opts) | set(b_opts)):
-        if a_opts.get(key) != b_opts.get(key):
-            out.append(f"option {key}: {a_opts.get(key)!r} saved, {b_opts.get(key)!r} now")
     return out
 
 
-def check_fingerprint(saved: dict | None, current: dict, *, strict: bool = True) -> list[str]:
+def _option_differences(saved: dict, current: dict, skip: tuple[str, ...]) -> list[str]:
+    # An option a state was saved without did not exist yet; that code behaved as its default
+    # does, so a missing key compares as the default (adding an option keeps old states valid).
+    a_opts = {**OPTION_DEFAULTS, **saved.get("options", {})}
+    b_opts = {**OPTION_DEFAULTS, **current.get("options", {})}
+    return [
+        f"option {key}: {a_opts.get(key)!r} saved, {b_opts.get(key)!r} now"
+        for key in sorted(set(a_opts) | set(b_opts))
+        if key not in skip and a_opts.get(key) != b_opts.get(key)
+    ]
+
+
+def stage_differences(saved: dict, current: dict, stage: int | None, step: int) -> list[str]:
+    """What keeps a state of stage `stage` at training step `step` (1-based) from resuming
+    curriculum stages `current` (the rule in the module docstring); `stage` None compares
+    every saved stage."""
+    if "stages" not in saved:
+        return [f"saved for one dataset or mix, now {len(current['stages'])} curriculum stages"]
+    old, new = saved["stages"], current["stages"]
+    # The seed is compared per stage (a stage may have its own): a shared seed only later
+    # stages use may change.
+    out = _option_differences(saved, current, skip=("seed",))
+    last = len(old) - 1 if stage is None else stage
+    if last >= len(old):
+        return [*out, f"the state is in stage {last}, but was saved with {len(old)} stages"]
+    for k in range(last + 1):
+        a = old[k]
+        where = f"stage {k} ({a.get('name')!r}): "
+        if k >= len(new):
+            out.append(f"{where}the state reached it, but the config now has {len(new)} stages")
+            break
+        b = new[k]
+        for key, shown in (("start_step", "start_training_step"), ("seed", "seed")):
+            if a.get(key) != b.get(key):
+                out.append(f"{where}{shown} {a.get(key)!r} saved, {b.get(key)!r} now")
+        out += _source_differences(a.get("sources", []), b.get("sources", []), where)
+    if stage is not None and stage + 1 < len(new) and new[stage + 1]["start_step"] <= step:
+        following = new[stage + 1]
+        out.append(
+            f"stage {stage + 1} ({following['name']!r}) now starts at step "
+            f"{following['start_step']}, at or before step {step}, which the state reached in "
+            f"stage {stage} ({old[stage].get('name')!r})"
+        )
+    return out
+
+
+def check_fingerprint(
+    saved: dict | None,
+    current: dict,
+    *,
+    strict: bool = True,
+    stage: int | None = None,
+    step: int = 0,
+) -> list[str]:
     """Refuse (ResumeStateError) a state saved against other data or options, unless not strict.
 
-    Returns the differences (what a non-strict caller may want to log).
+    For curriculum stages (`current` has ``stages``) `stage` and `step` say where the state is
+    (``stream.staged.saved_position``): stages after `stage` may differ (module docstring);
+    `stage` None compares them all. Returns the differences (what a non-strict caller may want
+    to log).
     """
     if saved is None:
         problems = ["the state carries no fingerprint"]
+    elif "stages" in current:
+        problems = stage_differences(saved, current, stage, step)
     else:
         problems = fingerprint_differences(saved, current)
     if problems and strict:
