@@ -13,6 +13,10 @@ an ``elastic_stream`` state            ``ElasticStream`` restored to it
 a ``MergedState``                      ``ElasticStream`` / elastic ``MixedStream`` at its start
 =====================================  ================================================
 
+Curriculum stages (``staged``, two or more stages) stream a ``StagedStream``: fresh, restored to
+a ``staged_stream`` state, or from a ``merged_stages`` state at its step. A one-stage config is
+a plain mix (``StreamSetup.mixed(curriculum.stage_spec(0), ...)``), with a mix's states.
+
 The torch adapter, the fast loader's workers and the CLI all build their streams here.
 """
 
@@ -43,18 +47,19 @@ from shardtok.stream.nodes.base import PlacedStream
 from shardtok.stream.options import StreamOptions
 from shardtok.stream.plan import EpochPlan
 from shardtok.stream.resume.elastic import ElasticStream, RemainderDocuments
-from shardtok.stream.resume.fingerprint import stream_fingerprint
+from shardtok.stream.resume.fingerprint import staged_fingerprint, stream_fingerprint
 from shardtok.stream.resume.saved import MergedState, Placement
 from shardtok.stream.slice_stream import SliceStream
+from shardtok.stream.staged import StagedStream
 
-STREAM_KINDS = ("slice_stream", "elastic_stream", "mixed_stream")
+STREAM_KINDS = ("slice_stream", "elastic_stream", "mixed_stream", "staged_stream")
 # Every kind a stream state may hold, with the class that owns its fields.
 NODE_CLASSES = {
     cls.KIND: cls
     for cls in (
-        SliceStream, ElasticStream, MixedStream, Batcher, ConcatPacker, GreedyPacker, BFDPacker,
-        ShuffleBuffer, SliceReader, ArrayDocuments, RemainderDocuments, SourceSequences,
-        MixedSequences,
+        SliceStream, ElasticStream, MixedStream, StagedStream, Batcher, ConcatPacker,
+        GreedyPacker, BFDPacker, ShuffleBuffer, SliceReader, ArrayDocuments, RemainderDocuments,
+        SourceSequences, MixedSequences,
     )
 }  # fmt: skip
 
@@ -112,6 +117,35 @@ class StreamSetup:
         check_tokenizers(spec)
         return cls(list(spec.sources), options, spec)
 
+    @classmethod
+    def staged(cls, curriculum: Curriculum, options: StreamOptions) -> StreamSetup:
+        """Curriculum stages (two or more; one stage is a plain mix, see the module docstring)
+        with the shared `options`; sources tokenized differently across all stages are
+        refused (``Curriculum.check_tokenizers``)."""
+        if len(curriculum.stages) < 2:
+            raise ValueError(
+                "one stage streams as a mix: StreamSetup.mixed(curriculum.stage_spec(0), ...)"
+            )
+        curriculum.check_tokenizers()
+        return cls(curriculum.sources, options, None, curriculum)
+
+    def check_resumes(self, resume: dict | MergedState | None) -> None:
+        """Refuse (one line) a stream or merged state of stages for a dataset or mix, and the
+        other way round."""
+        if resume is None:
+            return
+        if isinstance(resume, MergedState):
+            staged = resume.stage is not None
+        else:
+            staged = resume.get("kind") == StagedStream.KIND
+        if staged and self.curriculum is None:
+            raise ResumeStateError(
+                "a state of curriculum stages cannot resume one dataset or mix (give the whole "
+                "config, not one --stage)"
+            )
+        if not staged and self.curriculum is not None:
+            raise ResumeStateError("a state of one dataset or mix cannot resume curriculum stages")
+
     def map_sources(self, change: Callable[[DatasetSource], DatasetSource]) -> StreamSetup:
         """This setup with every source replaced by `change(source)` (each distinct source
         changed once, so a curriculum's stages still share theirs): what a provenance trace
@@ -140,6 +174,8 @@ class StreamSetup:
 
     @property
     def fingerprint(self) -> dict:
+        if self._fingerprint is None and self.curriculum is not None:
+            self._fingerprint = staged_fingerprint(self.curriculum, self.options)
         if self._fingerprint is None:
             weights = self.mix.weights if self.mix is not None else None
             self._fingerprint = stream_fingerprint(self.sources, weights, self.options)
@@ -163,7 +199,7 @@ class StreamSetup:
     ) -> PlacedStream:
         """The stream of `placement`, positioned at `resume` (see the module docstring).
 
-        `num_batches`: batches per worker of a mix (a mix has no epoch end)."""
+        `num_batches`: batches per worker of a mix or stages (they have no epoch end)."""
         where = dict(
             rank=placement.rank,
             world_size=placement.world_size,
@@ -177,8 +213,22 @@ class StreamSetup:
             raise ResumeStateError(
                 f"expected a stream state ({', '.join(STREAM_KINDS)}), got a {kind!r} state"
             )
+        self.check_resumes(resume)
         stream: PlacedStream
-        if self.mix is not None:
+        if self.curriculum is not None:
+            first_step, elastic = 0, None
+            if merged is not None:
+                first_step = merged.step
+                if merged.layout is not None:
+                    elastic = {"stage": merged.stage, "mix": merged.layout}
+            elif state is not None:
+                parsed = StagedStream.parse_state(state)
+                first_step, elastic = parsed["first_step"], parsed["elastic"]
+            stream = StagedStream(
+                self.curriculum, self.options, num_batches=num_batches, first_epoch=epoch,
+                first_step=first_step, elastic=elastic, allocate=allocate, **where,
+            )  # fmt: skip
+        elif self.mix is not None:
             if kind in ("slice_stream", "elastic_stream") or (merged and not merged.mixed):
                 raise ResumeStateError("a state of a single dataset cannot resume a mix")
             elastic = merged.layout if merged is not None else None

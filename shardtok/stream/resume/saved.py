@@ -2,8 +2,8 @@
 
 * ``WorkerState`` (kind ``dataset``): one (rank, worker)'s position, what
   ``ShardStreamDataset.state_dict()`` returns inside a worker and what a loader keeps per worker.
-* ``MergedState`` (kinds ``merged`` and ``merged_mix``): ``merge_states`` of every old
-  (rank, worker), which finishes an epoch with another layout.
+* ``MergedState`` (kinds ``merged``, ``merged_mix`` and ``merged_stages``): ``merge_states`` of
+  every old (rank, worker), which finishes an epoch (a stage) with another layout.
 
 ``parse_saved`` is the one place a dict becomes one of these (after ``legacy`` upgraded a 0.1
 state); nothing downstream looks at keys to tell them apart.
@@ -79,15 +79,29 @@ class WorkerState:
 
 @dataclass(frozen=True)
 class MergedState:
+    """`stage` (curriculum stages only, kind ``merged_stages``): the stage p the merged layout
+    continues at rank step `step` (the steps every old rank had taken); `layout` is then stage
+    p's merged mix layout, or None when no old worker had started stage p (it starts fresh)."""
+
     epoch: int
     fingerprint: dict
-    layout: dict  # the old layout's positions: {"world_size", "num_workers", slices/sources}
+    layout: dict | None  # the old layout's positions: {"world_size", "num_workers", ...}
     mixed: bool
+    stage: int | None = None
+    step: int = 0
 
     FIELDS = {"epoch": envelope.INT, "fingerprint": envelope.OBJECT}
+    STAGES_FIELDS = {
+        **FIELDS,
+        "stage": envelope.INT,
+        "step": envelope.INT,
+        "elastic_mix": envelope.OPTIONAL_OBJECT,
+    }
 
     @property
     def kind(self) -> str:
+        if self.stage is not None:
+            return "merged_stages"
         return "merged_mix" if self.mixed else "merged"
 
     @property
@@ -95,20 +109,28 @@ class MergedState:
         return "elastic_mix" if self.mixed else "elastic"
 
     def to_dict(self) -> dict:
-        return envelope.wrap(
-            self.kind,
-            {"epoch": self.epoch, "fingerprint": self.fingerprint, self.layout_key: self.layout},
-        )
+        fields = {"epoch": self.epoch, "fingerprint": self.fingerprint}
+        if self.stage is not None:
+            fields.update(stage=self.stage, step=self.step)
+        return envelope.wrap(self.kind, {**fields, self.layout_key: self.layout})
+
+
+MERGED_KINDS = ("merged", "merged_mix", "merged_stages")
 
 
 def parse_saved(state: object) -> WorkerState | MergedState:
     """A worker state or a merged state, checked field by field."""
+    if isinstance(state, dict) and state.get("kind") == "merged_stages":
+        s = envelope.parse(state, "merged_stages", MergedState.STAGES_FIELDS)
+        return MergedState(
+            s["epoch"], s["fingerprint"], s["elastic_mix"], True, s["stage"], s["step"]
+        )
     if isinstance(state, dict) and state.get("kind") in ("merged", "merged_mix"):
         mixed = state["kind"] == "merged_mix"
         key = "elastic_mix" if mixed else "elastic"
         fields = {**MergedState.FIELDS, key: envelope.OBJECT}
         s = envelope.parse(state, state["kind"], fields)
         return MergedState(s["epoch"], s["fingerprint"], s[key], mixed)
-    s = envelope.parse(state, ("dataset", "merged", "merged_mix"), WorkerState.FIELDS)
+    s = envelope.parse(state, ("dataset", *MERGED_KINDS), WorkerState.FIELDS)
     placement = Placement.parse(s["placement"], "dataset state")
     return WorkerState(s["epoch"], placement, s["stream"], s["fingerprint"])
