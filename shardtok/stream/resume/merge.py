@@ -1,6 +1,7 @@
 """``merge_states``: one elastic resume state from the saved states of every old (rank, worker).
 
-The rule it prepares is in ``elastic.py`` (one dataset) and ``elastic_mix.py`` (a mix).
+The rule it prepares is in ``elastic.py`` (one dataset), ``elastic_mix.py`` (a mix) and
+``elastic_stages.py`` (curriculum stages).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from shardtok.errors import ResumeStateError
 from shardtok.stream.nodes.batcher import Batcher
 from shardtok.stream.resume.elastic import slice_progress
 from shardtok.stream.resume.elastic_mix import merge_mixed_states
+from shardtok.stream.resume.elastic_stages import merge_staged_states
 from shardtok.stream.resume.saved import MergedState, WorkerState, parse_saved
 
 
@@ -43,8 +45,9 @@ def merge_worker_states(states: list[WorkerState]) -> MergedState:
         raise ResumeStateError("merge_states: states from different world sizes or worker counts")
     world_size, num_workers = layouts.pop()
     kinds = {s.stream["kind"] for s in states if s.stream is not None}
-    if kinds & {"elastic_stream"} or any(
-        s.stream is not None and s.stream.get("elastic") is not None for s in states
+    staged = kinds == {"staged_stream"} or (not kinds and "stages" in states[0].fingerprint)
+    if kinds & {"elastic_stream"} or any(  # a staged state's stage-wise check comes later
+        s.stream is not None and not staged and s.stream.get("elastic") is not None for s in states
     ):
         raise ResumeStateError(
             "merge_states: this state is of an elastically resumed epoch; finish that epoch "
@@ -69,6 +72,11 @@ def merge_worker_states(states: list[WorkerState]) -> MergedState:
         )
     epoch, fingerprint = epochs.pop(), states[0].fingerprint
     ordered = [by_index[i] for i in range(count)]
+    if staged:
+        stage, step, layout = merge_staged_states(
+            [s.stream for s in ordered], world_size, num_workers, epoch, fingerprint
+        )
+        return MergedState(epoch, fingerprint, layout, mixed=True, stage=stage, step=step)
     if kinds == {"mixed_stream"}:
         streams = [s.stream for s in ordered]
         layout = merge_mixed_states(streams, world_size, num_workers, epoch)
