@@ -17,13 +17,15 @@ from torch.utils.data import IterableDataset, get_worker_info
 from shardtok.errors import ResumeStateError, ShardtokError, UsageError
 from shardtok.storage.dataset import DatasetSource
 from shardtok.stream.factory import StreamSetup, check_stream_state
-from shardtok.stream.mix.spec import MixSpec, load_mix_config, mix_spec
+from shardtok.stream.mix.spec import MixSpec, mix_spec
+from shardtok.stream.mix.stages import Curriculum, load_curriculum, load_stage
 from shardtok.stream.nodes.base import PlacedStream
 from shardtok.stream.options import OPTION_NAMES, StreamOptions
 from shardtok.stream.plan import EpochPlan
 from shardtok.stream.resume.fingerprint import check_fingerprint
 from shardtok.stream.resume.legacy import upgrade_dataset_state
 from shardtok.stream.resume.saved import MergedState, Placement, WorkerState, parse_saved
+from shardtok.stream.staged import saved_position
 from shardtok.stream.state import is_enveloped
 from shardtok.torch.distributed import data_parallel_rank
 from shardtok.torch.transport import SlotRing, to_tensors
@@ -47,13 +49,15 @@ class ShardStreamDataset(IterableDataset):
     batches), or a weighted mix: a ``{path: weight}`` mapping, a list of paths (weights
     proportional to size) or a ``MixSpec``; a mix yields `num_batches` batches per rank (rounded
     up to a multiple of the number of workers) from an endless schedule over source epochs.
+    A ``Curriculum`` (``from_config``) runs its stages in order, each a fresh mix from its
+    start step on, for `num_batches` batches per rank.
     Saved states carry a fingerprint of the sources and options; `strict=False` resumes even
     when it differs.
     """
 
     def __init__(
         self,
-        dataset: str | Path | DatasetSource | dict | list | MixSpec,
+        dataset: str | Path | DatasetSource | dict | list | MixSpec | Curriculum,
         *,
         epoch: int = 0,
         rank: int | None = None,
@@ -85,11 +89,23 @@ class ShardStreamDataset(IterableDataset):
         elif stream_options:
             raise TypeError("give either options=StreamOptions(...) or its fields, not both")
         mix: MixSpec | None = None
+        if isinstance(dataset, Curriculum) and len(dataset.stages) == 1:  # a plain mix
+            dataset, options = dataset.stages[0].mix, dataset.options_for(0, options)
+        curriculum = dataset if isinstance(dataset, Curriculum) else None
         if isinstance(dataset, MixSpec):
             mix = dataset
         elif isinstance(dataset, (dict, list, tuple)):
             mix = mix_spec(dataset, storage_options)
-        if mix is not None:
+        if curriculum is not None:
+            if num_batches is None or num_batches < 1:
+                raise UsageError(
+                    "curriculum stages need num_batches (batches per rank) >= 1: the last stage "
+                    "never ends"
+                )
+            for stage in curriculum.stages:
+                stage.mix.allow_mixed_tokenizers |= allow_mixed_tokenizers
+            self.setup = StreamSetup.staged(curriculum, options)
+        elif mix is not None:
             if num_batches is None or num_batches < 1:
                 raise UsageError("a mixed dataset needs num_batches (batches per rank) >= 1")
             mix.allow_mixed_tokenizers = mix.allow_mixed_tokenizers or allow_mixed_tokenizers
@@ -114,12 +130,21 @@ class ShardStreamDataset(IterableDataset):
         self._worker_slot: tuple[int, int] | None = None  # (worker, num_workers) in a ShardLoader
 
     @classmethod
-    def from_config(cls, config: str | Path | dict, *, stage: str | int = 0, **kwargs):
-        """A dataset from a YAML mix config (Nanotron style); keyword arguments override it."""
-        spec = load_mix_config(
-            config, stage=stage, storage_options=kwargs.pop("storage_options", None)
-        )
-        return cls(spec, **{**spec.options, **kwargs})
+    def from_config(cls, config: str | Path | dict, *, stage: str | int | None = None, **kwargs):
+        """A dataset from a YAML mix config (Nanotron style); keyword arguments override it.
+
+        `stage` None runs every ``data_stages`` entry in order (``num_batches`` required: the
+        last stage never ends); a config with one stage is that stage's mix, exactly as a plain
+        mix. `stage` (an index or a name) runs that stage alone, as a plain mix."""
+        storage_options = kwargs.pop("storage_options", None)
+        if stage is not None:
+            spec = load_stage(config, stage, storage_options=storage_options)
+            return cls(spec, **{**spec.options, **kwargs})
+        curriculum = load_curriculum(config, storage_options=storage_options)
+        if len(curriculum.stages) == 1:
+            spec = curriculum.stage_spec(0)
+            return cls(spec, **{**spec.options, **kwargs})
+        return cls(curriculum, **{**curriculum.options, **kwargs})
 
     # -- what is streamed -----------------------------------------------------------------
     @property
@@ -129,6 +154,11 @@ class ShardStreamDataset(IterableDataset):
     @property
     def mix(self) -> MixSpec | None:
         return self.setup.mix
+
+    @property
+    def curriculum(self) -> Curriculum | None:
+        """The stages streamed (None: one dataset or one mix)."""
+        return self.setup.curriculum
 
     @property
     def sources(self) -> list[DatasetSource]:
@@ -152,7 +182,7 @@ class ShardStreamDataset(IterableDataset):
 
     def plan(self, num_workers: int = 1, epoch: int | None = None) -> EpochPlan:
         """The epoch plan for a DataLoader with `num_workers` workers (0 counts as 1)."""
-        if self.mix is not None:
+        if self.mix is not None or self.curriculum is not None:
             raise ShardtokError("a mixed dataset has no single epoch plan (see num_batches)")
         _, world_size = data_parallel_rank(self.rank, self.world_size)
         return self.setup.plan(
@@ -162,7 +192,7 @@ class ShardStreamDataset(IterableDataset):
         )
 
     def batches_per_rank(self, num_workers: int = 1) -> int:
-        if self.mix is not None:
+        if self.mix is not None or self.curriculum is not None:
             return self._mix_batches_per_worker(max(num_workers, 1)) * max(num_workers, 1)
         return self.plan(num_workers).batches_per_rank
 
@@ -198,7 +228,9 @@ class ShardStreamDataset(IterableDataset):
             epoch=self.epoch,
             resume=state,
             num_batches=(
-                None if self.mix is None else self._mix_batches_per_worker(placement.num_workers)
+                None
+                if self.mix is None and self.curriculum is None
+                else self._mix_batches_per_worker(placement.num_workers)
             ),
             **({"allocate": ring.allocate} if ring is not None else {}),
         )
@@ -249,7 +281,10 @@ class ShardStreamDataset(IterableDataset):
         if isinstance(saved, WorkerState) and saved.stream is not None:
             check_stream_state(saved.stream)
         check_fingerprint(
-            saved.fingerprint, self.fingerprint, strict=self.strict if strict is None else strict
+            saved.fingerprint,
+            self.fingerprint,
+            strict=self.strict if strict is None else strict,
+            **saved_position(saved if isinstance(saved, MergedState) else saved.stream),
         )
         return saved
 
@@ -268,7 +303,8 @@ class ShardStreamDataset(IterableDataset):
         saved = self.parse_state(state, strict)
         self.set_epoch(saved.epoch)
         if isinstance(saved, MergedState):
-            if saved.mixed and self.mix is None:
+            self.setup.check_resumes(saved)
+            if saved.mixed and self.mix is None and self.curriculum is None:
                 raise ResumeStateError("a merged state of a mix cannot resume a single dataset")
             self._pending_state = saved
         else:
