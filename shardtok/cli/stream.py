@@ -57,7 +57,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument(
         "--config", metavar="MIX.yaml", help="a mix config (Nanotron-style dataset_path)"
     )
-    p.add_argument("--stage", default="0", help="--config: data stage index or name")
+    p.add_argument(
+        "--stage", default=None, help="--config: run this data stage alone (index or name)"
+    )
     p.add_argument("--seq-len", type=at_least(1), metavar="L", help="input tokens per sequence")
     p.add_argument("--batch-size", type=at_least(1), metavar="B", help="sequences per batch")
     p.add_argument(

@@ -1,4 +1,4 @@
-"""Turning `shardtok stream` arguments into stream options and a mix."""
+"""Turning `shardtok stream` arguments into stream options and a mix (or curriculum stages)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import argparse
 from collections.abc import Sequence
 
 from shardtok.errors import UsageError
-from shardtok.stream.mix.spec import MixSpec, load_mix_config, mix_spec
+from shardtok.stream.mix.spec import MixSpec, mix_spec
+from shardtok.stream.mix.stages import Curriculum, load_curriculum, load_stage
 from shardtok.stream.options import OPTION_NAMES, StreamOptions
 
 
@@ -49,7 +50,9 @@ def options_from(args: argparse.Namespace, config: dict | None = None) -> Stream
     return StreamOptions(**merged)
 
 
-def mix_from(args: argparse.Namespace) -> MixSpec | None:
+def mix_from(args: argparse.Namespace) -> MixSpec | Curriculum | None:
+    """What to stream: None (one DATASET), a mix, or curriculum stages (``--config`` with two or
+    more ``data_stages`` and no ``--stage``; a one-stage config is a plain mix)."""
     chosen = [bool(args.dataset), bool(args.source), bool(args.config)]
     if sum(chosen) != 1:
         raise UsageError("give one of DATASET, --source or --config")
@@ -57,9 +60,16 @@ def mix_from(args: argparse.Namespace) -> MixSpec | None:
         raise UsageError(f"--rank {args.rank} is outside --world-size {args.world_size}")
     if args.source:
         spec = spec_from_args(args.source)
+    elif args.config and args.stage is None:
+        curriculum = load_curriculum(args.config)
+        if len(curriculum.stages) > 1:
+            for stage in curriculum.stages:
+                stage.mix.allow_mixed_tokenizers |= args.allow_mixed_tokenizers
+            return curriculum
+        spec = curriculum.stage_spec(0)
     elif args.config:
         stage = int(args.stage) if args.stage.isdigit() else args.stage
-        spec = load_mix_config(args.config, stage=stage)
+        spec = load_stage(args.config, stage)
     else:
         return None
     spec.allow_mixed_tokenizers = spec.allow_mixed_tokenizers or args.allow_mixed_tokenizers

@@ -1,5 +1,6 @@
-"""The worker streams one rank runs for `shardtok stream`: a dataset or a weighted mix, the
-DataLoader's round robin over its workers in process, and saving/restoring their positions."""
+"""The worker streams one rank runs for `shardtok stream`: a dataset, a weighted mix or
+curriculum stages, the DataLoader's round robin over its workers in process, and
+saving/restoring their positions."""
 
 from __future__ import annotations
 
@@ -11,11 +12,13 @@ from shardtok.cli.stream_args import mix_from, options_from
 from shardtok.errors import ShardtokError, UsageError
 from shardtok.storage.dataset import DatasetSource
 from shardtok.stream.factory import StreamSetup, check_stream_state
+from shardtok.stream.mix.stages import Curriculum
 from shardtok.stream.nodes.base import PlacedStream
 from shardtok.stream.resume.fingerprint import check_fingerprint
 from shardtok.stream.resume.merge import merge_worker_states
 from shardtok.stream.resume.saved import MergedState, Placement, WorkerState
 from shardtok.stream.resume.state_file import StateFile, load_state_file, save_state_file
+from shardtok.stream.staged import StagedStream, saved_position
 
 
 class StreamJob:
@@ -24,11 +27,15 @@ class StreamJob:
     def __init__(self, args: argparse.Namespace):
         mix = mix_from(args)
         options = options_from(args, mix.options if mix is not None else None)
-        if mix is not None:
+        if isinstance(mix, Curriculum):
+            self.setup = StreamSetup.staged(mix, options)
+        elif mix is not None:
             self.setup = StreamSetup.mixed(mix, options)
         else:
             self.setup = StreamSetup.single(DatasetSource(args.dataset), options)
+        # `mix`: what ShardStreamDataset is given for the same stream (a mix or the stages)
         self.mix, self.options = mix, self.setup.options  # with what the data decides
+        self.staged = isinstance(mix, Curriculum)
         self.sources = list(self.setup.sources)
         self.args = args
         self.workers = max(args.num_workers, 1)
@@ -39,7 +46,12 @@ class StreamJob:
                 epoch=args.epoch, world_size=args.world_size, num_workers=self.workers
             )
         elif args.max_batches is None:
-            raise UsageError("a mix never ends: give --max-batches")
+            what = (
+                "curriculum stages never end (the last one runs on)"
+                if self.staged
+                else ("a mix never ends")
+            )
+            raise UsageError(f"{what}: give --max-batches")
         self.streams: list[PlacedStream] = [self._stream(w) for w in range(self.workers)]
         self.next_worker = 0
         self.taken = 0
@@ -59,7 +71,9 @@ class StreamJob:
             for path in paths
         ]
         for path, doc in zip(paths, saved, strict=True):
-            problems = check_fingerprint(doc.fingerprint, self.fingerprint, strict=strict)
+            problems = check_fingerprint(
+                doc.fingerprint, self.fingerprint, strict=strict, **saved_position(*doc.workers)
+            )
             for problem in problems:
                 print(f"warning: {path}: resuming anyway: {problem}", file=sys.stderr)
         doc = saved[0]
@@ -84,7 +98,8 @@ class StreamJob:
         ]
         merged = merge_worker_states(states)
         self.streams = [self._stream(w, merged) for w in range(self.workers)]
-        self.next_worker = self.taken = 0
+        # stages count the rank's steps on from the merge (they decide the stage)
+        self.next_worker, self.taken = 0, merged.step
 
     def save(self, path: str) -> None:
         state = StateFile(
@@ -119,6 +134,10 @@ class StreamJob:
         yielded, and overlong documents met with the tokens they lost (in this process)."""
         out = {"real_tokens": 0, "overlong_documents": 0, "overlong_tokens_dropped": 0}
         for stream in self.streams:
+            if isinstance(stream, StagedStream):
+                for key, value in stream.totals().items():
+                    out[key] += value
+                continue
             stats = stream.batcher.stats()  # type: ignore[attr-defined]
             rows = stream.stats()["sources"] if self.mix is not None else [stats]  # type: ignore[attr-defined]
             out["real_tokens"] += stats["real_tokens"]
@@ -128,9 +147,12 @@ class StreamJob:
         return out
 
     def shares(self) -> list[dict]:
-        """Per source, over this rank's worker streams: sequences, share, epochs reached."""
+        """Per source, over this rank's worker streams: sequences, share, epochs reached.
+        Stages: per stage a worker stream is in now (workers switch one by one) and source."""
         if self.mix is None:
             return []
+        if self.staged:
+            return self._stage_shares()
         rows = []
         per_stream = [s.stats()["sources"] for s in self.streams]  # type: ignore[attr-defined]
         total = sum(r["sequences"] for shares in per_stream for r in shares) or 1
@@ -145,4 +167,27 @@ class StreamJob:
                     "epochs": [shares[i]["epoch"] for shares in per_stream],
                 }
             )
+        return rows
+
+    def _stage_shares(self) -> list[dict]:
+        assert isinstance(self.mix, Curriculum)
+        per_stream = [s.stats() for s in self.streams]  # type: ignore[attr-defined]
+        rows = []
+        for k in sorted({stats["stage"] for stats in per_stream}):
+            stage = self.mix.stages[k]
+            here = [stats["sources"] for stats in per_stream if stats["stage"] == k]
+            total = sum(r["sequences"] for shares in here for r in shares) or 1
+            for i, source in enumerate(stage.mix.sources):
+                sequences = sum(shares[i]["sequences"] for shares in here)
+                rows.append(
+                    {
+                        "stage": stage.name,
+                        "source": source.display,
+                        "source_id": here[0][i]["source_id"],
+                        "weight": stage.mix.shares[i],
+                        "sequences": sequences,
+                        "share": sequences / total,
+                        "epochs": [shares[i]["epoch"] for shares in here],
+                    }
+                )
         return rows
