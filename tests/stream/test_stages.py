@@ -10,7 +10,7 @@ import pytest
 
 from shardtok.cli.main import run as main
 from shardtok.errors import ResumeStateError, ShardtokError, UsageError
-from shardtok.stream.factory import StreamSetup
+from shardtok.stream.factory import StreamSetup, check_stream_state
 from shardtok.stream.mix.spec import load_mix_config
 from shardtok.stream.mix.stages import load_curriculum
 from shardtok.stream.mix.stream import MixedStream
@@ -326,3 +326,30 @@ def test_cli_elastic_across_layouts(base, tmp_path):
     expected, _ = rank_batches(setup, 0, 1, 2, 5, resume=parse_saved(merge_states(states)))
     assert np.array_equal(np.load(rest)["input_ids"], np.stack([b["input_ids"] for b in expected]))
     assert json.loads(state.read_text())["batches"] == 10  # the rank's steps, from the start
+    final = tmp_path / "final.npz"  # a file of an elastically resumed layout resumes exactly
+    assert main(["stream", "--config", str(path), "--num-workers", "2", "--max-batches", "2",
+                 "--state-in", str(state), "--dump", str(final)]) == 0  # fmt: skip
+    more, _ = rank_batches(setup, 0, 1, 2, 7, resume=parse_saved(merge_states(states)))
+    assert np.array_equal(np.load(final)["input_ids"], np.stack([b["input_ids"] for b in more[5:]]))
+
+
+def test_damaged_staged_states_are_refused_in_one_line(base):
+    setup = setup_of(base)
+    _, (stream,) = rank_batches(setup, 0, 1, 1, 5)
+    state = stream.state_dict()
+    check_stream_state(state)
+    for damage, message in (
+        ({"stage": 7}, "field 'stage' is 7"),
+        ({"stage": 2}, "stage 2's stream has yielded"),
+        ({"batches": 4}, "field 'batches' is 4, but stage 1"),
+        ({"mix": None}, "without its stream's state"),
+        ({"first_step": 2}, "field 'batches' is 5, but stage 1"),
+        ({"worker": 1}, "state belongs to"),
+        ({"extra": 1}, "unknown field 'extra'"),
+    ):
+        with pytest.raises(ResumeStateError, match=message) as error:
+            check_stream_state({**state, **damage})
+            setup.stream(Placement(0, 1, 0, 1), epoch=0, resume={**state, **damage})
+        assert "\n" not in str(error.value)
+    with pytest.raises(ResumeStateError, match="it began at step 2 .*, this stream at step 0"):
+        setup.stream(Placement(0, 1, 0, 1), epoch=0).reset({**state, "first_step": 2})
