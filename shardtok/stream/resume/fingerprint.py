@@ -6,15 +6,18 @@ message but not compared, so a dataset copied to another folder or bucket still 
 
 Curriculum stages (``staged_fingerprint``) add ``stages``: per stage its name, ``start_step``
 (1-based), effective seed (its own, else the shared one) and sources with weights. A state of
-stage k (the stage of the last batch it yielded) at training step s (that batch's 1-based step)
-resumes when
+stage k (the stage of the last batch it yielded) at training step s (that batch's 1-based step;
+a merged elastic state at rank step T: the stage of step s = T + 1, which it resumes with; a
+loader's or state file's workers: the furthest of them) resumes when
 
 * the options other than the seed are equal (they are shared by every stage);
-* stages 0..k are equal: start step, seed, and every source (manifest, tokenizer, size, weight);
+* stages 0..k are equal: start step, effective seed, and every source (manifest, tokenizer,
+  size, weight; names are not compared);
 * stage k+1, if the config still has one, starts after step s.
 
 Stages after k may change otherwise (added, removed, other sources, weights, seeds, later
-starts): extending a curriculum that is under way is allowed. Any refusal names the stage.
+starts): extending a curriculum that is under way is allowed. The shared seed is compared only
+through the stages 0..k that use it. Any refusal names the stage and what differs.
 """
 
 from __future__ import annotations
