@@ -13,7 +13,10 @@ continues at rank step T in stage p, the stage of (1-based) step T + 1:
   the new layout starts stage p fresh, as it would have without the resume.
 
 The new layout's staged streams begin at step T (worker w yields the rank's steps
-``T + j * K + w``), so later stages still begin at their start steps. Refused, besides what
+``T + j * K + w``), so later stages still begin at their start steps. Stage p still ends where
+it always did: what its steps do not reach of the handed-over remainder stays unread, as any
+stage leaves the rest of its sources (a new worker whose first step is already in stage p + 1
+reads none of its share). Refused, besides what
 ``merge_states`` refuses for any state: ranks at different steps, and a stage p that was itself
 resumed elastically (finish that stage with the layout it was loaded into).
 """
