@@ -58,6 +58,15 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "--config", metavar="MIX.yaml", help="a mix config (Nanotron-style dataset_path)"
     )
     p.add_argument("--stage", default="0", help="--config: data stage index or name")
+    add_stream_options(p)
+    _add_output_options(p)
+    p.set_defaults(run=run)
+    return p
+
+
+def add_stream_options(p: argparse.ArgumentParser) -> None:
+    """The options that decide the batches (shape, packing, shuffling, placement): shared by
+    `shardtok stream` and `shardtok trace`, so both read a command line alike."""
     p.add_argument("--seq-len", type=at_least(1), metavar="L", help="input tokens per sequence")
     p.add_argument("--batch-size", type=at_least(1), metavar="B", help="sequences per batch")
     p.add_argument(
@@ -111,6 +120,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="shifted (default): labels[i] is the target of input_ids[i]; hf: aligned with "
         "input_ids for models that shift internally (transformers' *ForCausalLM)",
     )
+
+
+def _add_output_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--state-out", metavar="FILE", help="save the stream position after the last batch"
     )
@@ -159,8 +171,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     p.add_argument("--plan", action="store_true", help="print the epoch plan (JSON) and exit")
     p.add_argument("--json", action="store_true", help="print the statistics as JSON")
-    p.set_defaults(run=run)
-    return p
 
 
 def _torch_batches(args, job: StreamJob) -> Iterator[dict] | None:
