@@ -205,12 +205,11 @@ def print_trace(trace: dict) -> None:
             begin, end = g["tokens"]
             print(
                 f"  slots [{a}, {b}): {g['shard']} document {g['document']:,} tokens "
-                f"[{begin:,}, {end:,})  (dataset document {g['dataset_document']:,}"
-                + (f", source {g['source']}" if several else "")
-                + ")"
+                f"[{begin:,}, {end:,}) of {g['document_length']:,}  (dataset document "
+                f"{g['dataset_document']:,}" + (f", source {g['source']}" if several else "") + ")"
             )
             if "text" in g:
-                print(g["text"])
+                print("\n".join(f"    | {line}" for line in g["text"].split("\n")))
         if seq["padding"] is not None:
             a, b = seq["padding"]
             print(f"  slots [{a}, {b}): padding (pad id {trace['pad_id']})")

@@ -209,7 +209,8 @@ def describe_row(
     segments = []
     for a, b in zip(edges, edges[1:]):
         shard, document = int(shards[a]), int(documents[a])
-        begin = int(offsets[a]) - int(source.offsets(manifest.shards[shard].file)[document])
+        bounds = source.offsets(manifest.shards[shard].file)
+        begin = int(offsets[a]) - int(bounds[document])
         segments.append(
             {
                 "source": source_id,
@@ -219,6 +220,7 @@ def describe_row(
                 "document": document,
                 "dataset_document": firsts[shard] + document,
                 "tokens": [begin, begin + b - a],
+                "document_length": int(bounds[document + 1] - bounds[document]),
                 "positions": [a, b],
             }
         )
