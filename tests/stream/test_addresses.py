@@ -11,6 +11,7 @@ from shardtok.storage.dataset import DatasetSource
 from shardtok.stream import StreamOptions, StreamSetup, merge_states, mix_spec
 from shardtok.stream.masked import split_flags
 from shardtok.stream.provenance import AddressSource, split_addresses
+from shardtok.stream.provenance.skip import skip_rows
 from shardtok.stream.resume.saved import MergedState, Placement, WorkerState, parse_saved
 from tests.helpers.masked import Known
 
@@ -132,3 +133,26 @@ def test_addresses_come_from_the_idx(data, monkeypatch):
     assert np.array_equal(np.diff(offsets), np.ones(len(offsets) - 1))
     assert reader.mask_source is None
     file.close()
+
+
+@pytest.mark.parametrize("kind", ["mix", "single", "overlap"])
+def test_passing_over_rows_in_runs_is_stepping_row_by_row(data, kind):
+    folders = [folder for _, folder in data]
+    options = StreamOptions(seq_len=15, batch_size=2, shuffle_buffer=12,
+                            stride=7 if kind == "overlap" else None)  # fmt: skip
+    if kind == "mix":  # runs per source, across several source epochs
+        setup = StreamSetup.mixed(mix_spec({folders[0]: 0.6, folders[1]: 0.4}), options)
+    else:
+        setup = StreamSetup.single(DatasetSource(folders[0]), options)
+    addresses = setup.map_sources(AddressSource)
+    placement = Placement(0, 2, 1, 2)
+    for rows in (0, 1, 37, 300 if kind == "mix" else 65):
+        fast, slow = (addresses.stream(placement, epoch=0).batcher.upstream for _ in range(2))
+        skip_rows(fast, rows)
+        row = np.empty(16, np.int64)
+        for _ in range(rows):
+            slow.next_into(row)
+        assert fast.state_dict() == slow.state_dict()
+        a, b = np.empty(16, np.int64), np.empty(16, np.int64)
+        for _ in range(3):
+            assert fast.next_into(a) == slow.next_into(b) and np.array_equal(a, b)

@@ -28,10 +28,9 @@ from shardtok.errors import ShardtokError, UsageError
 from shardtok.stream.factory import StreamSetup
 from shardtok.stream.nodes.base import Located
 from shardtok.stream.provenance.addresses import AddressSource, split_addresses
+from shardtok.stream.provenance.skip import skip_rows
 from shardtok.stream.provenance.states import SavedRank, saved_rank
 from shardtok.stream.resume.saved import Placement
-
-SKIP_TOKENS = 1 << 22  # concat: windows passed over per next_batch call (about 32 MiB)
 
 
 def trace_step(
@@ -159,19 +158,8 @@ def _batch_rows(located: Located, batch_size: int, step: int) -> list:
         )
     packer = batcher.upstream  # type: ignore[attr-defined]
     window = packer.window
-    skip = located.skip * batch_size
     try:
-        if getattr(packer, "contiguous", False):
-            run = max(1, SKIP_TOKENS // window)
-            while skip:
-                count = min(run, skip)
-                if packer.next_batch(count) is None:
-                    raise StopIteration
-                skip -= count
-        else:
-            scratch = np.empty(window, dtype=np.int64)
-            for _ in range(skip):
-                packer.next_into(scratch)
+        skip_rows(packer, located.skip * batch_size)
         rows = []
         for _ in range(batch_size):
             row = np.empty(window, dtype=np.int64)
