@@ -134,8 +134,8 @@ def _check_end(setup, t, step, *, epoch, world_size, slots, per_worker, rank) ->
         limit = per_worker * slots
         if t >= limit:
             raise UsageError(
-                f"step {step} is past the end: {limit:,} steps per rank ({per_worker:,} per "
-                f"worker x {slots}) with num_batches"
+                f"step {step} is past the end of the run: num_batches (--max-batches) gives "
+                f"{limit:,} steps per rank ({per_worker:,} per worker x {slots})"
             )
     elif setup.mix is None and setup.curriculum is None:
         plan = setup.plan(epoch=epoch, world_size=world_size, num_workers=slots)
