@@ -15,9 +15,11 @@ batches before it there, the packer's rows are pulled past those, and the next `
 rows are the batch, slot by slot, as addresses. A trace cannot disagree with the stream: it
 runs the stream's own code.
 
-Cost: the rows before the step are replayed from the worker's start (or its saved state), as
-addresses: no ``.bin`` is read, only the idx of the shards passed. Concat packing without
-overlap skips a whole run of windows per numpy call; other packings and mixes step row by row.
+Cost: the worker's rows before the step are replayed from its start (or its saved state), as
+addresses: no ``.bin`` is read, only the idx of the shards passed (``skip``: concat windows,
+also a mix's, are passed over in runs; greedy and bfd row by row). Measured on 2 cores, 8 x
+2048 batches: 0.4-0.7 s per 10,000 local batches of a worker, whatever the packing (bfd ~30%
+slower); step 10**6 of a 2-worker mix in 20 s.
 """
 
 from __future__ import annotations
