@@ -110,3 +110,24 @@ def test_help_teaches(capsys):
         run(["trace", "--help"])
     out = capsys.readouterr().out
     assert "examples:" in out and "--state" in out and "--seq-len" in out
+
+
+def test_decode_marks_the_untrained_tokens_of_fine_tuning_data(tmp_path, capsys):
+    from tokenizers import Tokenizer
+
+    from shardtok.convert.tokenizer import BUNDLED, BUNDLED_PATH, load_tokenizer
+
+    spec = load_tokenizer(BUNDLED)
+    tokenizer = Tokenizer.from_file(str(BUNDLED_PATH / "tokenizer.json"))
+    with DatasetWriter(tmp_path, vocab_size=spec.vocab_size, tokenizer=spec.as_metadata(),
+                       masks=True) as w:  # fmt: skip
+        for i in range(12):
+            prompt = tokenizer.encode(f"Question {i}: what is packing?").ids
+            answer = tokenizer.encode(" Whole conversations per sequence.").ids + [spec.eos_id]
+            w.add(np.array(prompt + answer), mask=[0] * len(prompt) + [1] * len(answer))
+    args = ["trace", str(tmp_path), "--seq-len", "40", "--batch-size", "2", "--step", "1"]
+    assert run([*args, "--decode", "--json"]) == 0
+    trace = json.loads(capsys.readouterr().out)
+    segment = trace["sequences"][0]["segments"][0]
+    assert trace["packing"] == "greedy" and segment["untrained"] > 0
+    assert "[[Question" in segment["text"] and "]] Whole conversations" in segment["text"]
