@@ -18,6 +18,7 @@ from shardtok.cli.stream_output import marked_text
 from shardtok.errors import ResumeStateError, UsageError
 from shardtok.storage.dataset import DatasetSource
 from shardtok.stream.factory import StreamSetup, check_stream_state
+from shardtok.stream.mix.stages import load_curriculum
 from shardtok.stream.provenance import trace_step
 from shardtok.stream.provenance.states import saved_rank
 from shardtok.stream.provenance.trace import source_table
@@ -76,7 +77,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         metavar="PATH[:WEIGHT]",
         help="a mix given as in `shardtok stream` (repeatable) instead of CONFIG_OR_DATASET",
     )
-    p.add_argument("--stage", default="0", help="config: data stage index or name")
+    p.add_argument(
+        "--stage", default=None, help="config: trace this data stage (index or name) alone"
+    )
     p.add_argument(
         "--step", type=at_least(1), required=True, metavar="N", help="1-based training step"
     )
@@ -121,6 +124,15 @@ def setup_from(args: argparse.Namespace) -> StreamSetup:
     )
     args.config = target if is_config else None
     args.dataset = None if is_config else target
+    if args.stage is None:
+        if is_config and len(load_curriculum(target).stages) > 1:
+            # TODO(stages): build the curriculum's chained stream here once StreamSetup runs
+            # stages; until then a later stage's steps would be traced in stage 0's mix.
+            raise UsageError(
+                f"{target} has several data stages: pass --stage N|NAME to trace one stage "
+                "as a run of its own"
+            )
+        args.stage = "0"
     mix = mix_from(args)
     options = options_from(args, mix.options if mix is not None else None)
     if mix is not None:

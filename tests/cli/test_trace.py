@@ -92,7 +92,7 @@ def json_sources(config) -> list[str]:
     return list(yaml.safe_load(open(config))["dataset_path"])
 
 
-def test_errors_are_one_line(datasets, capsys):
+def test_errors_are_one_line(datasets, tmp_path, capsys):
     path, _ = datasets
     with pytest.raises(SystemExit) as exit_status:  # argparse's own refusal: status 2, one line
         main(["trace", path, *SHAPE, "--step", "0"])
@@ -103,6 +103,12 @@ def test_errors_are_one_line(datasets, capsys):
     assert "past the end of epoch 0" in err and "steps per epoch" in err and "\n" not in err
     assert main(["trace", path, "--step", "1"]) == 2
     assert "--seq-len is required" in capsys.readouterr().err
+    stages = tmp_path / "stages.yaml"
+    stages.write_text(f"seq_len: 24\nbatch_size: 2\ndata_stages:\n"
+                      f"  - data: {{dataset: {{dataset_path: {path}}}}}\n"
+                      f"  - {{start_training_step: 5, data: {{dataset: {{dataset_path: {path}}}}}}}\n")  # fmt: skip
+    assert main(["trace", str(stages), "--step", "7"]) == 2  # not stage 0's mix at step 7
+    assert "several data stages: pass --stage" in capsys.readouterr().err
 
 
 def test_help_teaches(capsys):
