@@ -111,3 +111,6 @@ def test_steps_outside_the_stream_are_one_line_errors(data):
     broken = {**state, "next_worker": 1}
     with pytest.raises(ResumeStateError, match="round robin makes it worker 0"):
         trace_step(mixed, step=9, rank=RANK, world_size=WORLD, num_workers=2, state=broken)
+    miscounted = {**state, "batches": SAVED + 2}
+    with pytest.raises(ResumeStateError, match=f"its worker streams yielded {SAVED}"):
+        trace_step(mixed, step=9, rank=RANK, world_size=WORLD, num_workers=2, state=miscounted)

@@ -76,6 +76,12 @@ def saved_rank(
     if isinstance(state, StateFile):
         workers = [None if w is None else check_stream_state(w) for w in state.workers]
         check_fingerprint(state.fingerprint, fingerprint)
+        counted = _first_step(workers) + sum(local_batches(w) for w in workers)
+        if counted != state.batches:
+            raise ResumeStateError(
+                f"the state file says {state.batches} steps were taken, its worker streams "
+                f"yielded {counted}"
+            )
         return _checked(
             SavedRank(
                 state.epoch, state.rank, state.world_size, state.batches, state.next_worker,
