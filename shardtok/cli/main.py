@@ -11,7 +11,7 @@ import os
 import sys
 
 from shardtok import __version__
-from shardtok.cli import convert, inspect, megatron, stream, verify
+from shardtok.cli import convert, inspect, megatron, stream, trace, verify
 from shardtok.errors import ShardtokError, UsageError
 
 DESCRIPTION = """\
@@ -25,6 +25,7 @@ typical session:
   shardtok inspect data/                                # counts, dtype, tokenizer, compression
   shardtok verify data/                                 # every checksum; exit 1 on damage
   shardtok stream data/ --seq-len 2048 --batch-size 8   # the batches a rank would train on
+  shardtok trace data/ --seq-len 2048 --batch-size 8 --step 100   # which documents step 100 holds
   shardtok export-megatron data/ out/corpus_text_document   # a .bin/.idx pair for Megatron-LM
 """
 
@@ -59,6 +60,7 @@ _SUBCOMMANDS = [
     convert.add_parser,
     convert.add_sample_corpus_parser,
     stream.add_parser,
+    trace.add_parser,
     inspect.add_parser,
     verify.add_parser,
     megatron.add_import_parser,

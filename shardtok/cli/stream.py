@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from shardtok.cli.arguments import at_least
+from shardtok.cli.stream_args import mix_from, options_from
 from shardtok.cli.stream_job import StreamJob
 from shardtok.cli.stream_output import decode_batches, dump_batches, real_tokens
 from shardtok.errors import ShardtokError, UsageError
@@ -60,6 +61,15 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument(
         "--stage", default=None, help="--config: run this data stage alone (index or name)"
     )
+    add_stream_options(p)
+    _add_output_options(p)
+    p.set_defaults(run=run)
+    return p
+
+
+def add_stream_options(p: argparse.ArgumentParser) -> None:
+    """The options that decide the batches (shape, packing, shuffling, placement): shared by
+    `shardtok stream` and `shardtok trace`, so both read a command line alike."""
     p.add_argument("--seq-len", type=at_least(1), metavar="L", help="input tokens per sequence")
     p.add_argument("--batch-size", type=at_least(1), metavar="B", help="sequences per batch")
     p.add_argument(
@@ -113,6 +123,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="shifted (default): labels[i] is the target of input_ids[i]; hf: aligned with "
         "input_ids for models that shift internally (transformers' *ForCausalLM)",
     )
+
+
+def _add_output_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--state-out", metavar="FILE", help="save the stream position after the last batch"
     )
@@ -159,10 +172,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         metavar="PATH",
         help="tokenizer for --decode (default: the bundled one, if the dataset was made with it)",
     )
-    p.add_argument("--plan", action="store_true", help="print the epoch plan (JSON) and exit")
+    p.add_argument(
+        "--plan",
+        action="store_true",
+        help="print the epoch plan (JSON) and exit; for a mix or stages (with --max-batches N): "
+        "per stage and source the sequences, tokens and source epochs of the first N batches "
+        "per rank (a table, or --json)",
+    )
     p.add_argument("--json", action="store_true", help="print the statistics as JSON")
-    p.set_defaults(run=run)
-    return p
 
 
 def _torch_batches(args, job: StreamJob) -> Iterator[dict] | None:
@@ -188,7 +205,40 @@ def _torch_batches(args, job: StreamJob) -> Iterator[dict] | None:
     return ({k: v.numpy() if hasattr(v, "numpy") else v for k, v in b.items()} for b in loader)
 
 
+def _preview_mix(args: argparse.Namespace) -> int:
+    """`--plan` for a mix or curriculum: what the first --max-batches batches read per source."""
+    from shardtok.stream.mix.stages import load_curriculum
+    from shardtok.stream.preview import format_preview, mix_preview, one_stage
+
+    if args.max_batches is None:
+        raise UsageError(
+            "a mix preview counts the first N batches per rank: give --max-batches N (the "
+            "run's training steps)"
+        )
+    if args.config and getattr(args, "stage", None) is None:  # every stage
+        if args.dataset or args.source:
+            raise UsageError("give one of DATASET, --source or --config")
+        curriculum = load_curriculum(args.config)
+        config = curriculum.options
+    else:
+        spec = mix_from(args)
+        assert spec is not None
+        curriculum, config = (
+            one_stage(spec, f"stage {args.stage}" if args.config else "mix"),
+            spec.options,
+        )
+    options = options_from(args, config)
+    preview = mix_preview(
+        curriculum, options, max_batches=args.max_batches, world_size=args.world_size,
+        num_workers=args.num_workers, epoch=args.epoch,
+    )  # fmt: skip
+    print(json.dumps(preview, indent=1) if args.json else format_preview(preview))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.plan and (args.source or args.config):
+        return _preview_mix(args)
     job = StreamJob(args)
     plan = job.plan
     if args.plan:

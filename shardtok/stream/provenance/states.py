@@ -1,0 +1,157 @@
+"""The saved position a trace starts from: one rank's worker states, as every saver writes them.
+
+Accepted: the CLI's state file (``StateFile``, or its JSON document), a ``ShardLoader`` state
+(kind ``loader``) and one dataset worker state (kind ``dataset``: a loader with 0 workers, or
+``ShardStreamDataset.state_dict()`` in process). States written by shardtok 0.1 are upgraded.
+A merged (elastic) state that no worker has streamed from yet names no step of its own and is
+refused: trace with a state saved after its first batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shardtok.errors import ResumeStateError
+from shardtok.stream import state as envelope
+from shardtok.stream.factory import NODE_CLASSES, check_stream_state
+from shardtok.stream.options import StreamOptions
+from shardtok.stream.resume.fingerprint import check_fingerprint
+from shardtok.stream.resume.legacy import (
+    LEGACY_FILE_FORMAT,
+    upgrade_dataset_state,
+    upgrade_loader_state,
+    upgrade_state_file,
+)
+from shardtok.stream.resume.saved import MergedState, parse_saved
+from shardtok.stream.resume.state_file import FIELDS as FILE_FIELDS
+from shardtok.stream.resume.state_file import KIND as FILE_KIND
+from shardtok.stream.resume.state_file import StateFile
+from shardtok.stream.staged import saved_position
+
+LOADER_FIELDS = {"num_workers": envelope.INT, "next_worker": envelope.INT, "workers": envelope.LIST}
+
+
+@dataclass(frozen=True)
+class SavedRank:
+    """One rank's position: rank steps taken (``steps``, counted from 0 at the start of the
+    epoch, or of the layout an elastic resume began), the worker whose batch comes next and
+    every worker's stream state (None: not started)."""
+
+    epoch: int
+    rank: int
+    world_size: int
+    steps: int
+    next_worker: int
+    first_step: int  # the rank step this layout's streams began at (T0)
+    workers: list[dict | None]
+    fingerprint: dict | None
+
+
+def local_batches(stream: dict | None) -> int:
+    """Batches a worker's stream state has yielded in its layout (all parts of a chained
+    stream), read where its kind keeps them."""
+    if stream is None:
+        return 0
+    cls = NODE_CLASSES[stream["kind"]]
+    if "batches" in cls.FIELDS:  # chained streams count across their parts
+        return int(stream["batches"])
+    return int(stream[getattr(cls, "batcher_key", "batcher")]["batches"])
+
+
+def first_step(stream: dict | None) -> int:
+    if stream is None:
+        return 0
+    return int(stream["first_step"]) if "first_step" in NODE_CLASSES[stream["kind"]].FIELDS else 0
+
+
+def saved_rank(
+    state: object, options: StreamOptions, *, mixed: bool, fingerprint: dict
+) -> SavedRank:
+    """`state` (see the module docstring) checked, fingerprint included, as a ``SavedRank``."""
+    if isinstance(state, dict) and state.get("format") == LEGACY_FILE_FORMAT:
+        state = upgrade_state_file(state, options, mixed=mixed)
+    if isinstance(state, dict) and state.get("kind") == FILE_KIND:
+        state = StateFile(
+            **{k: envelope.parse(state, FILE_KIND, FILE_FIELDS)[k] for k in FILE_FIELDS}
+        )
+    if isinstance(state, StateFile):
+        workers = [None if w is None else check_stream_state(w) for w in state.workers]
+        check_fingerprint(state.fingerprint, fingerprint, **saved_position(*workers))
+        counted = _first_step(workers) + sum(local_batches(w) for w in workers)
+        if counted != state.batches:
+            raise ResumeStateError(
+                f"the state file says {state.batches} steps were taken, its worker streams "
+                f"yielded {counted}"
+            )
+        return _checked(
+            SavedRank(
+                state.epoch, state.rank, state.world_size, state.batches, state.next_worker,
+                _first_step(workers), workers, state.fingerprint,
+            )
+        )  # fmt: skip
+    if not isinstance(state, dict):
+        raise ResumeStateError(
+            f"a trace starts from a state file, a loader state or a dataset state, got "
+            f"{type(state).__name__}"
+        )
+    if not envelope.is_enveloped(state) and "next_worker" in state:
+        state = upgrade_loader_state(state, options, mixed=mixed)
+    elif not envelope.is_enveloped(state):
+        state = upgrade_dataset_state(state, options, mixed=mixed)
+    if state.get("kind") == "loader":
+        loader = envelope.parse(state, "loader", LOADER_FIELDS)
+        items, next_worker = loader["workers"], loader["next_worker"]
+        if len(items) != max(loader["num_workers"], 1):
+            raise ResumeStateError(
+                f"loader state: {len(items)} worker states for {loader['num_workers']} workers"
+            )
+    else:
+        items, next_worker = [state], 0
+    parsed = []
+    for item in items:
+        saved = parse_saved(item)
+        if isinstance(saved, MergedState):
+            raise ResumeStateError(
+                "a merged (elastic) state not yet streamed from names no step: trace with the "
+                "state saved after its first batch, or without a state"
+            )
+        check_fingerprint(saved.fingerprint, fingerprint, **saved_position(saved.stream))
+        parsed.append(saved)
+    placements = {(s.epoch, s.placement.rank, s.placement.world_size) for s in parsed}
+    if len(placements) != 1:
+        raise ResumeStateError("the worker states belong to different epochs or ranks")
+    for w, saved in enumerate(parsed):
+        if (saved.placement.worker, saved.placement.num_workers) != (w, len(parsed)):
+            raise ResumeStateError(
+                f"worker state {w} is worker {saved.placement.worker} of "
+                f"{saved.placement.num_workers}, expected {w} of {len(parsed)}"
+            )
+    workers = [None if s.stream is None else check_stream_state(s.stream) for s in parsed]
+    start = _first_step(workers)
+    epoch, rank, world_size = placements.pop()
+    steps = start + sum(local_batches(w) for w in workers)
+    return _checked(
+        SavedRank(
+            epoch, rank, world_size, steps, next_worker, start, workers, parsed[0].fingerprint
+        )
+    )
+
+
+def _first_step(workers: list[dict | None]) -> int:
+    starts = {first_step(w) for w in workers if w is not None}
+    if len(starts) > 1:
+        raise ResumeStateError(f"the worker states began at different steps {sorted(starts)}")
+    return starts.pop() if starts else 0
+
+
+def _checked(saved: SavedRank) -> SavedRank:
+    """The round robin's arithmetic must hold, or a trace would name another worker's batch."""
+    slots = len(saved.workers)
+    expected = (saved.steps - saved.first_step) % slots
+    if saved.steps < saved.first_step or saved.next_worker != expected:
+        raise ResumeStateError(
+            f"the state says {saved.steps} steps were taken (from step {saved.first_step}) and "
+            f"worker {saved.next_worker} of {slots} is next; round robin makes it worker "
+            f"{expected}"
+        )
+    return saved
