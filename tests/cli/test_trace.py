@@ -107,8 +107,11 @@ def test_errors_are_one_line(datasets, tmp_path, capsys):
     stages.write_text(f"seq_len: 24\nbatch_size: 2\ndata_stages:\n"
                       f"  - data: {{dataset: {{dataset_path: {path}}}}}\n"
                       f"  - {{start_training_step: 5, data: {{dataset: {{dataset_path: {path}}}}}}}\n")  # fmt: skip
-    assert main(["trace", str(stages), "--step", "7"]) == 2  # not stage 0's mix at step 7
-    assert "several data stages: pass --stage" in capsys.readouterr().err
+    capsys.readouterr()
+    assert main(["trace", str(stages), "--step", "7", "--max-batches", "6"]) == 2
+    assert "past" in capsys.readouterr().err  # the run's last step is 6
+    assert main(["trace", str(stages), "--step", "7", "--max-batches", "9", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["part"] == {"stage": 1}  # not stage 0's mix
 
 
 def test_help_teaches(capsys):
