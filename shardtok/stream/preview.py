@@ -18,6 +18,8 @@ mixing schedule alone, with the rules the stream runs:
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from shardtok.errors import ShardtokError, UsageError
 from shardtok.stream.build import plan_for, resolved
 from shardtok.stream.mix.sequences import MixSchedule, with_source_seed
@@ -96,6 +98,7 @@ def mix_preview(
             }
         )
     return {
+        "notes": _reread_notes(curriculum, options, stages),
         "batches_per_rank": max_batches,
         "world_size": world_size,
         "num_workers": num_workers,
@@ -105,6 +108,35 @@ def mix_preview(
         "exact": all(s["packing"] == "concat" for s in stages),
         "stages": stages,
     }
+
+
+def _reread_notes(curriculum: Curriculum, options: StreamOptions, stages: list[dict]) -> list:
+    """A source served again by a later stage restarts there (every stage is a fresh mix):
+    documents an earlier stage read can come again, in the same order when the source's own
+    seed (the stage seed and its place in the mix) is the same."""
+    notes = []
+    seen: dict[str, tuple[int, int]] = {}  # location -> (stage, its source seed)
+    for k, stage in enumerate(curriculum.stages):
+        seed = curriculum.options_for(k, options).seed
+        for i, (source, row) in enumerate(zip(stage.mix.sources, stages[k]["sources"])):
+            if not row["sequences"]:
+                continue
+            own = with_source_seed(replace(options, seed=seed), i).seed
+            if source.location in seen:
+                j, earlier = seen[source.location]
+                order = (
+                    "in the same order (the same seed and place in the mix): give the stage "
+                    "its own seed to draw another"
+                    if own == earlier
+                    else "in another order"
+                )
+                notes.append(
+                    f"stage {k} {stage.name!r} starts {source.display} from its beginning "
+                    f"again, as every stage starts its sources: documents stage {j} "
+                    f"{curriculum.stages[j].name!r} read come again, {order}"
+                )
+            seen[source.location] = (k, own)
+    return notes
 
 
 def _end(begins: list[int], k: int) -> float:
@@ -208,6 +240,7 @@ def format_preview(preview: dict) -> str:
         for r in table:
             cells = [r[0].ljust(widths[0])] + [v.rjust(w) for v, w in zip(r[1:-1], widths[1:-1])]
             lines.append("  " + "  ".join([*cells, r[-1]]))
+    lines += [f"note: {note}" for note in preview.get("notes", [])]
     if not preview["exact"]:
         lines.append(
             "greedy/bfd: a slice's sequences per epoch are a lower bound (padding makes more), "

@@ -123,6 +123,14 @@ def test_a_curriculum_preview_counts_each_stage_from_its_start(sources, tmp_path
     assert [r["id"] for r in second["sources"]] == [0, 1]
     text = format_preview(preview)
     assert "stage 1 'blend' (from step 8): steps 8..25" in text and "yields 26" in text
+    # The web source starts again in stage 1; with its own seed 9 in another order, with the
+    # shared seed (and the same place in the mix) in the very same order.
+    (note,) = preview["notes"]
+    assert "stage 1 'blend' starts" in note and "in another order" in note
+    (tmp_path / "same.yaml").write_text(config.read_text().replace("      seed: 9\n", ""))
+    same = load_curriculum(tmp_path / "same.yaml")
+    (note,) = mix_preview(same, OPTIONS, max_batches=N, world_size=WORLD)["notes"]
+    assert "in the same order" in note and "its own seed" in note
 
 
 def test_the_cli_preview(sources, tmp_path, capsys):
