@@ -10,6 +10,7 @@ import pytest
 from shardtok.errors import ResumeStateError, UsageError
 from shardtok.storage.dataset import DatasetSource
 from shardtok.stream import StreamOptions, StreamSetup, mix_spec
+from shardtok.stream.mix.stages import load_curriculum
 from shardtok.stream.provenance import trace_step
 from shardtok.stream.resume.saved import Placement
 from shardtok.stream.resume.state_file import StateFile
@@ -19,7 +20,8 @@ from tests.helpers.provenance import assert_reproduces, megatron_documents, shar
 RANK, WORLD = 1, 2
 STEPS = 9  # streamed per case; the state is saved after SAVED of them
 SAVED = 4
-CASES = [("single", "concat"), ("single", "greedy"), ("mix", "concat"), ("mix", "greedy")]
+CASES = [("single", "concat"), ("single", "greedy"), ("mix", "concat"), ("mix", "greedy"),
+         ("stages", "concat"), ("stages", "greedy")]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +43,13 @@ def setup_of(folders, kind: str, packing: str) -> StreamSetup:
     options = StreamOptions(seq_len=31, batch_size=3, packing=packing, shuffle_buffer=8, seed=5)
     if kind == "single":
         return StreamSetup.single(DatasetSource(folders[0]), options)
+    if kind == "stages":  # the mix starts at step 5: right after the saved state's step
+        stages = [
+            {"data": {"dataset": {"dataset_path": folders[0]}}},
+            {"start_training_step": SAVED + 1, "data": {"seed": 7, "dataset": {
+                "dataset_path": {folders[1]: 0.5, folders[0]: 0.5}}}},
+        ]  # fmt: skip
+        return StreamSetup.staged(load_curriculum({"data_stages": stages}), options)
     return StreamSetup.mixed(mix_spec({folders[0]: 0.6, folders[1]: 0.4}), options)
 
 
