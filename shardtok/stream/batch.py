@@ -22,6 +22,9 @@ A batch is a dict of numpy arrays, for ``B`` sequences of ``S = seq_len`` inputs
                                   (``B * S`` tokens, one entry per segment plus the end)
 ``max_seqlen``      int           longest segment, for varlen kernels
 ``num_trained_tokens`` int        labels that are not -100 (what a loss is averaged over)
+``source_ids``      int64 [B]     per sequence, the source it was packed from: 0 for one
+                                  dataset (and the memmap path), a mix's source index, a
+                                  curriculum's source number (``Curriculum.sources``)
 ==================  ============  ======================================================
 
 Data without loss masks counts as all trained; its batches are built without any mask array.
@@ -41,6 +44,9 @@ IGNORE_INDEX = -100
 LABELS_FORMATS = ("shifted", "hf")
 BATCH_KEYS = ("input_ids", "labels", "position_ids", "document_ids", "cu_seqlens")
 SCALAR_KEYS = ("max_seqlen", "num_trained_tokens")  # plain ints, for the whole batch
+# Per-sequence arrays beside BATCH_KEYS. Not allocated (a slot ring carries them pickled, a few
+# bytes), and fresh for every batch: a tensor viewing them may be written by its user.
+ROW_KEYS = ("source_ids",)
 
 # Allocator for the output arrays: given (batch_size, seq_len) it returns writable arrays for
 # every key in BATCH_KEYS (cu_seqlens with room for batch_size * seq_len + 1 entries). The torch
@@ -176,11 +182,13 @@ def assemble_batch(
     allocate: Allocator = allocate_arrays,
     masked: bool = False,
     sft_rows: Sequence[bool] | None = None,
+    source_ids: np.ndarray | None = None,
 ) -> dict:
     """The batch of rows `tokens` [B, seq_len + 1], whose segments begin at `starts` and whose
     first `lengths` tokens are real (the rest padding). `masked`: the tokens carry loss masks
     as flag bits (``stream.masked``); the rows of masked data (`sft_rows`, default all) never
     train a label across a document boundary, the others keep `mask_boundary_labels`.
+    `source_ids`: each row's source (int64 [B], the caller's fresh array; default zeros).
 
     Work is per segment, not per token: a handful of numpy calls over the whole batch.
     """
@@ -213,6 +221,7 @@ def assemble_batch(
     _fill_labels(labels, tokens, ignored, labels_format, masked)
     batch = _with_segments(out, seg_starts, local_ids, rows * seq_len)
     batch["num_trained_tokens"] = _trained(labels, ignored, labels_format, masked)
+    batch["source_ids"] = np.zeros(rows, dtype=np.int64) if source_ids is None else source_ids
     return batch
 
 
@@ -312,4 +321,5 @@ def assemble_contiguous_batch(
         local_ids.append(len(local_ids) - row_start)
     batch = _with_segments(out, starts, local_ids, total)
     batch["num_trained_tokens"] = _trained(labels, ignored, labels_format, masked)
+    batch["source_ids"] = np.zeros(rows, dtype=np.int64)  # one token stream: one source
     return batch

@@ -2,7 +2,8 @@
 
 For a Megatron ``.bin/.idx`` pair or a shardtok dataset written without compression. Sample
 ``i`` is exactly Megatron's (``GPTSamples``: document, sample and shuffle indices, separate
-last epoch); it comes out with the same keys as the streaming batches::
+last epoch); it comes out with the same keys as the streaming batches (``source_ids`` all 0,
+one source)::
 
     ds = MemmapTokenDataset("data/", seq_len=2048, num_samples=1_000_000, seed=1234)
     loader = DataLoader(ds, batch_size=8, collate_fn=ds.collate, num_workers=2,
@@ -28,6 +29,7 @@ from shardtok.memmap.samples import GPTSamples
 from shardtok.memmap.tokens import open_local_data
 from shardtok.stream.batch import (
     BATCH_KEYS,
+    ROW_KEYS,
     Allocator,
     allocate_arrays,
     assemble_contiguous_batch,
@@ -122,6 +124,8 @@ class MemmapTokenDataset(Dataset):
             labels_format=self.labels_format,
         )
         out = {k: (v[0] if k in BATCH_KEYS and k != "cu_seqlens" else v) for k, v in batch.items()}
+        for key in ROW_KEYS:  # a 0-d tensor, which a default collate stacks into [B]
+            out[key] = batch[key].reshape(())
         return to_tensors(out)
 
     def __getitems__(self, indices: list[int]) -> GatheredSamples:

@@ -12,6 +12,9 @@ batch as plain tensors that view the slot. When the last tensor viewing a slot i
 finalizer marks the slot free for the worker. A worker never waits: with every slot still held
 (a caller keeping many batches alive), it builds the batch in ordinary memory and the default
 torch path carries it. So a batch is never overwritten while any tensor can still see it.
+
+What a slot does not hold travels pickled beside the handle: the scalars (ints) and the
+per-row ``source_ids`` (a few bytes), which comes out as a tensor as on every other path.
 """
 
 from __future__ import annotations
@@ -198,7 +201,9 @@ def _slot_tensors(ring: SlotRing | _MappedRing, slot: int, cu_len: int, extras: 
             arr = block[offset : offset + count * dtype.itemsize].view(dtype)
             arr = arr.reshape(batch_size, seq_len)
         out[key] = torch.from_numpy(arr)
-    out.update(extras)
+    # Extras: the scalars, and per-row arrays (``source_ids``) that were pickled with the
+    # handle or, in process, are the batch's own fresh arrays: tensors like the rest.
+    out.update(to_tensors(extras))
     return out
 
 

@@ -19,6 +19,9 @@ from shardtok.stream.nodes.packer import Packer
 class Batcher(Node[dict]):
     """Yields batches of `batch_size` sequences; `num_batches` (when given) is exact.
 
+    Each batch's ``source_ids`` names every row's source (``Packer.row_source``); the
+    contiguous path (one dataset, concat) has only source 0.
+
     The plan guarantees every slice can fill `num_batches`; if the upstream runs dry earlier the
     data disagrees with its manifest, and that is an error rather than a silent short epoch
     (which would hang a distributed job). The state is the packer's state at a batch boundary
@@ -121,6 +124,7 @@ class Batcher(Node[dict]):
         starts, lengths = [], []
         masked = upstream.masked
         sft_rows = []  # masked data: which rows are (a mix holds both kinds)
+        sources = np.empty(self.batch_size, dtype=np.int64)  # fresh: the batch owns it
         for b in range(self.batch_size):
             try:
                 row_starts, length = upstream.next_into(rows[b])
@@ -134,6 +138,7 @@ class Batcher(Node[dict]):
                 ) from None
             starts.append(row_starts)
             lengths.append(length)
+            sources[b] = upstream.row_source
             if masked:
                 sft_rows.append(upstream.row_masked)
         batch = assemble_batch(
@@ -145,6 +150,7 @@ class Batcher(Node[dict]):
             allocate=self.allocate,
             masked=masked,
             sft_rows=sft_rows if masked else None,
+            source_ids=sources,
         )
         return self._count(batch, sum(lengths))
 
