@@ -16,7 +16,7 @@ import numpy as np
 
 from shardtok.cli.arguments import at_least
 from shardtok.cli.stream_job import StreamJob
-from shardtok.cli.stream_output import decode_batches, dump_batches, real_tokens
+from shardtok.cli.stream_output import decode_batches, dump_batches, real_tokens, source_rows
 from shardtok.errors import ShardtokError, UsageError
 from shardtok.stream.nodes.base import HISTORY
 from shardtok.stream.options import PACKINGS
@@ -139,7 +139,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "--dump",
         metavar="OUT.npz",
         help="save the exact batches (input_ids, labels, position_ids, document_ids, "
-        "cu_seqlens, max_seqlen, num_trained_tokens)",
+        "cu_seqlens, max_seqlen, num_trained_tokens, source_ids)",
     )
     p.add_argument(
         "--decode",
@@ -209,6 +209,8 @@ def run(args: argparse.Namespace) -> int:
     in_process = engine == "in process"
     before = job.counters() if in_process else {}
     masked, options = job.masked, job.options
+    table = job.source_table
+    per_source = np.zeros(len(table), dtype=np.int64)  # sequences, from the batches' source_ids
     started = time.perf_counter()
     for batch in batches:
         if first is None:
@@ -220,6 +222,7 @@ def run(args: argparse.Namespace) -> int:
         if not in_process:  # the worker streams' own counts are out of reach
             real += real_tokens(batch, options.labels_format, options.pad_id, masked)
         segments += len(batch["cu_seqlens"]) - 1
+        per_source += np.bincount(np.asarray(batch["source_ids"]), minlength=len(table))
         if keep:
             kept.append({k: np.array(v) for k, v in batch.items()})
         if args.max_batches is not None and count >= args.max_batches:
@@ -249,9 +252,10 @@ def run(args: argparse.Namespace) -> int:
         "batches_without_trained_tokens": untrained_batches,
         **counted,
     }
-    shares = job.shares() if engine == "in process" else []
-    if shares:
-        stats["sources"] = shares
+    # Counted from the batches, so every engine reports them; the worker streams' own extras
+    # (source epochs reached) only where they live in this process.
+    shares = source_rows(table, job.source_weights, per_source, job.shares() if in_process else [])
+    stats["sources"] = shares
     if args.json:
         print(json.dumps(stats, indent=1))
     else:
@@ -279,11 +283,12 @@ def run(args: argparse.Namespace) -> int:
                 f"{counted['overlong_documents']:,} met, "
                 f"{counted['overlong_tokens_dropped']:,} tokens dropped"
             )
-        for row in shares:
+        for row in shares if len(shares) > 1 else []:
+            weight = "-" if row["weight"] is None else f"{100 * row['weight']:.2f}%"
+            epochs = f", epochs {row['epochs']}" if "epochs" in row else ""
             print(
-                f"source {row['source']}: weight {100 * row['weight']:.2f}%, "
-                f"{row['sequences']:,} sequences = {100 * row['share']:.2f}% "
-                f"(since the start of the stream), epochs {row['epochs']}"
+                f"source {row['source']}: weight {weight}, {row['sequences']:,} sequences = "
+                f"{100 * row['share']:.2f}% of these batches{epochs}"
             )
     if args.state_out:
         if engine != "in process":  # pragma: no cover - _torch_batches declines with states

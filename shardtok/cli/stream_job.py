@@ -127,6 +127,16 @@ class StreamJob:
                 out["overlong_tokens_dropped"] += row.get("overlong_tokens_dropped", 0)
         return out
 
+    @property
+    def source_table(self) -> list[DatasetSource]:
+        """The sources batches' ``source_ids`` index: the mix's, or the one dataset."""
+        return self.sources
+
+    @property
+    def source_weights(self) -> list[float | None]:
+        """Each `source_table` entry's weight (a share of sequences)."""
+        return [float(w) for w in self.mix.shares] if self.mix is not None else [1.0]
+
     def shares(self) -> list[dict]:
         """Per source, over this rank's worker streams: sequences, share, epochs reached."""
         if self.mix is None:
