@@ -8,6 +8,7 @@ from __future__ import annotations
 from shardtok.errors import ResumeStateError
 from shardtok.stream.nodes.batcher import Batcher
 from shardtok.stream.resume.elastic import slice_progress
+from shardtok.stream.resume.elastic_epochs import merge_epochs_states
 from shardtok.stream.resume.elastic_mix import merge_mixed_states
 from shardtok.stream.resume.saved import MergedState, WorkerState, parse_saved
 
@@ -43,8 +44,10 @@ def merge_worker_states(states: list[WorkerState]) -> MergedState:
         raise ResumeStateError("merge_states: states from different world sizes or worker counts")
     world_size, num_workers = layouts.pop()
     kinds = {s.stream["kind"] for s in states if s.stream is not None}
-    if kinds & {"elastic_stream"} or any(
-        s.stream is not None and s.stream.get("elastic") is not None for s in states
+    # An epochs stream past an elastic remainder merges again (elastic_epochs checks where).
+    if kinds != {"epochs_stream"} and (
+        kinds & {"elastic_stream"}
+        or any(s.stream is not None and s.stream.get("elastic") is not None for s in states)
     ):
         raise ResumeStateError(
             "merge_states: this state is of an elastically resumed epoch; finish that epoch "
@@ -69,6 +72,9 @@ def merge_worker_states(states: list[WorkerState]) -> MergedState:
         )
     epoch, fingerprint = epochs.pop(), states[0].fingerprint
     ordered = [by_index[i] for i in range(count)]
+    if kinds == {"epochs_stream"}:
+        layout = merge_epochs_states([s.stream for s in ordered], world_size, num_workers, epoch)
+        return MergedState(epoch, fingerprint, layout, mixed=False)
     if kinds == {"mixed_stream"}:
         streams = [s.stream for s in ordered]
         layout = merge_mixed_states(streams, world_size, num_workers, epoch)
