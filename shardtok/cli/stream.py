@@ -180,7 +180,9 @@ def _torch_batches(args, job: StreamJob) -> Iterator[dict] | None:
         epoch=args.epoch,
         rank=args.rank,
         world_size=args.world_size,
-        **({"num_batches": args.max_batches} if job.mix is not None else {}),
+        num_workers=args.num_workers,
+        # a mix, or one dataset on into further epochs
+        **({"num_batches": args.max_batches} if args.max_batches is not None else {}),
     )
     loader = DataLoader(dataset, batch_size=None, num_workers=args.num_workers)
     return ({k: v.numpy() if hasattr(v, "numpy") else v for k, v in b.items()} for b in loader)
@@ -260,6 +262,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(stats, indent=1))
     else:
         of = f" of {per_epoch:,}" if per_epoch is not None else ""
+        if per_epoch is not None and count > per_epoch:  # --max-batches: on into later epochs
+            of = f" ({per_epoch:,} per epoch)"
         print(
             f"streamed {count:,}{of} batches ({engine}): "
             f"{tokens:,} input tokens in {elapsed:.3f} s = "

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from shardtok.cli.stream_args import mix_from, options_from
 from shardtok.errors import ShardtokError, UsageError
 from shardtok.storage.dataset import DatasetSource
+from shardtok.stream.epochs import EpochsStream
 from shardtok.stream.factory import StreamSetup, check_stream_state
 from shardtok.stream.nodes.base import PlacedStream
 from shardtok.stream.resume.fingerprint import check_fingerprint
@@ -40,15 +41,28 @@ class StreamJob:
             )
         elif args.max_batches is None:
             raise UsageError("a mix never ends: give --max-batches")
+        # One dataset with --max-batches runs on into further epochs (an EpochsStream; a saved
+        # slice_stream state still resumes as its one epoch).
+        self.num_batches: int | None = None
+        self._budget(0)
         self.streams: list[PlacedStream] = [self._stream(w) for w in range(self.workers)]
         self.next_worker = 0
         self.taken = 0
+
+    def _budget(self, taken: int) -> None:
+        """Enough batches per worker for --max-batches more after `taken` (a bound only: the
+        run stops by count, and a resumed run continues past its first run's)."""
+        if self.mix is None and self.args.max_batches is not None:
+            self.num_batches = -(-(taken + self.args.max_batches) // self.workers)
 
     def _placement(self, worker: int) -> Placement:
         return Placement(self.args.rank, self.args.world_size, worker, self.workers)
 
     def _stream(self, worker: int, resume: dict | MergedState | None = None) -> PlacedStream:
-        return self.setup.stream(self._placement(worker), epoch=self.args.epoch, resume=resume)
+        return self.setup.stream(
+            self._placement(worker), epoch=self.args.epoch, resume=resume,
+            num_batches=self.num_batches,
+        )  # fmt: skip
 
     def restore(self, paths: list[str], strict: bool) -> None:
         """Continue from one rank's state file in the same layout (exact), or from the files of
@@ -71,6 +85,7 @@ class StreamJob:
             and len(doc.workers) == self.workers
         )
         if same_layout:
+            self._budget(doc.batches)
             self.streams = [self._stream(w, state) for w, state in enumerate(doc.workers)]
             self.next_worker = doc.next_worker
             self.taken = doc.batches
@@ -119,7 +134,9 @@ class StreamJob:
         yielded, and overlong documents met with the tokens they lost (in this process)."""
         out = {"real_tokens": 0, "overlong_documents": 0, "overlong_tokens_dropped": 0}
         for stream in self.streams:
-            stats = stream.batcher.stats()  # type: ignore[attr-defined]
+            # An epochs stream sums the epochs it went through; its batcher is the current one's.
+            epochs = isinstance(stream, EpochsStream)
+            stats = stream.stats() if epochs else stream.batcher.stats()  # type: ignore[attr-defined]
             rows = stream.stats()["sources"] if self.mix is not None else [stats]  # type: ignore[attr-defined]
             out["real_tokens"] += stats["real_tokens"]
             for row in rows:
