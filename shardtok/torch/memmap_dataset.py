@@ -29,7 +29,6 @@ from shardtok.memmap.samples import GPTSamples
 from shardtok.memmap.tokens import open_local_data
 from shardtok.stream.batch import (
     BATCH_KEYS,
-    ROW_KEYS,
     Allocator,
     allocate_arrays,
     assemble_contiguous_batch,
@@ -123,9 +122,9 @@ class MemmapTokenDataset(Dataset):
             mask_boundary_labels=self.mask_boundary_labels,
             labels_format=self.labels_format,
         )
-        out = {k: (v[0] if k in BATCH_KEYS and k != "cu_seqlens" else v) for k, v in batch.items()}
-        for key in ROW_KEYS:  # a 0-d tensor, which a default collate stacks into [B]
-            out[key] = batch[key].reshape(())
+        keep = ("cu_seqlens", "source_ids")  # source_ids: a 0-d array, still a tensor
+        out = {k: (v[0] if k in BATCH_KEYS and k not in keep else v) for k, v in batch.items()}
+        out["source_ids"] = batch["source_ids"].reshape(())
         return to_tensors(out)
 
     def __getitems__(self, indices: list[int]) -> GatheredSamples:

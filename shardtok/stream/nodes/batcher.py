@@ -59,6 +59,7 @@ class Batcher(Node[dict]):
         self.allocate = allocate
         self.where = where
         self._rows: np.ndarray | None = None
+        self._sources = np.empty(0, dtype=np.int64)
         self.batches = 0
         self.real_tokens = 0  # tokens that are not padding (sequence slots: seq_len + 1 each)
         self.sequences = 0
@@ -120,11 +121,12 @@ class Batcher(Node[dict]):
         # One reused staging array: the packer writes each sequence straight into its row.
         if self._rows is None:
             self._rows = np.empty((self.batch_size, upstream.window), dtype=np.int64)
+            self._sources = np.empty(self.batch_size, dtype=np.int64)
         rows = self._rows
         starts, lengths = [], []
         masked = upstream.masked
         sft_rows = []  # masked data: which rows are (a mix holds both kinds)
-        sources = np.empty(self.batch_size, dtype=np.int64)  # fresh: the batch owns it
+        sources = self._sources  # staging too: assembling copies them into the batch
         for b in range(self.batch_size):
             try:
                 row_starts, length = upstream.next_into(rows[b])
