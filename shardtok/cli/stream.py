@@ -127,7 +127,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="--state-in: resume even if the sources or options differ from the saved ones",
     )
     p.add_argument(
-        "--max-batches", type=at_least(1), default=None, metavar="N", help="stop after N batches"
+        "--max-batches",
+        type=at_least(1),
+        default=None,
+        metavar="N",
+        help="stop after N batches; one dataset runs on into epochs --epoch + 1, ... to get them",
     )
     p.add_argument(
         "--allow-mixed-tokenizers",

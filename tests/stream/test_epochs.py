@@ -199,3 +199,26 @@ def test_merge_refuses_workers_off_the_round_robin(setup):
     other, _ = run_old(setup, 11, 2, 50)
     with pytest.raises(ResumeStateError, match="round robin"):
         merge_states([states[0], other[1]])
+
+
+def test_cli_max_batches_runs_on_into_later_epochs(setup, tmp_path, capsys):
+    from shardtok.cli.main import run as main
+
+    first = len(setup.stream(where(0, 1), epoch=0))
+    args = ["stream", setup.sources[0].location, "--seq-len", "15", "--batch-size", "2",
+            "--shuffle-buffer", "8", "--seed", "4"]  # fmt: skip
+    state = tmp_path / "s.json"
+    dump = tmp_path / "a.npz"
+    assert main([*args, "--max-batches", str(first + 5), "--dump", str(dump),
+                 "--state-out", str(state)]) == 0  # fmt: skip
+    assert f"streamed {first + 5:,} ({first:,} per epoch) batches" in capsys.readouterr().out
+    whole = take(setup.stream(where(0, 1), epoch=0, num_batches=first + 8))
+    assert np.array_equal(np.load(dump)["input_ids"], [b["input_ids"] for b in whole[:-3]])
+    assert main([*args, "--max-batches", "3", "--state-in", str(state), "--dump", str(dump)]) == 0
+    assert np.array_equal(np.load(dump)["input_ids"], [b["input_ids"] for b in whole[-3:]])
+    # A state of one epoch (no --max-batches: kind slice_stream) still ends with that epoch.
+    assert main([*args, "--state-out", str(state)]) == 0
+    assert json.loads(state.read_text())["workers"][0]["kind"] == "slice_stream"
+    capsys.readouterr()
+    assert main([*args, "--max-batches", "3", "--state-in", str(state), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["batches"] == 0
