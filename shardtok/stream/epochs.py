@@ -17,11 +17,14 @@ that layout's remainder, an ``ElasticStream``; see ``resume/elastic_epochs.py``)
 
 from __future__ import annotations
 
+from typing import Any
+
 from shardtok.errors import ResumeStateError
 from shardtok.storage.dataset import DatasetSource
 from shardtok.stream.batch import Allocator, allocate_arrays
 from shardtok.stream.build import resolved
 from shardtok.stream.nodes.base import Located, PlacedStream
+from shardtok.stream.nodes.batcher import Batcher
 from shardtok.stream.options import StreamOptions
 from shardtok.stream.resume import elastic_epochs
 from shardtok.stream.resume.elastic import ElasticStream
@@ -85,24 +88,24 @@ class EpochsStream(PlacedStream):
             )
         self._lengths: dict[int, int] = {}
         self.current = self.first_part
-        self.part: PlacedStream = self._part(self.current)
+        self.part: SliceStream | ElasticStream = self._part(self.current)
         self.batches = 0
         self._done = dict.fromkeys(_COUNTS, 0)  # stats of the epochs finished in this process
         if self.to_epoch_end:
-            self.num_batches = len(self.part)  # type: ignore[arg-type]
+            self.num_batches = len(self.part)
 
-    def _part(self, epoch: int) -> PlacedStream:
+    def _part(self, epoch: int) -> SliceStream | ElasticStream:
         """Epoch `epoch`'s stream for this placement, fresh (not started: no I/O yet)."""
-        where = dict(
+        where: dict[str, Any] = dict(
             rank=self.rank, world_size=self.world_size, worker=self.worker,
             num_workers=self.num_workers, allocate=self.allocate,
         )  # fmt: skip
-        part: PlacedStream
+        part: SliceStream | ElasticStream
         if self._remainder is not None and epoch == self.first_part:
             part = ElasticStream(self.source, self.options, self._remainder, epoch=epoch, **where)
         else:
             part = SliceStream(self.source, self.options, epoch=epoch, **where)
-        self._lengths[epoch] = len(part)  # type: ignore[arg-type]
+        self._lengths[epoch] = len(part)
         return part
 
     def _length(self, epoch: int) -> int:
@@ -112,9 +115,9 @@ class EpochsStream(PlacedStream):
         return self._lengths[epoch]
 
     @property
-    def batcher(self):  # type: ignore[override]
+    def batcher(self) -> Batcher:  # type: ignore[override]
         """The current epoch's batcher (what a trace pulls rows from)."""
-        return self.part.batcher
+        return self.part.batcher  # type: ignore[return-value]
 
     def __len__(self) -> int:
         return self.num_batches
@@ -127,7 +130,7 @@ class EpochsStream(PlacedStream):
                 self.current, self.part = self.first_part, self._part(self.first_part)
             self.batches = 0
             if self.to_epoch_end:
-                self.num_batches = len(self.part)  # type: ignore[arg-type]
+                self.num_batches = len(self.part)
             return
         state = self.parse_state(state)
         mine = {**self.identity, "first_step": self.first_step}
@@ -152,11 +155,12 @@ class EpochsStream(PlacedStream):
         if state["slice"] is not None:
             part.reset(state["slice"])
         if self.to_epoch_end:
-            self.num_batches = begin + len(part)  # type: ignore[arg-type]
-        if batches > self.num_batches or begin + part.batcher.batches != batches:
+            self.num_batches = begin + len(part)
+        held = begin + part.batcher.batches  # type: ignore[attr-defined]
+        if batches > self.num_batches or held != batches:
             raise ResumeStateError(
                 f"{self.state_name} state: field 'batches' is {batches}, but its epochs hold "
-                f"{begin + part.batcher.batches} (at most {self.num_batches})"
+                f"{held} (at most {self.num_batches})"
             )
         self.current, self.part, self.batches = current, part, batches
 
@@ -174,7 +178,7 @@ class EpochsStream(PlacedStream):
         return batch
 
     def _finish_part(self) -> None:
-        stats = self.part.batcher.stats()
+        stats = self.batcher.stats()
         for key in _COUNTS:
             self._done[key] += stats.get(key, 0)
 
@@ -191,7 +195,7 @@ class EpochsStream(PlacedStream):
     def stats(self) -> dict:
         """Packing statistics of the epochs streamed in this process (the current one from
         its restored counters on)."""
-        now = self.part.batcher.stats()
+        now = self.batcher.stats()
         out = {**now, **{k: self._done[k] + now.get(k, 0) for k in _COUNTS if k in now}}
         out["packing_efficiency"] = out["real_tokens"] / out["slots"] if out["slots"] else 0.0
         return out
@@ -204,7 +208,7 @@ class EpochsStream(PlacedStream):
                 f"batch {local_batch} lies outside this stream's batches {self.batches}.."
                 f"{self.num_batches - 1} from its position"
             )
-        begin = self.batches - self.part.batcher.batches  # where the current epoch began
+        begin = self.batches - self.batcher.batches  # where the current epoch began
         epoch = self.current
         if local_batch < begin + self._length(epoch):
             return Located(self.part, local_batch - self.batches, {"epoch": epoch})

@@ -64,22 +64,25 @@ def merge_epochs_states(
 ) -> dict:
     """The merged layout of every old (rank, worker)'s ``epochs_stream`` state (slice order;
     None: a worker that never started), whose run began at epoch `epoch`."""
-    parsed = [None if s is None else envelope.parse(s, KIND, FIELDS) for s in streams]
+    parsed: list[dict | None] = [
+        None if s is None else envelope.parse(s, KIND, FIELDS) for s in streams
+    ]
     started = [s for s in parsed if s is not None]
     if len({s["first_step"] for s in started}) > 1:
         raise ResumeStateError(f"{_WHERE}: epochs stream states begun at different steps")
     if len({repr(s["elastic"]) for s in started}) > 1:
         raise ResumeStateError(f"{_WHERE}: epochs stream states of different elastic resumes")
-    for s in started:
-        in_remainder = s["batches"] == 0 or (s["slice"] or {}).get("kind") == "elastic_stream"
-        if s["elastic"] is not None and in_remainder:
+    for one in started:
+        in_remainder = one["batches"] == 0 or (one["slice"] or {}).get("kind") == "elastic_stream"
+        if one["elastic"] is not None and in_remainder:
             raise ResumeStateError(
-                f"{_WHERE}: rank {s['rank']} worker {s['worker']} is still in the remainder of "
+                f"{_WHERE}: rank {one['rank']} worker {one['worker']} is still in the remainder of "
                 "an elastically resumed epoch; finish it with the same world size and workers "
                 "(a batch into the next epoch is enough), then merge"
             )
     first_step = started[0]["first_step"] if started else 0
-    parts, slices = [], []
+    parts: list[dict] = []
+    slices: list[dict] = []
     for s in parsed:
         if s is None:
             parts.append({"epoch": epoch, "begin": 0, "batches": 0})
