@@ -46,7 +46,8 @@ class ShardStreamDataset(IterableDataset):
 
     `dataset` is one dataset (a path or URL: an epoch of it, ``plan().batches_per_rank``
     batches; with `num_batches`, that many batches per rank, rounded up as for a mix, over
-    epochs ``epoch``, ``epoch + 1``, ... each exactly as streamed alone), or a weighted mix: a ``{path: weight}`` mapping, a list of paths (weights
+    epochs ``epoch``, ``epoch + 1``, ... each exactly as streamed alone), or a weighted mix:
+    a ``{path: weight}`` mapping, a list of paths (weights
     proportional to size) or a ``MixSpec``; a mix yields `num_batches` batches per rank (rounded
     up to a multiple of the number of workers) from an endless schedule over source epochs.
     Saved states carry a fingerprint of the sources and options; `strict=False` resumes even
