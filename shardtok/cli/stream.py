@@ -17,7 +17,13 @@ import numpy as np
 from shardtok.cli.arguments import at_least
 from shardtok.cli.stream_args import mix_from, options_from
 from shardtok.cli.stream_job import StreamJob
-from shardtok.cli.stream_output import decode_batches, dump_batches, real_tokens
+from shardtok.cli.stream_output import (
+    decode_batches,
+    dump_batches,
+    real_tokens,
+    source_rows,
+    stage_rows,
+)
 from shardtok.errors import ShardtokError, UsageError
 from shardtok.stream.nodes.base import HISTORY
 from shardtok.stream.options import PACKINGS
@@ -142,7 +148,11 @@ def _add_output_options(p: argparse.ArgumentParser) -> None:
         help="--state-in: resume even if the sources or options differ from the saved ones",
     )
     p.add_argument(
-        "--max-batches", type=at_least(1), default=None, metavar="N", help="stop after N batches"
+        "--max-batches",
+        type=at_least(1),
+        default=None,
+        metavar="N",
+        help="stop after N batches; one dataset runs on into epochs --epoch + 1, ... to get them",
     )
     p.add_argument(
         "--allow-mixed-tokenizers",
@@ -154,7 +164,7 @@ def _add_output_options(p: argparse.ArgumentParser) -> None:
         "--dump",
         metavar="OUT.npz",
         help="save the exact batches (input_ids, labels, position_ids, document_ids, "
-        "cu_seqlens, max_seqlen, num_trained_tokens)",
+        "cu_seqlens, max_seqlen, num_trained_tokens, source_ids)",
     )
     p.add_argument(
         "--decode",
@@ -199,7 +209,9 @@ def _torch_batches(args, job: StreamJob) -> Iterator[dict] | None:
         epoch=args.epoch,
         rank=args.rank,
         world_size=args.world_size,
-        **({"num_batches": args.max_batches} if job.mix is not None else {}),
+        num_workers=args.num_workers,
+        # a mix, or one dataset on into further epochs
+        **({"num_batches": args.max_batches} if args.max_batches is not None else {}),
     )
     loader = DataLoader(dataset, batch_size=None, num_workers=args.num_workers)
     return ({k: v.numpy() if hasattr(v, "numpy") else v for k, v in b.items()} for b in loader)
@@ -261,6 +273,10 @@ def run(args: argparse.Namespace) -> int:
     in_process = engine == "in process"
     before = job.counters() if in_process else {}
     masked, options = job.masked, job.options
+    table = job.source_table
+    per_source = np.zeros(len(table), dtype=np.int64)  # sequences, from the batches' source_ids
+    per_stage: dict[int, np.ndarray] = {}  # stages: the same, per stage of each batch's step
+    steps_before = job.taken
     started = time.perf_counter()
     for batch in batches:
         if first is None:
@@ -272,6 +288,11 @@ def run(args: argparse.Namespace) -> int:
         if not in_process:  # the worker streams' own counts are out of reach
             real += real_tokens(batch, options.labels_format, options.pad_id, masked)
         segments += len(batch["cu_seqlens"]) - 1
+        counts = np.bincount(np.asarray(batch["source_ids"]), minlength=len(table))
+        per_source += counts
+        if job.staged:
+            stage = job.mix.stage_of_step(steps_before + count)  # type: ignore[union-attr]
+            per_stage[stage] = per_stage.get(stage, 0) + counts
         if keep:
             kept.append({k: np.array(v) for k, v in batch.items()})
         if args.max_batches is not None and count >= args.max_batches:
@@ -301,13 +322,20 @@ def run(args: argparse.Namespace) -> int:
         "batches_without_trained_tokens": untrained_batches,
         **counted,
     }
-    shares = job.shares() if engine == "in process" else []
-    if shares:
-        stats["sources"] = shares
+    # Counted from the batches, so every engine reports them; the worker streams' own extras
+    # (source epochs reached) only where they live in this process.
+    if job.staged:
+        shares = stage_rows(job.mix, per_stage)  # type: ignore[arg-type]
+    else:
+        extras = job.shares() if in_process else []
+        shares = source_rows(table, job.source_weights, per_source, extras)
+    stats["sources"] = shares
     if args.json:
         print(json.dumps(stats, indent=1))
     else:
         of = f" of {per_epoch:,}" if per_epoch is not None else ""
+        if per_epoch is not None and count > per_epoch:  # --max-batches: on into later epochs
+            of = f" ({per_epoch:,} per epoch)"
         print(
             f"streamed {count:,}{of} batches ({engine}): "
             f"{tokens:,} input tokens in {elapsed:.3f} s = "
@@ -331,11 +359,14 @@ def run(args: argparse.Namespace) -> int:
                 f"{counted['overlong_documents']:,} met, "
                 f"{counted['overlong_tokens_dropped']:,} tokens dropped"
             )
-        for row in shares:
+        for row in shares if len(shares) > 1 else []:
+            weight = "-" if row["weight"] is None else f"{100 * row['weight']:.2f}%"
+            epochs = f", epochs {row['epochs']}" if "epochs" in row else ""
+            stage = f"stage {row['stage']!r} " if "stage" in row else ""
+            of = "of the stage's" if stage else "of these"
             print(
-                f"source {row['source']}: weight {100 * row['weight']:.2f}%, "
-                f"{row['sequences']:,} sequences = {100 * row['share']:.2f}% "
-                f"(since the start of the stream), epochs {row['epochs']}"
+                f"{stage}source {row['source']}: weight {weight}, {row['sequences']:,} sequences "
+                f"= {100 * row['share']:.2f}% {of} batches{epochs}"
             )
     if args.state_out:
         if engine != "in process":  # pragma: no cover - _torch_batches declines with states

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from shardtok.cli.stream_args import mix_from, options_from
 from shardtok.errors import ShardtokError, UsageError
 from shardtok.storage.dataset import DatasetSource
+from shardtok.stream.epochs import EpochsStream
 from shardtok.stream.factory import StreamSetup, check_stream_state
 from shardtok.stream.mix.stages import Curriculum
 from shardtok.stream.nodes.base import PlacedStream
@@ -52,15 +53,28 @@ class StreamJob:
                 else ("a mix never ends")
             )
             raise UsageError(f"{what}: give --max-batches")
+        # One dataset with --max-batches runs on into further epochs (an EpochsStream; a saved
+        # slice_stream state still resumes as its one epoch).
+        self.num_batches: int | None = None
+        self._budget(0)
         self.streams: list[PlacedStream] = [self._stream(w) for w in range(self.workers)]
         self.next_worker = 0
         self.taken = 0
+
+    def _budget(self, taken: int) -> None:
+        """Enough batches per worker for --max-batches more after `taken` (a bound only: the
+        run stops by count, and a resumed run continues past its first run's)."""
+        if self.mix is None and self.args.max_batches is not None:
+            self.num_batches = -(-(taken + self.args.max_batches) // self.workers)
 
     def _placement(self, worker: int) -> Placement:
         return Placement(self.args.rank, self.args.world_size, worker, self.workers)
 
     def _stream(self, worker: int, resume: dict | MergedState | None = None) -> PlacedStream:
-        return self.setup.stream(self._placement(worker), epoch=self.args.epoch, resume=resume)
+        return self.setup.stream(
+            self._placement(worker), epoch=self.args.epoch, resume=resume,
+            num_batches=self.num_batches,
+        )  # fmt: skip
 
     def restore(self, paths: list[str], strict: bool) -> None:
         """Continue from one rank's state file in the same layout (exact), or from the files of
@@ -85,6 +99,7 @@ class StreamJob:
             and len(doc.workers) == self.workers
         )
         if same_layout:
+            self._budget(doc.batches)
             self.streams = [self._stream(w, state) for w, state in enumerate(doc.workers)]
             self.next_worker = doc.next_worker
             self.taken = doc.batches
@@ -138,7 +153,9 @@ class StreamJob:
                 for key, value in stream.totals().items():
                     out[key] += value
                 continue
-            stats = stream.batcher.stats()  # type: ignore[attr-defined]
+            # An epochs stream sums the epochs it went through; its batcher is the current one's.
+            epochs = isinstance(stream, EpochsStream)
+            stats = stream.stats() if epochs else stream.batcher.stats()  # type: ignore[attr-defined]
             rows = stream.stats()["sources"] if self.mix is not None else [stats]  # type: ignore[attr-defined]
             out["real_tokens"] += stats["real_tokens"]
             for row in rows:
@@ -146,13 +163,21 @@ class StreamJob:
                 out["overlong_tokens_dropped"] += row.get("overlong_tokens_dropped", 0)
         return out
 
+    @property
+    def source_table(self) -> list[DatasetSource]:
+        """The sources batches' ``source_ids`` index: the mix's, or the one dataset."""
+        return self.sources
+
+    @property
+    def source_weights(self) -> list[float | None]:
+        """Each `source_table` entry's weight (a share of sequences)."""
+        return [float(w) for w in self.mix.shares] if self.mix is not None else [1.0]
+
     def shares(self) -> list[dict]:
         """Per source, over this rank's worker streams: sequences, share, epochs reached.
-        Stages: per stage a worker stream is in now (workers switch one by one) and source."""
-        if self.mix is None:
+        (Stages: the command counts them per stage from the batches.)"""
+        if self.mix is None or self.staged:
             return []
-        if self.staged:
-            return self._stage_shares()
         rows = []
         per_stream = [s.stats()["sources"] for s in self.streams]  # type: ignore[attr-defined]
         total = sum(r["sequences"] for shares in per_stream for r in shares) or 1
@@ -167,27 +192,4 @@ class StreamJob:
                     "epochs": [shares[i]["epoch"] for shares in per_stream],
                 }
             )
-        return rows
-
-    def _stage_shares(self) -> list[dict]:
-        assert isinstance(self.mix, Curriculum)
-        per_stream = [s.stats() for s in self.streams]  # type: ignore[attr-defined]
-        rows = []
-        for k in sorted({stats["stage"] for stats in per_stream}):
-            stage = self.mix.stages[k]
-            here = [stats["sources"] for stats in per_stream if stats["stage"] == k]
-            total = sum(r["sequences"] for shares in here for r in shares) or 1
-            for i, source in enumerate(stage.mix.sources):
-                sequences = sum(shares[i]["sequences"] for shares in here)
-                rows.append(
-                    {
-                        "stage": stage.name,
-                        "source": source.display,
-                        "source_id": here[0][i]["source_id"],
-                        "weight": stage.mix.shares[i],
-                        "sequences": sequences,
-                        "share": sequences / total,
-                        "epochs": [shares[i]["epoch"] for shares in here],
-                    }
-                )
         return rows

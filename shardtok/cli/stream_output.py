@@ -121,5 +121,50 @@ def dump_batches(path: str, batches: list[dict], plan_json: str) -> None:
         cu_seqlens_offsets=offsets,
         max_seqlen=np.array([b["max_seqlen"] for b in batches], dtype=np.int64),
         num_trained_tokens=np.array([b["num_trained_tokens"] for b in batches], dtype=np.int64),
+        source_ids=(
+            np.stack([b["source_ids"] for b in batches]) if batches else np.empty((0, 0), np.int64)
+        ),
         plan=np.array(plan_json),
     )
+
+
+def source_rows(table, weights, sequences: np.ndarray, extras: list[dict]) -> list[dict]:
+    """Per source of `table` (what batches' ``source_ids`` index): its weight (None where it
+    has none), the `sequences` counted from the batches and their share; plus what `extras`
+    (the in-process streams' own rows, matched by source) add, such as the epochs reached."""
+    total = int(sequences.sum()) or 1
+    known = {row["source"]: row for row in extras}
+    rows = []
+    for i, source in enumerate(table):
+        row = {
+            "source": source.display,
+            "weight": weights[i],
+            "sequences": int(sequences[i]),
+            "share": int(sequences[i]) / total,
+        }
+        if "epochs" in known.get(source.display, {}):
+            row["epochs"] = known[source.display]["epochs"]
+        rows.append(row)
+    return rows
+
+
+def stage_rows(curriculum, per_stage: dict[int, np.ndarray]) -> list[dict]:
+    """Per stage the batches reached and per source of it: its weight in that stage, the
+    sequences counted from the batches (by curriculum-wide ``source_ids``) and their share."""
+    rows = []
+    for k in sorted(per_stage):
+        stage, counts = curriculum.stages[k], per_stage[k]
+        ids = curriculum.source_ids(k)
+        total = int(sum(counts[i] for i in ids)) or 1
+        for source, weight, i in zip(stage.mix.sources, stage.mix.shares, ids, strict=True):
+            rows.append(
+                {
+                    "stage": stage.name,
+                    "source": source.display,
+                    "source_id": i,
+                    "weight": weight,
+                    "sequences": int(counts[i]),
+                    "share": int(counts[i]) / total,
+                }
+            )
+    return rows

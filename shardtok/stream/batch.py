@@ -22,6 +22,9 @@ A batch is a dict of numpy arrays, for ``B`` sequences of ``S = seq_len`` inputs
                                   (``B * S`` tokens, one entry per segment plus the end)
 ``max_seqlen``      int           longest segment, for varlen kernels
 ``num_trained_tokens`` int        labels that are not -100 (what a loss is averaged over)
+``source_ids``      int64 [B]     per sequence, the source it was packed from: 0 for one
+                                  dataset (and the memmap path), a mix's source index, a
+                                  curriculum's source number (``Curriculum.sources``)
 ==================  ============  ======================================================
 
 Data without loss masks counts as all trained; its batches are built without any mask array.
@@ -39,12 +42,13 @@ from shardtok.stream.sequence import PackedSequence
 
 IGNORE_INDEX = -100
 LABELS_FORMATS = ("shifted", "hf")
-BATCH_KEYS = ("input_ids", "labels", "position_ids", "document_ids", "cu_seqlens")
+BATCH_KEYS = ("input_ids", "labels", "position_ids", "document_ids", "cu_seqlens", "source_ids")
 SCALAR_KEYS = ("max_seqlen", "num_trained_tokens")  # plain ints, for the whole batch
 
 # Allocator for the output arrays: given (batch_size, seq_len) it returns writable arrays for
-# every key in BATCH_KEYS (cu_seqlens with room for batch_size * seq_len + 1 entries). The torch
-# adapter passes one that hands out shared-memory slots, so batches are built in place.
+# every key in BATCH_KEYS (cu_seqlens with room for batch_size * seq_len + 1 entries,
+# source_ids [batch_size]). The torch adapter passes one that hands out shared-memory slots,
+# so batches are built in place (source_ids too: no per-batch pickling).
 Allocator = Callable[[int, int], dict[str, np.ndarray]]
 
 
@@ -56,6 +60,7 @@ def allocate_arrays(batch_size: int, seq_len: int) -> dict[str, np.ndarray]:
         "position_ids": np.empty(shape, dtype=np.int64),
         "document_ids": np.empty(shape, dtype=np.int32),
         "cu_seqlens": np.empty(batch_size * seq_len + 1, dtype=np.int32),
+        "source_ids": np.empty(batch_size, dtype=np.int64),
     }
 
 
@@ -176,11 +181,13 @@ def assemble_batch(
     allocate: Allocator = allocate_arrays,
     masked: bool = False,
     sft_rows: Sequence[bool] | None = None,
+    source_ids: Sequence[int] | np.ndarray | None = None,
 ) -> dict:
     """The batch of rows `tokens` [B, seq_len + 1], whose segments begin at `starts` and whose
     first `lengths` tokens are real (the rest padding). `masked`: the tokens carry loss masks
     as flag bits (``stream.masked``); the rows of masked data (`sft_rows`, default all) never
     train a label across a document boundary, the others keep `mask_boundary_labels`.
+    `source_ids`: each row's source (default: all 0).
 
     Work is per segment, not per token: a handful of numpy calls over the whole batch.
     """
@@ -213,7 +220,18 @@ def assemble_batch(
     _fill_labels(labels, tokens, ignored, labels_format, masked)
     batch = _with_segments(out, seg_starts, local_ids, rows * seq_len)
     batch["num_trained_tokens"] = _trained(labels, ignored, labels_format, masked)
+    batch["source_ids"] = _source_ids(out, rows, 0 if source_ids is None else source_ids)
     return batch
+
+
+def _source_ids(out: dict, rows: int, values) -> np.ndarray:
+    """`values` in the allocated source_ids (an allocator without them: a fresh array, never
+    a shared one, since a tensor viewing it may be written by its user)."""
+    ids = out.get("source_ids")
+    if ids is None:
+        ids = np.empty(rows, dtype=np.int64)
+    ids[:] = values
+    return ids
 
 
 def _copy_inputs(input_ids: np.ndarray, grid: np.ndarray, flagged: bool) -> None:
@@ -312,4 +330,5 @@ def assemble_contiguous_batch(
         local_ids.append(len(local_ids) - row_start)
     batch = _with_segments(out, starts, local_ids, total)
     batch["num_trained_tokens"] = _trained(labels, ignored, labels_format, masked)
+    batch["source_ids"] = _source_ids(out, rows, 0)  # one token stream: one source
     return batch

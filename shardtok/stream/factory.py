@@ -6,11 +6,14 @@
 =====================================  ================================================
 resume                                 stream
 =====================================  ================================================
-None                                   ``SliceStream`` (a dataset) / ``MixedStream`` (a mix)
+None                                   ``SliceStream`` (a dataset) / ``MixedStream`` (a mix);
+                                       a dataset with `num_batches`: ``EpochsStream``
 a ``slice_stream`` state               ``SliceStream`` restored to it
 a ``mixed_stream`` state               ``MixedStream`` (with its elastic layout) restored to it
 an ``elastic_stream`` state            ``ElasticStream`` restored to it
-a ``MergedState``                      ``ElasticStream`` / elastic ``MixedStream`` at its start
+an ``epochs_stream`` state             ``EpochsStream`` restored to it (needs `num_batches`)
+a ``MergedState``                      ``ElasticStream`` / elastic ``MixedStream`` at its start;
+                                       with `num_batches`: ``EpochsStream`` from its remainder
 =====================================  ================================================
 
 Curriculum stages (``staged``, two or more stages) stream a ``StagedStream``: fresh, restored to
@@ -30,6 +33,7 @@ from shardtok.storage.dataset import DatasetSource
 from shardtok.stream import state as envelope
 from shardtok.stream.batch import Allocator, allocate_arrays
 from shardtok.stream.build import plan_for, resolved
+from shardtok.stream.epochs import EpochsStream
 from shardtok.stream.mix.sequences import MixedSequences, SourceSequences
 from shardtok.stream.mix.spec import MixSpec, check_tokenizers
 from shardtok.stream.mix.stages import Curriculum
@@ -47,19 +51,22 @@ from shardtok.stream.nodes.base import PlacedStream
 from shardtok.stream.options import StreamOptions
 from shardtok.stream.plan import EpochPlan
 from shardtok.stream.resume.elastic import ElasticStream, RemainderDocuments
+from shardtok.stream.resume.elastic_epochs import is_epochs_layout
 from shardtok.stream.resume.fingerprint import staged_fingerprint, stream_fingerprint
 from shardtok.stream.resume.saved import MergedState, Placement
 from shardtok.stream.slice_stream import SliceStream
 from shardtok.stream.staged import StagedStream
 
-STREAM_KINDS = ("slice_stream", "elastic_stream", "mixed_stream", "staged_stream")
+STREAM_KINDS = (
+    "slice_stream", "elastic_stream", "mixed_stream", "staged_stream", "epochs_stream"
+)  # fmt: skip
 # Every kind a stream state may hold, with the class that owns its fields.
 NODE_CLASSES = {
     cls.KIND: cls
     for cls in (
-        SliceStream, ElasticStream, MixedStream, StagedStream, Batcher, ConcatPacker,
-        GreedyPacker, BFDPacker, ShuffleBuffer, SliceReader, ArrayDocuments, RemainderDocuments,
-        SourceSequences, MixedSequences,
+        SliceStream, ElasticStream, MixedStream, StagedStream, EpochsStream, Batcher,
+        ConcatPacker, GreedyPacker, BFDPacker, ShuffleBuffer, SliceReader, ArrayDocuments,
+        RemainderDocuments, SourceSequences, MixedSequences,
     )
 }  # fmt: skip
 
@@ -199,7 +206,8 @@ class StreamSetup:
     ) -> PlacedStream:
         """The stream of `placement`, positioned at `resume` (see the module docstring).
 
-        `num_batches`: batches per worker of a mix or stages (they have no epoch end)."""
+        `num_batches`: batches per worker of a mix or stages (they have no epoch end), or of a
+        single dataset over consecutive epochs (``EpochsStream``)."""
         where = dict(
             rank=placement.rank,
             world_size=placement.world_size,
@@ -240,6 +248,12 @@ class StreamSetup:
             )  # fmt: skip
         elif kind == "mixed_stream" or (merged is not None and merged.mixed):
             raise ResumeStateError("a state of a mix cannot resume a single dataset")
+        elif (
+            kind == "epochs_stream"
+            or (num_batches is not None and kind is None)
+            or (merged is not None and is_epochs_layout(merged.layout))
+        ):
+            stream = self._epochs(epoch, state, merged, num_batches, allocate, where)
         elif merged is not None or kind == "elastic_stream":
             if merged is not None:
                 layout = merged.layout
@@ -254,3 +268,20 @@ class StreamSetup:
             )
         stream.reset(state)  # a merged state: every new slice starts at its beginning
         return stream
+
+    def _epochs(self, epoch, state, merged, num_batches, allocate, where) -> EpochsStream:
+        """A single dataset's `num_batches` over consecutive epochs, fresh, at its own state,
+        or continuing a merged state (an ``epochs_stream``'s, or one epoch's: its remainder
+        first); without `num_batches`, the state's stream to the end of the epoch it is in. A
+        ``slice_stream`` state still resumes as the one epoch it was saved in."""
+        first_step, elastic = 0, None
+        if state is not None:
+            saved = EpochsStream.parse_state(state)
+            first_step, elastic = saved["first_step"], saved["elastic"]
+        elif merged is not None:
+            elastic = merged.layout
+            first_step = merged.layout.get("step", 0)
+        return EpochsStream(
+            self.sources[0], self.options, num_batches=num_batches, epoch=epoch,
+            first_step=first_step, elastic=elastic, allocate=allocate, **where,
+        )  # fmt: skip

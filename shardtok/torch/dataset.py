@@ -8,6 +8,7 @@ gets ``plan.batches_per_rank`` batches in a fixed order.
 from __future__ import annotations
 
 import multiprocessing
+import warnings
 from multiprocessing.context import get_spawning_popen
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,9 @@ class ShardStreamDataset(IterableDataset):
     checkpointer (torchdata's StatefulDataLoader) calls them inside each worker.
 
     `dataset` is one dataset (a path or URL: an epoch of it, ``plan().batches_per_rank``
-    batches), or a weighted mix: a ``{path: weight}`` mapping, a list of paths (weights
+    batches; with `num_batches`, that many batches per rank, rounded up as for a mix, over
+    epochs ``epoch``, ``epoch + 1``, ... each exactly as streamed alone), or a weighted mix:
+    a ``{path: weight}`` mapping, a list of paths (weights
     proportional to size) or a ``MixSpec``; a mix yields `num_batches` batches per rank (rounded
     up to a multiple of the number of workers) from an endless schedule over source epochs.
     A ``Curriculum`` (``from_config``) runs its stages in order, each a fresh mix from its
@@ -65,6 +68,7 @@ class ShardStreamDataset(IterableDataset):
         storage_options: dict[str, Any] | None = None,
         shared_memory: bool = True,
         num_batches: int | None = None,
+        num_workers: int | None = None,
         strict: bool = True,
         allow_mixed_tokenizers: bool = False,
         options: StreamOptions | None = None,
@@ -75,7 +79,12 @@ class ShardStreamDataset(IterableDataset):
 
         Every source's manifest is read here, so a missing or damaged dataset fails at
         construction rather than in a DataLoader worker. A mix of datasets tokenized
-        differently is refused unless `allow_mixed_tokenizers` (or the mix config says so)."""
+        differently is refused unless `allow_mixed_tokenizers` (or the mix config says so).
+
+        `num_workers`: the DataLoader workers this dataset will run under, which ``len()``
+        counts for (None: 1, in process). A DataLoader running it with another count is an
+        error when it was given, else a warning if ``len()`` was used (``ShardLoader``'s own
+        ``len()`` is exact for its workers)."""
         super().__init__()
         if options is None:
             names = set(OPTION_NAMES)
@@ -111,12 +120,18 @@ class ShardStreamDataset(IterableDataset):
             mix.allow_mixed_tokenizers = mix.allow_mixed_tokenizers or allow_mixed_tokenizers
             self.setup = StreamSetup.mixed(mix, options)
         else:
+            if num_batches is not None and num_batches < 1:
+                raise UsageError("num_batches (batches per rank) must be >= 1")
             source = dataset if isinstance(dataset, DatasetSource) else None
             source = source or DatasetSource(dataset, storage_options)  # type: ignore[arg-type]
             self.setup = StreamSetup.single(source, options)
         for each in self.setup.sources:
             each.manifest  # noqa: B018 - read now: fail here, not in a worker
         self.num_batches = num_batches
+        if num_workers is not None and num_workers < 0:
+            raise UsageError(f"num_workers must be >= 0, got {num_workers}")
+        self.num_workers = num_workers
+        self._len_workers: int | None = None  # the worker count len() counted for, once used
         self.strict = strict
         self.rank, self.world_size = rank, world_size
         self.shared_memory = shared_memory
@@ -192,13 +207,49 @@ class ShardStreamDataset(IterableDataset):
         )
 
     def batches_per_rank(self, num_workers: int = 1) -> int:
+        """Batches a rank yields with `num_workers` DataLoader workers (0 counts as 1):
+        ``ceil(num_batches / K) * K`` with `num_batches`, else one epoch's
+        ``plan(K).batches_per_rank``; a mix without `num_batches` has none (TypeError)."""
+        workers = max(num_workers, 1)
+        if self.num_batches is not None:
+            return self._mix_batches_per_worker(workers) * workers
         if self.mix is not None or self.curriculum is not None:
-            return self._mix_batches_per_worker(max(num_workers, 1)) * max(num_workers, 1)
-        return self.plan(num_workers).batches_per_rank
+            raise TypeError(
+                "a mixed dataset without num_batches never ends: it has no length (give "
+                "num_batches, batches per rank)"
+            )
+        return self.plan(workers).batches_per_rank
+
+    def __len__(self) -> int:
+        """Batches per rank (see ``batches_per_rank``) under the `num_workers` given to the
+        constructor (None: 1, in process)."""
+        workers = max(self.num_workers or 0, 1)
+        length = self.batches_per_rank(workers)
+        self._len_workers = workers
+        return length
 
     def _mix_batches_per_worker(self, num_workers: int) -> int:
         assert self.num_batches is not None
         return -(-self.num_batches // num_workers)
+
+    def _check_worker_count(self, num_workers: int) -> None:
+        """In a DataLoader worker: refuse (or warn about) a worker count ``len()`` did not
+        count for."""
+        expected = max(self.num_workers or 0, 1)
+        if num_workers == expected:
+            return
+        if self.num_workers is not None:
+            raise UsageError(
+                f"ShardStreamDataset(num_workers={self.num_workers}) runs in a DataLoader with "
+                f"{num_workers} workers: pass num_workers={num_workers} (len() counts for it)"
+            )
+        if self._len_workers is not None and get_worker_info().id == 0:  # type: ignore[union-attr]
+            warnings.warn(
+                f"len() of this ShardStreamDataset counted for {self._len_workers} worker(s), "
+                f"the DataLoader runs {num_workers}: pass num_workers={num_workers} to "
+                "ShardStreamDataset, or use shardtok.torch.ShardLoader (its len() is exact)",
+                stacklevel=2,
+            )
 
     # -- iteration ------------------------------------------------------------------------
     def _placement(self) -> Placement:
@@ -223,13 +274,15 @@ class ShardStreamDataset(IterableDataset):
         placement = self._placement()
         if self._worker_slot is not None or get_worker_info() is not None:
             self._in_workers.value = 1
+        if self._worker_slot is None and get_worker_info() is not None:
+            self._check_worker_count(placement.num_workers)
         stream = self.setup.stream(
             placement,
             epoch=self.epoch,
             resume=state,
             num_batches=(
                 None
-                if self.mix is None and self.curriculum is None
+                if self.num_batches is None
                 else self._mix_batches_per_worker(placement.num_workers)
             ),
             **({"allocate": ring.allocate} if ring is not None else {}),

@@ -2,7 +2,8 @@
 
 For a Megatron ``.bin/.idx`` pair or a shardtok dataset written without compression. Sample
 ``i`` is exactly Megatron's (``GPTSamples``: document, sample and shuffle indices, separate
-last epoch); it comes out with the same keys as the streaming batches::
+last epoch); it comes out with the same keys as the streaming batches (``source_ids`` all 0,
+one source)::
 
     ds = MemmapTokenDataset("data/", seq_len=2048, num_samples=1_000_000, seed=1234)
     loader = DataLoader(ds, batch_size=8, collate_fn=ds.collate, num_workers=2,
@@ -121,7 +122,9 @@ class MemmapTokenDataset(Dataset):
             mask_boundary_labels=self.mask_boundary_labels,
             labels_format=self.labels_format,
         )
-        out = {k: (v[0] if k in BATCH_KEYS and k != "cu_seqlens" else v) for k, v in batch.items()}
+        keep = ("cu_seqlens", "source_ids")  # source_ids: a 0-d array, still a tensor
+        out = {k: (v[0] if k in BATCH_KEYS and k not in keep else v) for k, v in batch.items()}
+        out["source_ids"] = batch["source_ids"].reshape(())
         return to_tensors(out)
 
     def __getitems__(self, indices: list[int]) -> GatheredSamples:

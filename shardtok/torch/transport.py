@@ -12,6 +12,9 @@ batch as plain tensors that view the slot. When the last tensor viewing a slot i
 finalizer marks the slot free for the worker. A worker never waits: with every slot still held
 (a caller keeping many batches alive), it builds the batch in ordinary memory and the default
 torch path carries it. So a batch is never overwritten while any tensor can still see it.
+
+A slot holds every array of a batch (``source_ids`` too); only the scalars travel pickled
+beside the handle (a numpy array there would come out as a tensor, as on every other path).
 """
 
 from __future__ import annotations
@@ -34,14 +37,15 @@ _HEADER = ALIGN  # control bytes: one per slot (<= 63 slots) and the acknowledge
 _ACK = ALIGN - 1
 
 
-def _layout(batch_size: int, seq_len: int) -> tuple[list[tuple[str, int, np.dtype, int]], int]:
-    """(key, byte offset in slot, dtype, element count) per array, and the slot size."""
-    n = batch_size * seq_len
+def _layout(
+    batch_size: int, seq_len: int
+) -> tuple[list[tuple[str, int, np.dtype, tuple[int, ...], int]], int]:
+    """(key, byte offset in slot, dtype, shape, element count) per array (those of
+    allocate_arrays, which np.empty makes without touching their memory), and the slot size."""
     fields, at = [], 0
-    for key, arr in allocate_arrays(1, 1).items():
-        count = n + 1 if key == "cu_seqlens" else n
-        fields.append((key, at, arr.dtype, count))
-        at += -(-count * arr.dtype.itemsize // ALIGN) * ALIGN
+    for key, arr in allocate_arrays(batch_size, seq_len).items():
+        fields.append((key, at, arr.dtype, arr.shape, arr.size))
+        at += -(-arr.nbytes // ALIGN) * ALIGN
     return fields, at
 
 
@@ -95,9 +99,9 @@ class SlotRing:
     def _views(self, slot: int, batch_size: int, seq_len: int) -> dict[str, np.ndarray]:
         base = _HEADER + slot * self.slot_bytes
         out = {}
-        for key, offset, dtype, count in self.fields:
+        for key, offset, dtype, shape, count in self.fields:
             arr = np.frombuffer(self.mm, dtype=dtype, count=count, offset=base + offset)
-            out[key] = arr if key == "cu_seqlens" else arr.reshape(batch_size, seq_len)
+            out[key] = arr.reshape(shape)
         return out
 
     def take_slot(self) -> int | None:
@@ -189,16 +193,14 @@ def _slot_tensors(ring: SlotRing | _MappedRing, slot: int, cu_len: int, extras: 
     # Every array below is a numpy view whose base is `block`; the tensors keep their arrays
     # alive, so `block` dies (and the slot goes back to the worker) with the last tensor.
     weakref.finalize(block, ring.release, slot)
-    batch_size, seq_len = ring.batch_size, ring.seq_len
     out: dict = {}
-    for key, offset, dtype, count in ring.fields:
-        if key == "cu_seqlens":
+    for key, offset, dtype, shape, count in ring.fields:
+        if key == "cu_seqlens":  # its used part
             arr = block[offset : offset + cu_len * dtype.itemsize].view(dtype)
         else:
-            arr = block[offset : offset + count * dtype.itemsize].view(dtype)
-            arr = arr.reshape(batch_size, seq_len)
+            arr = block[offset : offset + count * dtype.itemsize].view(dtype).reshape(shape)
         out[key] = torch.from_numpy(arr)
-    out.update(extras)
+    out.update(to_tensors(extras))  # the scalars; an array there becomes a tensor as well
     return out
 
 

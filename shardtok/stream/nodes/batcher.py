@@ -19,6 +19,9 @@ from shardtok.stream.nodes.packer import Packer
 class Batcher(Node[dict]):
     """Yields batches of `batch_size` sequences; `num_batches` (when given) is exact.
 
+    Each batch's ``source_ids`` names every row's source (``Packer.row_source``); the
+    contiguous path (one dataset, concat) has only source 0.
+
     The plan guarantees every slice can fill `num_batches`; if the upstream runs dry earlier the
     data disagrees with its manifest, and that is an error rather than a silent short epoch
     (which would hang a distributed job). The state is the packer's state at a batch boundary
@@ -56,6 +59,7 @@ class Batcher(Node[dict]):
         self.allocate = allocate
         self.where = where
         self._rows: np.ndarray | None = None
+        self._sources = np.empty(0, dtype=np.int64)
         self.batches = 0
         self.real_tokens = 0  # tokens that are not padding (sequence slots: seq_len + 1 each)
         self.sequences = 0
@@ -117,10 +121,12 @@ class Batcher(Node[dict]):
         # One reused staging array: the packer writes each sequence straight into its row.
         if self._rows is None:
             self._rows = np.empty((self.batch_size, upstream.window), dtype=np.int64)
+            self._sources = np.empty(self.batch_size, dtype=np.int64)
         rows = self._rows
         starts, lengths = [], []
         masked = upstream.masked
         sft_rows = []  # masked data: which rows are (a mix holds both kinds)
+        sources = self._sources  # staging too: assembling copies them into the batch
         for b in range(self.batch_size):
             try:
                 row_starts, length = upstream.next_into(rows[b])
@@ -134,6 +140,7 @@ class Batcher(Node[dict]):
                 ) from None
             starts.append(row_starts)
             lengths.append(length)
+            sources[b] = upstream.row_source
             if masked:
                 sft_rows.append(upstream.row_masked)
         batch = assemble_batch(
@@ -145,6 +152,7 @@ class Batcher(Node[dict]):
             allocate=self.allocate,
             masked=masked,
             sft_rows=sft_rows if masked else None,
+            source_ids=sources,
         )
         return self._count(batch, sum(lengths))
 

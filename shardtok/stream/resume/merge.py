@@ -9,6 +9,7 @@ from __future__ import annotations
 from shardtok.errors import ResumeStateError
 from shardtok.stream.nodes.batcher import Batcher
 from shardtok.stream.resume.elastic import slice_progress
+from shardtok.stream.resume.elastic_epochs import merge_epochs_states
 from shardtok.stream.resume.elastic_mix import merge_mixed_states
 from shardtok.stream.resume.elastic_stages import merge_staged_states
 from shardtok.stream.resume.saved import MergedState, WorkerState, parse_saved
@@ -46,8 +47,15 @@ def merge_worker_states(states: list[WorkerState]) -> MergedState:
     world_size, num_workers = layouts.pop()
     kinds = {s.stream["kind"] for s in states if s.stream is not None}
     staged = kinds == {"staged_stream"} or (not kinds and "stages" in states[0].fingerprint)
-    if kinds & {"elastic_stream"} or any(  # a staged state's stage-wise check comes later
-        s.stream is not None and not staged and s.stream.get("elastic") is not None for s in states
+    # A staged state's stage-wise check comes later; an epochs stream past an elastic remainder
+    # merges again (elastic_epochs checks where).
+    if (
+        not staged
+        and kinds != {"epochs_stream"}
+        and (
+            kinds & {"elastic_stream"}
+            or any(s.stream is not None and s.stream.get("elastic") is not None for s in states)
+        )
     ):
         raise ResumeStateError(
             "merge_states: this state is of an elastically resumed epoch; finish that epoch "
@@ -77,6 +85,9 @@ def merge_worker_states(states: list[WorkerState]) -> MergedState:
             [s.stream for s in ordered], world_size, num_workers, epoch, fingerprint
         )
         return MergedState(epoch, fingerprint, layout, mixed=True, stage=stage, step=step)
+    if kinds == {"epochs_stream"}:
+        layout = merge_epochs_states([s.stream for s in ordered], world_size, num_workers, epoch)
+        return MergedState(epoch, fingerprint, layout, mixed=False)
     if kinds == {"mixed_stream"}:
         streams = [s.stream for s in ordered]
         layout = merge_mixed_states(streams, world_size, num_workers, epoch)

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, SequentialSampler
 
-from shardtok.errors import ResumeStateError
+from shardtok.errors import ResumeStateError, UsageError
 from shardtok.stream.resume.saved import MergedState, Placement, WorkerState
 from shardtok.torch.dataset import ShardStreamDataset
 from shardtok.torch.distributed import data_parallel_rank
@@ -89,6 +89,12 @@ class ShardLoader(DataLoader):
                     "and leave the loader's batch_size and sampler unset"
                 )
             batching = dict(batch_size=None)
+            hint = dataset.num_workers
+            if hint is not None and max(hint, 1) != max(num_workers, 1):
+                raise UsageError(
+                    f"ShardStreamDataset(num_workers={hint}) in a ShardLoader with "
+                    f"num_workers={num_workers}: give both the same count"
+                )
         else:
             raise TypeError(
                 "ShardLoader needs a ShardStreamDataset or a MemmapTokenDataset, got "
@@ -113,6 +119,14 @@ class ShardLoader(DataLoader):
         self._ended: _LeanIterator | None = None  # the last epoch that ended or was left
         self._inline: MemmapBatches | None = None  # the memmap path's batches, in process
         self._inline_ring: SlotRing | None = None
+
+    def __len__(self) -> int:
+        """Batches per epoch: for a ``ShardStreamDataset``, exactly what a rank yields with
+        this loader's workers (``dataset.batches_per_rank(num_workers)``); for a
+        ``MemmapTokenDataset``, the DataLoader's count."""
+        if self._memmap:
+            return super().__len__()
+        return self.dataset.batches_per_rank(self.num_workers)  # type: ignore[attr-defined]
 
     @property
     def lean(self) -> bool:
