@@ -62,6 +62,7 @@ def by_the_rule(setup, rank, world, workers, steps, first_step=0):
             streams[k, w] = MixedStream(
                 curriculum.stages[k].mix, curriculum.options_for(k, setup.options), rank=rank,
                 world_size=world, worker=w, num_workers=workers,
+                source_ids=curriculum.source_ids(k),
             )  # fmt: skip
         assert (
             streams[k, w].batcher.batches == j - curriculum.local_begins(first_step, w, workers)[k]
