@@ -12,7 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
-SECTIONS = ["convert", "distributed", "stream", "s3", "compare"]
+SECTIONS = ["convert", "distributed", "stream", "trace", "s3", "compare"]
 
 
 def nest(text: str) -> str:

@@ -64,19 +64,22 @@ def marked_text(decode, ids: np.ndarray, trained: np.ndarray, colour: bool) -> s
     return "".join(parts)
 
 
-def decode_batches(args, manifest, batches: list[dict], labels_format: str) -> None:
+def decoder(args, manifests: list):
+    """A function decoding token ids with ``--tokenizer`` (default: the bundled one), refused
+    when a manifest records another tokenizer and none was named (a warning when one was)."""
     from shardtok.convert.tokenizer import BUNDLED, load_tokenizer
 
     spec = load_tokenizer(args.tokenizer or BUNDLED, backend="hf")  # decoding: no tiktoken gate
-    recorded = (manifest.tokenizer or {}).get("fingerprint")
-    if recorded and recorded != spec.fingerprint:
-        message = (
-            f"the dataset was tokenized with {manifest.tokenizer.get('name')!r} "
-            f"({recorded[:19]}...), not with {spec.name!r}"
-        )
-        if args.tokenizer is None:
-            raise UsageError(f"{message}; pass --tokenizer PATH")
-        print(f"warning: {message}", file=sys.stderr)
+    for manifest in manifests:
+        recorded = (manifest.tokenizer or {}).get("fingerprint")
+        if recorded and recorded != spec.fingerprint:
+            message = (
+                f"the data was tokenized with {manifest.tokenizer.get('name')!r} "
+                f"({recorded[:19]}...), not with {spec.name!r}"
+            )
+            if args.tokenizer is None:
+                raise UsageError(f"{message}; pass --tokenizer PATH")
+            print(f"warning: {message}", file=sys.stderr)
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_str(spec.backend_json)
@@ -84,6 +87,11 @@ def decode_batches(args, manifest, batches: list[dict], labels_format: str) -> N
     def decode(ids: list[int]) -> str:
         return tokenizer.decode(ids, skip_special_tokens=False)
 
+    return decode
+
+
+def decode_batches(args, manifest, batches: list[dict], labels_format: str) -> None:
+    decode = decoder(args, [manifest])
     colour = sys.stdout.isatty()
     legend = "dim" if colour else f"in {OPEN} {CLOSE}"
     print(f"(untrained tokens -- label -100: prompts, padding, document starts -- are {legend})")

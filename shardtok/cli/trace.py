@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 from shardtok.cli.arguments import at_least
 from shardtok.cli.stream import add_stream_options
 from shardtok.cli.stream_args import mix_from, options_from
-from shardtok.cli.stream_output import marked_text
-from shardtok.errors import ResumeStateError, UsageError
+from shardtok.cli.stream_output import decoder, marked_text
+from shardtok.errors import ResumeStateError
 from shardtok.storage.dataset import DatasetSource
 from shardtok.stream.factory import StreamSetup, check_stream_state
 from shardtok.stream.mix.stages import Curriculum
@@ -230,7 +229,7 @@ def _add_text(trace: dict, setup: StreamSetup, args: argparse.Namespace) -> None
     import numpy as np
 
     table = source_table(setup)
-    decode = _decoder(args, [table[s["id"]].manifest for s in trace["sources"]])
+    decode = decoder(args, [table[s["id"]].manifest for s in trace["sources"]])
     readers: dict[tuple[int, str], object] = {}
     for seq in trace["sequences"]:
         for g in seq["segments"]:
@@ -249,28 +248,3 @@ def _add_text(trace: dict, setup: StreamSetup, args: argparse.Namespace) -> None
                 g["text"] = decode(ids.tolist())
     for reader in readers.values():
         reader.source.close()  # type: ignore[attr-defined]
-
-
-def _decoder(args: argparse.Namespace, manifests: list):
-    """A decode function for token ids (as `shardtok stream --decode` loads it)."""
-    from shardtok.convert.tokenizer import BUNDLED, load_tokenizer
-
-    spec = load_tokenizer(args.tokenizer or BUNDLED, backend="hf")  # decoding: no tiktoken gate
-    for manifest in manifests:
-        recorded = (manifest.tokenizer or {}).get("fingerprint")
-        if recorded and recorded != spec.fingerprint:
-            message = (
-                f"the data was tokenized with {manifest.tokenizer.get('name')!r} "
-                f"({recorded[:19]}...), not with {spec.name!r}"
-            )
-            if args.tokenizer is None:
-                raise UsageError(f"{message}; pass --tokenizer PATH")
-            print(f"warning: {message}", file=sys.stderr)
-    from tokenizers import Tokenizer
-
-    tokenizer = Tokenizer.from_str(spec.backend_json)
-
-    def decode(ids: list[int]) -> str:
-        return tokenizer.decode(ids, skip_special_tokens=False)
-
-    return decode

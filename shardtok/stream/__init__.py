@@ -3,32 +3,45 @@
 Torch-free (numpy only); ``shardtok.torch`` wraps it for DataLoaders. See docs/STREAMING.md and
 docs/API.md. The rooms: ``options`` (what decides the tokens), ``plan`` (who reads what),
 ``nodes/`` (one stage per module), ``build`` (stages into a stream), ``slice_stream``,
-``mix/`` (weighted sources), ``resume/`` (fingerprints, elastic resume, state files, 0.1
+``mix/`` (weighted sources and curriculum stages), ``staged``/``epochs`` (streams chained from
+stages or epochs), ``preview`` (what a mix will read), ``provenance/`` (traces), ``resume/`` (fingerprints, elastic resume, state files, 0.1
 states), ``state`` (the envelope every saved state is wrapped in) and ``factory`` (the one place
 that picks the stream for a placement and a saved state).
 """
 
 from shardtok.stream.batch import IGNORE_INDEX
+from shardtok.stream.epochs import EpochsStream
 from shardtok.stream.factory import StreamSetup
 from shardtok.stream.mix.spec import MixSpec, load_mix_config, mix_spec
+from shardtok.stream.mix.stages import Curriculum, Stage, load_curriculum
 from shardtok.stream.mix.stream import MixedStream
 from shardtok.stream.options import StreamOptions
 from shardtok.stream.plan import EpochPlan, epoch_plan
+from shardtok.stream.preview import mix_preview
+from shardtok.stream.provenance import trace_step
 from shardtok.stream.resume.merge import merge_states
 from shardtok.stream.resume.saved import Placement
 from shardtok.stream.slice_stream import SliceStream
+from shardtok.stream.staged import StagedStream
 
 __all__ = [
     "IGNORE_INDEX",
+    "Curriculum",
     "EpochPlan",
+    "EpochsStream",
     "MixSpec",
     "MixedStream",
     "Placement",
     "SliceStream",
+    "Stage",
+    "StagedStream",
     "StreamOptions",
     "StreamSetup",
     "epoch_plan",
+    "load_curriculum",
     "load_mix_config",
     "merge_states",
+    "mix_preview",
     "mix_spec",
+    "trace_step",
 ]

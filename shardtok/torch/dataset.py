@@ -381,12 +381,15 @@ class ShardStreamDataset(IterableDataset):
         self.__dict__.update(state)
 
     # -- provenance -----------------------------------------------------------------------
-    def trace(self, step: int, *, num_workers: int = 0, state: dict | None = None) -> dict:
+    def trace(
+        self, step: int, *, num_workers: int | None = None, state: dict | None = None
+    ) -> dict:
         """Where rank `rank`'s batch at 1-based training step `step` comes from, as plain data:
         per sequence its segments (source, shard file, document index in the shard and in
         ``export-megatron``'s output, token range of the document, window positions) and padding.
 
-        `num_workers`: the DataLoader's workers (0: in process). `state`: a saved position to
+        `num_workers`: the DataLoader's workers (0: in process; default: the constructor's
+        `num_workers`, else 0). `state`: a saved position to
         start from instead of the epoch's start (``ShardLoader.state_dict()``, this dataset's
         ``state_dict()``, or the CLI's state file document); its epoch is used. Recomputed from
         the plan and states alone (``shardtok.stream.provenance``): no token is read."""
@@ -394,9 +397,11 @@ class ShardStreamDataset(IterableDataset):
         from shardtok.stream.provenance.states import saved_rank
 
         rank, world_size = data_parallel_rank(self.rank, self.world_size)
+        if num_workers is None:
+            num_workers = self.num_workers or 0
         epoch = self.epoch
         if state is not None:
-            mixed = self.mix is not None
+            mixed = self.mix is not None or self.curriculum is not None
             epoch = saved_rank(state, self.options, mixed=mixed, fingerprint=self.fingerprint).epoch
         return trace_step(
             self.setup, step=step, rank=rank, world_size=world_size, num_workers=num_workers,
