@@ -113,8 +113,9 @@ class StreamJob:
         ]
         merged = merge_worker_states(states)
         self.streams = [self._stream(w, merged) for w in range(self.workers)]
-        # stages count the rank's steps on from the merge (they decide the stage)
-        self.next_worker, self.taken = 0, merged.step
+        # Chained streams (stages, epochs) count the rank's steps on from the step of the merge,
+        # as their states do (a trace from the saved file counts them so too).
+        self.next_worker, self.taken = 0, getattr(self.streams[0], "first_step", 0)
 
     def save(self, path: str) -> None:
         state = StateFile(

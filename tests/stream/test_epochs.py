@@ -222,3 +222,29 @@ def test_cli_max_batches_runs_on_into_later_epochs(setup, tmp_path, capsys):
     capsys.readouterr()
     assert main([*args, "--max-batches", "3", "--state-in", str(state), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["batches"] == 0
+
+
+def test_cli_state_after_an_elastic_resume_counts_the_steps_before_it(setup, tmp_path, capsys):
+    """The state file's steps (and so a trace from it) include the steps before the merge."""
+    from shardtok.cli.main import run as main
+    from shardtok.stream.provenance import trace_step
+    from tests.helpers.provenance import assert_reproduces, shard_documents
+
+    first = len(setup.stream(where(0, 2), epoch=0))
+    args = ["stream", setup.sources[0].location, "--seq-len", "15", "--batch-size", "2",
+            "--shuffle-buffer", "8", "--seed", "4"]  # fmt: skip
+    steps = first + 3  # into epoch 1
+    for rank in (0, 1):
+        assert main([*args, "--world-size", "2", "--rank", str(rank), "--max-batches", str(steps),
+                     "--state-out", str(tmp_path / f"r{rank}.json")]) == 0  # fmt: skip
+    merged, dump = tmp_path / "m.json", tmp_path / "next.npz"
+    assert main([*args, "--max-batches", "2", "--state-in", str(tmp_path / "r0.json"),
+                 "--state-in", str(tmp_path / "r1.json"), "--state-out", str(merged)]) == 0  # fmt: skip
+    assert json.loads(merged.read_text())["batches"] == steps + 2
+    assert main([*args, "--max-batches", "1", "--state-in", str(merged), "--dump", str(dump)]) == 0
+    capsys.readouterr()
+    state = json.loads(merged.read_text())
+    trace = trace_step(setup, step=steps + 3, rank=0, world_size=1, num_workers=0,
+                       num_batches=10 * first, state=state)  # fmt: skip
+    batch = {k: np.load(dump)[k][0] for k in ("input_ids", "labels")}
+    assert_reproduces(trace, batch, shard_documents(list(setup.sources)))
