@@ -295,3 +295,33 @@ def test_cli_finishes_an_epoch_with_another_layout(dataset, tmp_path, capsys):
     assert 0 <= total - len(seen) < (3 + 1) * 32  # (batch_size + 1) windows, as any epoch
     with pytest.raises(ResumeStateError, match="missing"):  # one rank's file is not enough
         main([*common, "--state-in", str(tmp_path / "r0.json"), "--max-batches", "1"])
+
+
+@pytest.mark.parametrize("kind", ["single", "mix"])
+def test_a_trace_refuses_a_state_streamed_on_from_a_merge(two_sources, kind):
+    """Such streams count batches from the merge without its step: no step can be placed."""
+    from shardtok.stream import StreamSetup, mix_spec
+    from shardtok.stream.provenance import trace_step
+    from shardtok.stream.resume.saved import Placement, WorkerState, parse_saved
+
+    paths, _ = two_sources
+    options = StreamOptions(**OPTIONS)
+    if kind == "mix":
+        setup = StreamSetup.mixed(mix_spec(dict(zip(paths, [0.5, 0.5]))), options)
+    else:
+        setup = StreamSetup.single(DatasetSource(paths[0]), options)
+    count = 40 if kind == "mix" else None
+    states = []
+    for worker in range(2):
+        stream = setup.stream(Placement(0, 1, worker, 2), epoch=0, num_batches=count)
+        for _ in range(3):
+            next(stream)
+        states.append(WorkerState(0, Placement(0, 1, worker, 2), stream.state_dict(),
+                                  setup.fingerprint).to_dict())  # fmt: skip
+    merged = parse_saved(merge_states(states))
+    stream = setup.stream(Placement(0, 1, 0, 1), epoch=0, resume=merged, num_batches=count)
+    next(stream)
+    state = WorkerState(0, Placement(0, 1, 0, 1), stream.state_dict(), setup.fingerprint)
+    with pytest.raises(ResumeStateError, match="elastic resume"):
+        trace_step(setup, step=9, rank=0, world_size=1, num_workers=0, num_batches=count,
+                   state=state.to_dict())  # fmt: skip

@@ -4,7 +4,9 @@ Accepted: the CLI's state file (``StateFile``, or its JSON document), a ``ShardL
 (kind ``loader``) and one dataset worker state (kind ``dataset``: a loader with 0 workers, or
 ``ShardStreamDataset.state_dict()`` in process). States written by shardtok 0.1 are upgraded.
 A merged (elastic) state that no worker has streamed from yet names no step of its own and is
-refused: trace with a state saved after its first batch.
+refused: trace with a state saved after its first batch. So is a state streamed on from the
+merge of a mix or of one epoch: those streams count batches from the merge and do not record
+its step (curriculum stages and epochs streams do, as ``first_step``).
 """
 
 from __future__ import annotations
@@ -145,7 +147,16 @@ def _first_step(workers: list[dict | None]) -> int:
 
 
 def _checked(saved: SavedRank) -> SavedRank:
-    """The round robin's arithmetic must hold, or a trace would name another worker's batch."""
+    """The round robin's arithmetic must hold, or a trace would name another worker's batch;
+    and the state must know its steps since the start."""
+    for stream in saved.workers:
+        if stream is not None and _resumed_without_step(stream):
+            raise ResumeStateError(
+                "the state continues an elastic resume (merge_states) of a mix or of one epoch, "
+                "whose streams count batches from the resume without recording its step, so a "
+                "training step cannot be placed in it: trace from a state saved before the "
+                "resume"
+            )
     slots = len(saved.workers)
     expected = (saved.steps - saved.first_step) % slots
     if saved.steps < saved.first_step or saved.next_worker != expected:
@@ -155,3 +166,11 @@ def _checked(saved: SavedRank) -> SavedRank:
             f"{expected}"
         )
     return saved
+
+
+def _resumed_without_step(stream: dict) -> bool:
+    """Whether a worker stream continues a merged layout but not from a recorded step (chained
+    streams, stages and epochs, record theirs as ``first_step``)."""
+    if stream["kind"] == "elastic_stream":
+        return True
+    return stream["kind"] == "mixed_stream" and stream.get("elastic") is not None
