@@ -160,12 +160,7 @@ def run(args: argparse.Namespace) -> int:
     if args.state:
         state = _state(args.state, setup)
         try:
-            saved = saved_rank(
-                state,
-                setup.options,
-                mixed=setup.mix is not None or setup.curriculum is not None,
-                fingerprint=setup.fingerprint,
-            )
+            saved = saved_rank(state, setup)
         except ResumeStateError as exc:
             raise ResumeStateError(f"{args.state}: {exc}") from None
         layout = {

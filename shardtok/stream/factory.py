@@ -52,10 +52,15 @@ from shardtok.stream.options import StreamOptions
 from shardtok.stream.plan import EpochPlan
 from shardtok.stream.resume.elastic import ElasticStream, RemainderDocuments
 from shardtok.stream.resume.elastic_epochs import is_epochs_layout
-from shardtok.stream.resume.fingerprint import staged_fingerprint, stream_fingerprint
-from shardtok.stream.resume.saved import MergedState, Placement
+from shardtok.stream.resume.fingerprint import (
+    check_fingerprint,
+    staged_fingerprint,
+    stream_fingerprint,
+)
+from shardtok.stream.resume.legacy import upgrade_dataset_state
+from shardtok.stream.resume.saved import MergedState, Placement, WorkerState, parse_saved
 from shardtok.stream.slice_stream import SliceStream
-from shardtok.stream.staged import StagedStream
+from shardtok.stream.staged import StagedStream, saved_position
 
 STREAM_KINDS = (
     "slice_stream", "elastic_stream", "mixed_stream", "staged_stream", "epochs_stream"
@@ -135,6 +140,32 @@ class StreamSetup:
             )
         curriculum.check_tokenizers()
         return cls(curriculum.sources, options, None, curriculum)
+
+    @classmethod
+    def of(cls, data: DatasetSource | MixSpec | Curriculum, options: StreamOptions) -> StreamSetup:
+        """One dataset, a mix, or curriculum stages (one stage: its mix, with its seed)."""
+        if isinstance(data, Curriculum):
+            if len(data.stages) == 1:
+                return cls.mixed(data.stages[0].mix, data.options_for(0, options))
+            return cls.staged(data, options)
+        if isinstance(data, MixSpec):
+            return cls.mixed(data, options)
+        return cls.single(data, options)
+
+    def check_saved(self, state: object, *, strict: bool = True) -> WorkerState | MergedState:
+        """`state`, a dataset worker state or a merged state (a 0.1 state upgraded), checked
+        level by level and against this setup's fingerprint: refused (ResumeStateError) when
+        saved for other data or options, unless not `strict` (curriculum stages: by where the
+        state is, ``check_fingerprint``)."""
+        if not envelope.is_enveloped(state):
+            state = upgrade_dataset_state(state, self.options, mixed=self.mix is not None)
+        saved = parse_saved(state)
+        if isinstance(saved, WorkerState) and saved.stream is not None:
+            check_stream_state(saved.stream)
+        where = saved if isinstance(saved, MergedState) else saved.stream
+        check_fingerprint(saved.fingerprint, self.fingerprint, strict=strict,
+                          **saved_position(where))  # fmt: skip
+        return saved
 
     def check_resumes(self, resume: dict | MergedState | None) -> None:
         """Refuse (one line) a stream or merged state of stages for a dataset or mix, and the

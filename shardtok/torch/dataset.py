@@ -8,7 +8,6 @@ gets ``plan.batches_per_rank`` batches in a fixed order.
 from __future__ import annotations
 
 import multiprocessing
-import warnings
 from multiprocessing.context import get_spawning_popen
 from pathlib import Path
 from typing import Any
@@ -17,18 +16,15 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from shardtok.errors import ResumeStateError, ShardtokError, UsageError
 from shardtok.storage.dataset import DatasetSource
-from shardtok.stream.factory import StreamSetup, check_stream_state
+from shardtok.stream.factory import StreamSetup
 from shardtok.stream.mix.spec import MixSpec, mix_spec
 from shardtok.stream.mix.stages import Curriculum, load_curriculum, load_stage
 from shardtok.stream.nodes.base import PlacedStream
 from shardtok.stream.options import OPTION_NAMES, StreamOptions
 from shardtok.stream.plan import EpochPlan
-from shardtok.stream.resume.fingerprint import check_fingerprint
-from shardtok.stream.resume.legacy import upgrade_dataset_state
-from shardtok.stream.resume.saved import MergedState, Placement, WorkerState, parse_saved
-from shardtok.stream.staged import saved_position
-from shardtok.stream.state import is_enveloped
+from shardtok.stream.resume.saved import MergedState, Placement, WorkerState
 from shardtok.torch.distributed import data_parallel_rank
+from shardtok.torch.lengths import check_num_batches, check_worker_count, per_worker
 from shardtok.torch.transport import SlotRing, to_tensors
 
 _WORKERS_HOLD_STATE = (
@@ -97,34 +93,17 @@ class ShardStreamDataset(IterableDataset):
             options = StreamOptions(**stream_options)
         elif stream_options:
             raise TypeError("give either options=StreamOptions(...) or its fields, not both")
-        mix: MixSpec | None = None
-        if isinstance(dataset, Curriculum) and len(dataset.stages) == 1:  # a plain mix
-            dataset, options = dataset.stages[0].mix, dataset.options_for(0, options)
-        curriculum = dataset if isinstance(dataset, Curriculum) else None
-        if isinstance(dataset, MixSpec):
-            mix = dataset
-        elif isinstance(dataset, (dict, list, tuple)):
-            mix = mix_spec(dataset, storage_options)
-        if curriculum is not None:
-            if num_batches is None or num_batches < 1:
-                raise UsageError(
-                    "curriculum stages need num_batches (batches per rank) >= 1: the last stage "
-                    "never ends"
-                )
-            for stage in curriculum.stages:
+        if isinstance(dataset, (dict, list, tuple)):
+            dataset = mix_spec(dataset, storage_options)
+        elif not isinstance(dataset, (MixSpec, Curriculum, DatasetSource)):
+            dataset = DatasetSource(dataset, storage_options)
+        check_num_batches(dataset, num_batches)
+        if isinstance(dataset, Curriculum):
+            for stage in dataset.stages:
                 stage.mix.allow_mixed_tokenizers |= allow_mixed_tokenizers
-            self.setup = StreamSetup.staged(curriculum, options)
-        elif mix is not None:
-            if num_batches is None or num_batches < 1:
-                raise UsageError("a mixed dataset needs num_batches (batches per rank) >= 1")
-            mix.allow_mixed_tokenizers = mix.allow_mixed_tokenizers or allow_mixed_tokenizers
-            self.setup = StreamSetup.mixed(mix, options)
-        else:
-            if num_batches is not None and num_batches < 1:
-                raise UsageError("num_batches (batches per rank) must be >= 1")
-            source = dataset if isinstance(dataset, DatasetSource) else None
-            source = source or DatasetSource(dataset, storage_options)  # type: ignore[arg-type]
-            self.setup = StreamSetup.single(source, options)
+        elif isinstance(dataset, MixSpec):
+            dataset.allow_mixed_tokenizers |= allow_mixed_tokenizers
+        self.setup = StreamSetup.of(dataset, options)
         for each in self.setup.sources:
             each.manifest  # noqa: B018 - read now: fail here, not in a worker
         self.num_batches = num_batches
@@ -212,7 +191,7 @@ class ShardStreamDataset(IterableDataset):
         ``plan(K).batches_per_rank``; a mix without `num_batches` has none (TypeError)."""
         workers = max(num_workers, 1)
         if self.num_batches is not None:
-            return self._mix_batches_per_worker(workers) * workers
+            return per_worker(self.num_batches, workers) * workers
         if self.mix is not None or self.curriculum is not None:
             raise TypeError(
                 "a mixed dataset without num_batches never ends: it has no length (give "
@@ -227,29 +206,6 @@ class ShardStreamDataset(IterableDataset):
         length = self.batches_per_rank(workers)
         self._len_workers = workers
         return length
-
-    def _mix_batches_per_worker(self, num_workers: int) -> int:
-        assert self.num_batches is not None
-        return -(-self.num_batches // num_workers)
-
-    def _check_worker_count(self, num_workers: int) -> None:
-        """In a DataLoader worker: refuse (or warn about) a worker count ``len()`` did not
-        count for."""
-        expected = max(self.num_workers or 0, 1)
-        if num_workers == expected:
-            return
-        if self.num_workers is not None:
-            raise UsageError(
-                f"ShardStreamDataset(num_workers={self.num_workers}) runs in a DataLoader with "
-                f"{num_workers} workers: pass num_workers={num_workers} (len() counts for it)"
-            )
-        if self._len_workers is not None and get_worker_info().id == 0:  # type: ignore[union-attr]
-            warnings.warn(
-                f"len() of this ShardStreamDataset counted for {self._len_workers} worker(s), "
-                f"the DataLoader runs {num_workers}: pass num_workers={num_workers} to "
-                "ShardStreamDataset, or use shardtok.torch.ShardLoader (its len() is exact)",
-                stacklevel=2,
-            )
 
     # -- iteration ------------------------------------------------------------------------
     def _placement(self) -> Placement:
@@ -272,19 +228,20 @@ class ShardStreamDataset(IterableDataset):
                 self._ring = SlotRing(self.options.batch_size, self.options.seq_len)
             ring = self._ring
         placement = self._placement()
-        if self._worker_slot is not None or get_worker_info() is not None:
+        info = get_worker_info()
+        if self._worker_slot is not None or info is not None:
             self._in_workers.value = 1
-        if self._worker_slot is None and get_worker_info() is not None:
-            self._check_worker_count(placement.num_workers)
+        if self._worker_slot is None and info is not None:  # a torch DataLoader's worker
+            check_worker_count(
+                placement.num_workers, hint=self.num_workers, counted=self._len_workers,
+                first_worker=info.id == 0,
+            )  # fmt: skip
+        count = self.num_batches
         stream = self.setup.stream(
             placement,
             epoch=self.epoch,
             resume=state,
-            num_batches=(
-                None
-                if self.num_batches is None
-                else self._mix_batches_per_worker(placement.num_workers)
-            ),
+            num_batches=None if count is None else per_worker(count, placement.num_workers),
             **({"allocate": ring.allocate} if ring is not None else {}),
         )
         self._stream = stream
@@ -328,18 +285,7 @@ class ShardStreamDataset(IterableDataset):
     def parse_state(self, state: dict, strict: bool | None = None) -> WorkerState | MergedState:
         """`state` upgraded (a 0.1 state), checked, and checked against this dataset's sources
         and options (refused unless `strict` is False)."""
-        if not is_enveloped(state):
-            state = upgrade_dataset_state(state, self.options, mixed=self.mix is not None)
-        saved = parse_saved(state)
-        if isinstance(saved, WorkerState) and saved.stream is not None:
-            check_stream_state(saved.stream)
-        check_fingerprint(
-            saved.fingerprint,
-            self.fingerprint,
-            strict=self.strict if strict is None else strict,
-            **saved_position(saved if isinstance(saved, MergedState) else saved.stream),
-        )
-        return saved
+        return self.setup.check_saved(state, strict=self.strict if strict is None else strict)
 
     def upgrade_state(self, state: dict) -> dict:
         """`state` as this release writes it (a 0.1 state gains its envelope), checked."""
@@ -399,10 +345,7 @@ class ShardStreamDataset(IterableDataset):
         rank, world_size = data_parallel_rank(self.rank, self.world_size)
         if num_workers is None:
             num_workers = self.num_workers or 0
-        epoch = self.epoch
-        if state is not None:
-            mixed = self.mix is not None or self.curriculum is not None
-            epoch = saved_rank(state, self.options, mixed=mixed, fingerprint=self.fingerprint).epoch
+        epoch = self.epoch if state is None else saved_rank(state, self.setup).epoch
         return trace_step(
             self.setup, step=step, rank=rank, world_size=world_size, num_workers=num_workers,
             epoch=epoch, num_batches=self.num_batches, state=state,

@@ -15,16 +15,14 @@ from dataclasses import dataclass
 
 from shardtok.errors import ResumeStateError
 from shardtok.stream import state as envelope
-from shardtok.stream.factory import NODE_CLASSES, check_stream_state
-from shardtok.stream.options import StreamOptions
+from shardtok.stream.factory import NODE_CLASSES, StreamSetup, check_stream_state
 from shardtok.stream.resume.fingerprint import check_fingerprint
 from shardtok.stream.resume.legacy import (
     LEGACY_FILE_FORMAT,
-    upgrade_dataset_state,
     upgrade_loader_state,
     upgrade_state_file,
 )
-from shardtok.stream.resume.saved import MergedState, parse_saved
+from shardtok.stream.resume.saved import MergedState
 from shardtok.stream.resume.state_file import FIELDS as FILE_FIELDS
 from shardtok.stream.resume.state_file import KIND as FILE_KIND
 from shardtok.stream.resume.state_file import StateFile
@@ -66,19 +64,18 @@ def first_step(stream: dict | None) -> int:
     return int(stream["first_step"]) if "first_step" in NODE_CLASSES[stream["kind"]].FIELDS else 0
 
 
-def saved_rank(
-    state: object, options: StreamOptions, *, mixed: bool, fingerprint: dict
-) -> SavedRank:
-    """`state` (see the module docstring) checked, fingerprint included, as a ``SavedRank``."""
+def saved_rank(state: object, setup: StreamSetup) -> SavedRank:
+    """`state` (see the module docstring) checked, against `setup`'s fingerprint too, as a
+    ``SavedRank``."""
+    mixed = setup.mix is not None or setup.curriculum is not None
     if isinstance(state, dict) and state.get("format") == LEGACY_FILE_FORMAT:
-        state = upgrade_state_file(state, options, mixed=mixed)
+        state = upgrade_state_file(state, setup.options, mixed=mixed)
     if isinstance(state, dict) and state.get("kind") == FILE_KIND:
-        state = StateFile(
-            **{k: envelope.parse(state, FILE_KIND, FILE_FIELDS)[k] for k in FILE_FIELDS}
-        )
+        fields = envelope.parse(state, FILE_KIND, FILE_FIELDS)
+        state = StateFile(**{k: fields[k] for k in FILE_FIELDS})
     if isinstance(state, StateFile):
         workers = [None if w is None else check_stream_state(w) for w in state.workers]
-        check_fingerprint(state.fingerprint, fingerprint, **saved_position(*workers))
+        check_fingerprint(state.fingerprint, setup.fingerprint, **saved_position(*workers))
         counted = _first_step(workers) + sum(local_batches(w) for w in workers)
         if counted != state.batches:
             raise ResumeStateError(
@@ -97,9 +94,7 @@ def saved_rank(
             f"{type(state).__name__}"
         )
     if not envelope.is_enveloped(state) and "next_worker" in state:
-        state = upgrade_loader_state(state, options, mixed=mixed)
-    elif not envelope.is_enveloped(state):
-        state = upgrade_dataset_state(state, options, mixed=mixed)
+        state = upgrade_loader_state(state, setup.options, mixed=mixed)
     if state.get("kind") == "loader":
         loader = envelope.parse(state, "loader", LOADER_FIELDS)
         items, next_worker = loader["workers"], loader["next_worker"]
@@ -111,13 +106,12 @@ def saved_rank(
         items, next_worker = [state], 0
     parsed = []
     for item in items:
-        saved = parse_saved(item)
+        saved = setup.check_saved(item)
         if isinstance(saved, MergedState):
             raise ResumeStateError(
                 "a merged (elastic) state not yet streamed from names no step: trace with the "
                 "state saved after its first batch, or without a state"
             )
-        check_fingerprint(saved.fingerprint, fingerprint, **saved_position(saved.stream))
         parsed.append(saved)
     placements = {(s.epoch, s.placement.rank, s.placement.world_size) for s in parsed}
     if len(placements) != 1:
@@ -128,7 +122,7 @@ def saved_rank(
                 f"worker state {w} is worker {saved.placement.worker} of "
                 f"{saved.placement.num_workers}, expected {w} of {len(parsed)}"
             )
-    workers = [None if s.stream is None else check_stream_state(s.stream) for s in parsed]
+    workers = [s.stream for s in parsed]
     start = _first_step(workers)
     epoch, rank, world_size = placements.pop()
     steps = start + sum(local_batches(w) for w in workers)

@@ -59,12 +59,7 @@ def trace_step(
     slots = max(int(num_workers), 1)
     saved: SavedRank | None = None
     if state is not None:
-        saved = saved_rank(
-            state,
-            setup.options,
-            mixed=setup.mix is not None or setup.curriculum is not None,
-            fingerprint=setup.fingerprint,
-        )
+        saved = saved_rank(state, setup)
         _check_layout(saved, rank=rank, world_size=world_size, slots=slots, epoch=epoch)
     t = step - 1
     per_worker = None if num_batches is None else -(-int(num_batches) // slots)
