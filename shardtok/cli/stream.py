@@ -15,18 +15,17 @@ from collections.abc import Iterator
 import numpy as np
 
 from shardtok.cli.arguments import at_least
-from shardtok.cli.stream_args import mix_from, options_from
+from shardtok.cli.stream_args import add_stream_options, mix_from, options_from
 from shardtok.cli.stream_job import StreamJob
 from shardtok.cli.stream_output import (
     decode_batches,
     dump_batches,
+    print_statistics,
     real_tokens,
     source_rows,
     stage_rows,
 )
 from shardtok.errors import ShardtokError, UsageError
-from shardtok.stream.nodes.base import HISTORY
-from shardtok.stream.options import PACKINGS
 
 EPILOG = """\
 examples:
@@ -71,64 +70,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     _add_output_options(p)
     p.set_defaults(run=run)
     return p
-
-
-def add_stream_options(p: argparse.ArgumentParser) -> None:
-    """The options that decide the batches (shape, packing, shuffling, placement): shared by
-    `shardtok stream` and `shardtok trace`, so both read a command line alike."""
-    p.add_argument("--seq-len", type=at_least(1), metavar="L", help="input tokens per sequence")
-    p.add_argument("--batch-size", type=at_least(1), metavar="B", help="sequences per batch")
-    p.add_argument(
-        "--packing",
-        choices=PACKINGS,
-        default=None,
-        help="default: greedy when a dataset has loss masks (fine-tuning data), else concat",
-    )
-    p.add_argument("--seed", type=at_least(0), default=None)
-    p.add_argument("--epoch", type=at_least(0), default=0)
-    p.add_argument("--rank", type=at_least(0), default=0)
-    p.add_argument("--world-size", type=at_least(1), default=1)
-    p.add_argument(
-        "--num-workers",
-        type=at_least(0),
-        default=0,
-        metavar="K",
-        help="DataLoader workers (0: in process); the epoch is split over world size x max(K, 1)",
-    )
-    p.add_argument("--shuffle-buffer", type=at_least(0), metavar="N", help="documents; 0 = off")
-    p.add_argument(
-        "--interleave", type=at_least(1), metavar="N", help="shards read at once per worker"
-    )
-    p.add_argument("--stride", type=at_least(1), help="concat window stride (default seq_len + 1)")
-    p.add_argument("--lookahead", type=at_least(1), help="greedy: open sequences (default 8)")
-    p.add_argument("--pad-id", type=at_least(0), help="greedy, bfd: padding token id (default 0)")
-    p.add_argument(
-        "--bfd-window",
-        type=at_least(1),
-        metavar="N",
-        help=f"bfd: documents packed at once (default 1000, at most {HISTORY})",
-    )
-    p.add_argument(
-        "--overlong",
-        choices=("split", "drop", "truncate"),
-        default=None,
-        help="greedy, bfd: a document longer than seq_len + 1 is split into sequences, "
-        "truncated to its first seq_len + 1 tokens, or dropped (default: truncate for data "
-        "with loss masks, split otherwise); counted in the plan",
-    )
-    p.add_argument(
-        "--mask-boundary-labels",
-        action="store_true",
-        default=None,
-        help="label -100 where the target is the first token of another document",
-    )
-    p.add_argument(
-        "--labels-format",
-        choices=("shifted", "hf"),
-        default=None,
-        help="shifted (default): labels[i] is the target of input_ids[i]; hf: aligned with "
-        "input_ids for models that shift internally (transformers' *ForCausalLM)",
-    )
 
 
 def _add_output_options(p: argparse.ArgumentParser) -> None:
@@ -204,7 +145,7 @@ def _torch_batches(args, job: StreamJob) -> Iterator[dict] | None:
     from shardtok.torch import ShardStreamDataset
 
     dataset = ShardStreamDataset(
-        job.mix if job.mix is not None else job.sources[0].location,
+        job.data,
         options=job.options,
         epoch=args.epoch,
         rank=args.rank,
@@ -273,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
     in_process = engine == "in process"
     before = job.counters() if in_process else {}
     masked, options = job.masked, job.options
-    table = job.source_table
+    table = job.sources  # what the batches' source_ids index (a curriculum's: every stage's)
     per_source = np.zeros(len(table), dtype=np.int64)  # sequences, from the batches' source_ids
     per_stage: dict[int, np.ndarray] = {}  # stages: the same, per stage of each batch's step
     steps_before = job.taken
@@ -290,8 +231,8 @@ def run(args: argparse.Namespace) -> int:
         segments += len(batch["cu_seqlens"]) - 1
         counts = np.bincount(np.asarray(batch["source_ids"]), minlength=len(table))
         per_source += counts
-        if job.staged:
-            stage = job.mix.stage_of_step(steps_before + count)  # type: ignore[union-attr]
+        if job.curriculum is not None:
+            stage = job.curriculum.stage_of_step(steps_before + count)
             per_stage[stage] = per_stage.get(stage, 0) + counts
         if keep:
             kept.append({k: np.array(v) for k, v in batch.items()})
@@ -324,50 +265,16 @@ def run(args: argparse.Namespace) -> int:
     }
     # Counted from the batches, so every engine reports them; the worker streams' own extras
     # (source epochs reached) only where they live in this process.
-    if job.staged:
-        shares = stage_rows(job.mix, per_stage)  # type: ignore[arg-type]
+    if job.curriculum is not None:
+        shares = stage_rows(job.curriculum, per_stage)
     else:
         extras = job.shares() if in_process else []
-        shares = source_rows(table, job.source_weights, per_source, extras)
+        shares = source_rows(job.mix, job.sources, per_source, extras)
     stats["sources"] = shares
     if args.json:
         print(json.dumps(stats, indent=1))
     else:
-        of = f" of {per_epoch:,}" if per_epoch is not None else ""
-        if per_epoch is not None and count > per_epoch:  # --max-batches: on into later epochs
-            of = f" ({per_epoch:,} per epoch)"
-        print(
-            f"streamed {count:,}{of} batches ({engine}): "
-            f"{tokens:,} input tokens in {elapsed:.3f} s = "
-            f"{speed / 1e6:.1f} M tokens/s; first batch after {first or 0.0:.3f} s"
-        )
-        print(
-            f"packing: {100 * efficiency:.2f}% of slots hold real tokens, "
-            f"{per_sequence:.2f} document segments per sequence; "
-            f"{trained:,} labels trained ({100 * stats['trained_share']:.2f}% of "
-            f"{tokens:,}{', the rest prompts, padding or document starts' if masked else ''})"
-        )
-        if untrained_batches:
-            print(
-                f"warning: {untrained_batches:,} batches have no trained label (a mean loss over "
-                "one is NaN); with loss masks, check --overlong and --seq-len against the "
-                "conversation lengths"
-            )
-        if counted.get("overlong_documents"):
-            print(
-                f"overlong documents ({options.overlong or 'truncate or split by source'}): "
-                f"{counted['overlong_documents']:,} met, "
-                f"{counted['overlong_tokens_dropped']:,} tokens dropped"
-            )
-        for row in shares if len(shares) > 1 else []:
-            weight = "-" if row["weight"] is None else f"{100 * row['weight']:.2f}%"
-            epochs = f", epochs {row['epochs']}" if "epochs" in row else ""
-            stage = f"stage {row['stage']!r} " if "stage" in row else ""
-            of = "of the stage's" if stage else "of these"
-            print(
-                f"{stage}source {row['source']}: weight {weight}, {row['sequences']:,} sequences "
-                f"= {100 * row['share']:.2f}% {of} batches{epochs}"
-            )
+        print_statistics(stats, overlong=options.overlong, masked=masked)
     if args.state_out:
         if engine != "in process":  # pragma: no cover - _torch_batches declines with states
             raise ShardtokError("--state-out needs the in-process engine")

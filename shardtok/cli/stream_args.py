@@ -1,14 +1,77 @@
-"""Turning `shardtok stream` arguments into stream options and a mix (or curriculum stages)."""
+"""The arguments that say what `shardtok stream` and `shardtok trace` stream: their
+definitions, and turning them into stream options and a dataset, mix or curriculum stages."""
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
 
+from shardtok.cli.arguments import at_least
 from shardtok.errors import UsageError
+from shardtok.storage.dataset import DatasetSource
+from shardtok.stream.factory import StreamSetup
 from shardtok.stream.mix.spec import MixSpec, mix_spec
 from shardtok.stream.mix.stages import Curriculum, load_curriculum, load_stage
-from shardtok.stream.options import OPTION_NAMES, StreamOptions
+from shardtok.stream.nodes.base import HISTORY
+from shardtok.stream.options import OPTION_NAMES, PACKINGS, StreamOptions
+
+
+def add_stream_options(p: argparse.ArgumentParser) -> None:
+    """The options that decide the batches (shape, packing, shuffling, placement): shared by
+    `shardtok stream` and `shardtok trace`, so both read a command line alike."""
+    p.add_argument("--seq-len", type=at_least(1), metavar="L", help="input tokens per sequence")
+    p.add_argument("--batch-size", type=at_least(1), metavar="B", help="sequences per batch")
+    p.add_argument(
+        "--packing",
+        choices=PACKINGS,
+        default=None,
+        help="default: greedy when a dataset has loss masks (fine-tuning data), else concat",
+    )
+    p.add_argument("--seed", type=at_least(0), default=None)
+    p.add_argument("--epoch", type=at_least(0), default=0)
+    p.add_argument("--rank", type=at_least(0), default=0)
+    p.add_argument("--world-size", type=at_least(1), default=1)
+    p.add_argument(
+        "--num-workers",
+        type=at_least(0),
+        default=0,
+        metavar="K",
+        help="DataLoader workers (0: in process); the epoch is split over world size x max(K, 1)",
+    )
+    p.add_argument("--shuffle-buffer", type=at_least(0), metavar="N", help="documents; 0 = off")
+    p.add_argument(
+        "--interleave", type=at_least(1), metavar="N", help="shards read at once per worker"
+    )
+    p.add_argument("--stride", type=at_least(1), help="concat window stride (default seq_len + 1)")
+    p.add_argument("--lookahead", type=at_least(1), help="greedy: open sequences (default 8)")
+    p.add_argument("--pad-id", type=at_least(0), help="greedy, bfd: padding token id (default 0)")
+    p.add_argument(
+        "--bfd-window",
+        type=at_least(1),
+        metavar="N",
+        help=f"bfd: documents packed at once (default 1000, at most {HISTORY})",
+    )
+    p.add_argument(
+        "--overlong",
+        choices=("split", "drop", "truncate"),
+        default=None,
+        help="greedy, bfd: a document longer than seq_len + 1 is split into sequences, "
+        "truncated to its first seq_len + 1 tokens, or dropped (default: truncate for data "
+        "with loss masks, split otherwise); counted in the plan",
+    )
+    p.add_argument(
+        "--mask-boundary-labels",
+        action="store_true",
+        default=None,
+        help="label -100 where the target is the first token of another document",
+    )
+    p.add_argument(
+        "--labels-format",
+        choices=("shifted", "hf"),
+        default=None,
+        help="shifted (default): labels[i] is the target of input_ids[i]; hf: aligned with "
+        "input_ids for models that shift internally (transformers' *ForCausalLM)",
+    )
 
 
 def parse_source_arg(text: str) -> tuple[str, float | None]:
@@ -74,3 +137,11 @@ def mix_from(args: argparse.Namespace) -> MixSpec | Curriculum | None:
         return None
     spec.allow_mixed_tokenizers = spec.allow_mixed_tokenizers or args.allow_mixed_tokenizers
     return spec
+
+
+def setup_from(args: argparse.Namespace) -> StreamSetup:
+    """What DATASET, --source or --config (all its stages, or --stage) stream, with the stream
+    options (command line over config over defaults)."""
+    mix = mix_from(args)
+    options = options_from(args, mix.options if mix is not None else None)
+    return StreamSetup.of(mix if mix is not None else DatasetSource(args.dataset), options)

@@ -8,11 +8,12 @@ import argparse
 import sys
 from collections.abc import Iterator
 
-from shardtok.cli.stream_args import mix_from, options_from
+from shardtok.cli.stream_args import setup_from
 from shardtok.errors import ShardtokError, UsageError
 from shardtok.storage.dataset import DatasetSource
 from shardtok.stream.epochs import EpochsStream
-from shardtok.stream.factory import StreamSetup, check_stream_state
+from shardtok.stream.factory import check_stream_state
+from shardtok.stream.mix.spec import MixSpec
 from shardtok.stream.mix.stages import Curriculum
 from shardtok.stream.nodes.base import PlacedStream
 from shardtok.stream.resume.fingerprint import check_fingerprint
@@ -26,33 +27,21 @@ class StreamJob:
     """The worker streams of one rank, in process, and the DataLoader's round robin over them."""
 
     def __init__(self, args: argparse.Namespace):
-        mix = mix_from(args)
-        options = options_from(args, mix.options if mix is not None else None)
-        if isinstance(mix, Curriculum):
-            self.setup = StreamSetup.staged(mix, options)
-        elif mix is not None:
-            self.setup = StreamSetup.mixed(mix, options)
-        else:
-            self.setup = StreamSetup.single(DatasetSource(args.dataset), options)
-        # `mix`: what ShardStreamDataset is given for the same stream (a mix or the stages)
-        self.mix, self.options = mix, self.setup.options  # with what the data decides
-        self.staged = isinstance(mix, Curriculum)
+        self.setup = setup_from(args)
+        self.options = self.setup.options  # with what the data decides
+        self.mix, self.curriculum = self.setup.mix, self.setup.curriculum
         self.sources = list(self.setup.sources)
         self.args = args
         self.workers = max(args.num_workers, 1)
         self.fingerprint = self.setup.fingerprint
         self.plan = None
-        if mix is None:
+        if self.single:
             self.plan = self.setup.plan(
                 epoch=args.epoch, world_size=args.world_size, num_workers=self.workers
             )
         elif args.max_batches is None:
-            what = (
-                "curriculum stages never end (the last one runs on)"
-                if self.staged
-                else ("a mix never ends")
-            )
-            raise UsageError(f"{what}: give --max-batches")
+            what = "curriculum stages never end (the last one runs on)" if self.curriculum else ""
+            raise UsageError(f"{what or 'a mix never ends'}: give --max-batches")
         # One dataset with --max-batches runs on into further epochs (an EpochsStream; a saved
         # slice_stream state still resumes as its one epoch).
         self.num_batches: int | None = None
@@ -61,10 +50,20 @@ class StreamJob:
         self.next_worker = 0
         self.taken = 0
 
+    @property
+    def single(self) -> bool:
+        """Whether one dataset is streamed (not a mix, nor stages)."""
+        return self.mix is None and self.curriculum is None
+
+    @property
+    def data(self) -> DatasetSource | MixSpec | Curriculum:
+        """What ``ShardStreamDataset`` is given to stream the same batches."""
+        return self.curriculum or self.mix or self.sources[0]
+
     def _budget(self, taken: int) -> None:
         """Enough batches per worker for --max-batches more after `taken` (a bound only: the
         run stops by count, and a resumed run continues past its first run's)."""
-        if self.mix is None and self.args.max_batches is not None:
+        if self.single and self.args.max_batches is not None:
             self.num_batches = -(-(taken + self.args.max_batches) // self.workers)
 
     def _placement(self, worker: int) -> Placement:
@@ -79,7 +78,7 @@ class StreamJob:
     def restore(self, paths: list[str], strict: bool) -> None:
         """Continue from one rank's state file in the same layout (exact), or from the files of
         ALL ranks of another layout (elastic: merge_states, see docs/STREAMING.md)."""
-        mixed = self.mix is not None
+        mixed = not self.single
         saved = [
             load_state_file(path, self.options, mixed=mixed, check_state=check_stream_state)
             for path in paths
@@ -164,20 +163,10 @@ class StreamJob:
                 out["overlong_tokens_dropped"] += row.get("overlong_tokens_dropped", 0)
         return out
 
-    @property
-    def source_table(self) -> list[DatasetSource]:
-        """The sources batches' ``source_ids`` index: the mix's, or the one dataset."""
-        return self.sources
-
-    @property
-    def source_weights(self) -> list[float | None]:
-        """Each `source_table` entry's weight (a share of sequences)."""
-        return [float(w) for w in self.mix.shares] if self.mix is not None else [1.0]
-
     def shares(self) -> list[dict]:
-        """Per source, over this rank's worker streams: sequences, share, epochs reached.
-        (Stages: the command counts them per stage from the batches.)"""
-        if self.mix is None or self.staged:
+        """Per source of a mix, over this rank's worker streams: sequences, share, epochs
+        reached. (Stages: the command counts them per stage from the batches.)"""
+        if self.mix is None:
             return []
         rows = []
         per_stream = [s.stats()["sources"] for s in self.streams]  # type: ignore[attr-defined]

@@ -136,10 +136,12 @@ def dump_batches(path: str, batches: list[dict], plan_json: str) -> None:
     )
 
 
-def source_rows(table, weights, sequences: np.ndarray, extras: list[dict]) -> list[dict]:
-    """Per source of `table` (what batches' ``source_ids`` index): its weight (None where it
-    has none), the `sequences` counted from the batches and their share; plus what `extras`
-    (the in-process streams' own rows, matched by source) add, such as the epochs reached."""
+def source_rows(mix, table, sequences: np.ndarray, extras: list[dict]) -> list[dict]:
+    """Per source of `table` (what batches' ``source_ids`` index: the `mix`'s sources, or the
+    one dataset when `mix` is None): its weight, the `sequences` counted from the batches and
+    their share; plus what `extras` (the in-process streams' own rows, matched by source) add,
+    such as the epochs reached."""
+    weights = [float(w) for w in mix.shares] if mix is not None else [1.0]
     total = int(sequences.sum()) or 1
     known = {row["source"]: row for row in extras}
     rows = []
@@ -176,3 +178,45 @@ def stage_rows(curriculum, per_stage: dict[int, np.ndarray]) -> list[dict]:
                 }
             )
     return rows
+
+
+def print_statistics(stats: dict, *, overlong: str | None, masked: bool) -> None:
+    """`shardtok stream`'s statistics (``--json`` prints `stats` as they are) as text."""
+    count, per_epoch, tokens = stats["batches"], stats["batches_per_epoch"], stats["input_tokens"]
+    of = f" of {per_epoch:,}" if per_epoch is not None else ""
+    if per_epoch is not None and count > per_epoch:  # --max-batches: on into later epochs
+        of = f" ({per_epoch:,} per epoch)"
+    print(
+        f"streamed {count:,}{of} batches ({stats['engine']}): "
+        f"{tokens:,} input tokens in {stats['seconds']:.3f} s = "
+        f"{stats['tokens_per_second'] / 1e6:.1f} M tokens/s; first batch after "
+        f"{stats['first_batch_seconds']:.3f} s"
+    )
+    print(
+        f"packing: {100 * stats['packing_efficiency']:.2f}% of slots hold real tokens, "
+        f"{stats['documents_per_sequence']:.2f} document segments per sequence; "
+        f"{stats['trained_tokens']:,} labels trained ({100 * stats['trained_share']:.2f}% of "
+        f"{tokens:,}{', the rest prompts, padding or document starts' if masked else ''})"
+    )
+    untrained = stats["batches_without_trained_tokens"]
+    if untrained:
+        print(
+            f"warning: {untrained:,} batches have no trained label (a mean loss over one is "
+            "NaN); with loss masks, check --overlong and --seq-len against the conversation "
+            "lengths"
+        )
+    if stats.get("overlong_documents"):
+        print(
+            f"overlong documents ({overlong or 'truncate or split by source'}): "
+            f"{stats['overlong_documents']:,} met, "
+            f"{stats['overlong_tokens_dropped']:,} tokens dropped"
+        )
+    shares = stats["sources"]
+    for row in shares if len(shares) > 1 else []:
+        epochs = f", epochs {row['epochs']}" if "epochs" in row else ""
+        stage = f"stage {row['stage']!r} " if "stage" in row else ""
+        of = "of the stage's" if stage else "of these"
+        print(
+            f"{stage}source {row['source']}: weight {100 * row['weight']:.2f}%, "
+            f"{row['sequences']:,} sequences = {100 * row['share']:.2f}% {of} batches{epochs}"
+        )

@@ -11,13 +11,10 @@ import json
 from pathlib import Path
 
 from shardtok.cli.arguments import at_least
-from shardtok.cli.stream import add_stream_options
-from shardtok.cli.stream_args import mix_from, options_from
+from shardtok.cli.stream_args import add_stream_options, setup_from
 from shardtok.cli.stream_output import decoder, marked_text
 from shardtok.errors import ResumeStateError
-from shardtok.storage.dataset import DatasetSource
 from shardtok.stream.factory import StreamSetup, check_stream_state
-from shardtok.stream.mix.stages import Curriculum
 from shardtok.stream.provenance import trace_step
 from shardtok.stream.provenance.states import saved_rank
 from shardtok.stream.provenance.trace import source_table
@@ -115,7 +112,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def setup_from(args: argparse.Namespace) -> StreamSetup:
+def target_setup(args: argparse.Namespace) -> StreamSetup:
     """What the run streamed, from CONFIG_OR_DATASET / --source and the stream options."""
     target = args.target
     is_config = target is not None and (
@@ -123,13 +120,7 @@ def setup_from(args: argparse.Namespace) -> StreamSetup:
     )
     args.config = target if is_config else None
     args.dataset = None if is_config else target
-    mix = mix_from(args)  # a config of several stages without --stage: the curriculum
-    options = options_from(args, mix.options if mix is not None else None)
-    if isinstance(mix, Curriculum):
-        return StreamSetup.staged(mix, options)
-    if mix is not None:
-        return StreamSetup.mixed(mix, options)
-    return StreamSetup.single(DatasetSource(args.dataset), options)
+    return setup_from(args)  # a config of several stages without --stage: the curriculum
 
 
 def _state(path: str, setup: StreamSetup):
@@ -154,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
     # from the file, and the trace checks them against it.
     args.rank = given["rank"] or 0
     args.world_size = given["world_size"] or (args.rank + 1 if args.state else 1)
-    setup = setup_from(args)
+    setup = target_setup(args)
     layout = {"rank": 0, "world_size": 1, "num_workers": 0, "epoch": 0}
     state = None
     if args.state:
