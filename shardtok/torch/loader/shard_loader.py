@@ -24,9 +24,7 @@ iterator, and keeps its own workers and positions, so no private hook is needed.
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing
-import os
 from typing import Any
 
 import numpy as np
@@ -37,6 +35,7 @@ from shardtok.errors import ResumeStateError, UsageError
 from shardtok.stream.resume.saved import MergedState, Placement, WorkerState
 from shardtok.torch.dataset import ShardStreamDataset
 from shardtok.torch.distributed import data_parallel_rank
+from shardtok.torch.loader.lean_iterator import LeanIterator, pin
 from shardtok.torch.loader.memmap_batches import MemmapBatches, MemmapBatchSource
 from shardtok.torch.loader.saved import loader_state, memmap_loader_state, parse_loader_state
 from shardtok.torch.loader.worker_pool import LoaderWorkerError, WorkerPool
@@ -114,9 +113,9 @@ class ShardLoader(DataLoader):
         )
         self.prefetch = prefetch
         self._workers: WorkerPool | None = None
-        self._active: _LeanIterator | None = None
+        self._active: LeanIterator | None = None
         self._resume: tuple[list[dict | None], int] | None = None
-        self._ended: _LeanIterator | None = None  # the last epoch that ended or was left
+        self._ended: LeanIterator | None = None  # the last epoch that ended or was left
         self._inline: MemmapBatches | None = None  # the memmap path's batches, in process
         self._inline_ring: SlotRing | None = None
 
@@ -189,15 +188,15 @@ class ShardLoader(DataLoader):
                 shared=self.zero_copy,
             )  # fmt: skip
         self._resume = None
-        self._active = _LeanIterator(self, self._workers, states, first)
+        self._active = LeanIterator(self, self._workers, states, first)
         return self._active
 
     def _pinned(self, batches):
         if not (self.pin_memory and torch.cuda.is_available()):
             return batches
-        return (_pin(batch) for batch in batches)
+        return (pin(batch) for batch in batches)
 
-    def _finished(self, iterator: _LeanIterator) -> None:
+    def _finished(self, iterator: LeanIterator) -> None:
         """An epoch ended or was abandoned: keep persistent workers, end the others."""
         if self._active is iterator:
             self._active = None
@@ -304,74 +303,6 @@ class ShardLoader(DataLoader):
         workers = getattr(self, "_workers", None)
         if workers is not None:
             workers.shutdown()
-
-
-class _LeanIterator:
-    """One epoch of a lean loader: batches round-robin from the workers that still have some."""
-
-    def __init__(
-        self, loader: ShardLoader, workers: WorkerPool, states: list[dict | None], first: int
-    ):
-        self.loader, self.workers = loader, workers
-        self.epoch = getattr(loader.dataset, "epoch", 0)  # the memmap path has no epochs
-        self.positions = list(states)
-        self.count = len(states)
-        self.next_worker = first % self.count
-        self.active = [True] * self.count
-        self.closed = False
-        for w, state in enumerate(states):
-            workers.start(w, state)
-
-    def __iter__(self):
-        return self
-
-    def __next__(self) -> dict:
-        while not self.closed and any(self.active):
-            w = self.next_worker
-            self.next_worker = (w + 1) % self.count
-            if not self.active[w]:
-                continue
-            try:
-                batch, self.positions[w] = self.workers.next_batch(w, self.loader.timeout)
-            except BaseException:  # a worker's own error, its death, or an interrupt
-                self.close()
-                raise
-            if batch is None:
-                self.active[w] = False
-                continue
-            if self.loader.pin_memory and torch.cuda.is_available():
-                batch = _pin(batch)
-            return batch
-        self._end()
-        raise StopIteration
-
-    def _end(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self.loader._finished(self)
-
-    def close(self) -> None:
-        """Abandon the rest of the epoch (workers that are still running stop)."""
-        if os.getpid() != self.workers.owner:
-            return
-        if not self.closed:
-            try:
-                for w in range(self.count):
-                    self.workers.stop(w, self.loader.timeout)
-            except (OSError, LoaderWorkerError):
-                # A worker that died or stopped answering: none of them is reused.
-                self.workers.kill()
-                if self.loader._workers is self.workers:
-                    self.loader._workers = None
-        self._end()
-
-    def __del__(self):
-        with contextlib.suppress(Exception):
-            self.close()
-
-
-def _pin(batch: dict) -> dict:
-    return {k: v.pin_memory() if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
 __all__ = ["LoaderWorkerError", "ShardLoader"]

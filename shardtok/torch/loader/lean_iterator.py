@@ -1,0 +1,90 @@
+"""One epoch of a ``ShardLoader`` with workers: batches taken round-robin from the workers
+that still have some (the DataLoader's order), each worker's position after its last batch
+taken, and what ends the epoch (its last batch, an abandoned iterator, a worker's error)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any, Protocol
+
+import torch
+
+from shardtok.torch.loader.worker_pool import LoaderWorkerError, WorkerPool
+
+
+class Owner(Protocol):
+    """What an epoch uses of its ``ShardLoader``."""
+
+    dataset: Any
+    timeout: float
+    pin_memory: bool
+    _workers: WorkerPool | None
+
+    def _finished(self, iterator: LeanIterator) -> None: ...
+
+
+class LeanIterator:
+    """One epoch of a lean loader: batches round-robin from the workers that still have some."""
+
+    def __init__(self, loader: Owner, workers: WorkerPool, states: list[dict | None], first: int):
+        self.loader, self.workers = loader, workers
+        self.epoch = getattr(loader.dataset, "epoch", 0)  # the memmap path has no epochs
+        self.positions = list(states)
+        self.count = len(states)
+        self.next_worker = first % self.count
+        self.active = [True] * self.count
+        self.closed = False
+        for w, state in enumerate(states):
+            workers.start(w, state)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> dict:
+        while not self.closed and any(self.active):
+            w = self.next_worker
+            self.next_worker = (w + 1) % self.count
+            if not self.active[w]:
+                continue
+            try:
+                batch, self.positions[w] = self.workers.next_batch(w, self.loader.timeout)
+            except BaseException:  # a worker's own error, its death, or an interrupt
+                self.close()
+                raise
+            if batch is None:
+                self.active[w] = False
+                continue
+            if self.loader.pin_memory and torch.cuda.is_available():
+                batch = pin(batch)
+            return batch
+        self._end()
+        raise StopIteration
+
+    def _end(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.loader._finished(self)
+
+    def close(self) -> None:
+        """Abandon the rest of the epoch (workers that are still running stop)."""
+        if os.getpid() != self.workers.owner:
+            return
+        if not self.closed:
+            try:
+                for w in range(self.count):
+                    self.workers.stop(w, self.loader.timeout)
+            except (OSError, LoaderWorkerError):
+                # A worker that died or stopped answering: none of them is reused.
+                self.workers.kill()
+                if self.loader._workers is self.workers:
+                    self.loader._workers = None
+        self._end()
+
+    def __del__(self):
+        with contextlib.suppress(Exception):
+            self.close()
+
+
+def pin(batch: dict) -> dict:
+    return {k: v.pin_memory() if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
