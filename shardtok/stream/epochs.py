@@ -133,13 +133,7 @@ class EpochsStream(PlacedStream):
                 self.num_batches = len(self.part)
             return
         state = self.parse_state(state)
-        mine = {**self.identity, "first_step": self.first_step}
-        theirs = {k: state[k] for k in mine}
-        if theirs != mine:
-            raise ResumeStateError(
-                f"{self.state_name} state belongs to {theirs}, this stream is {mine}: "
-                + self.resume_hint
-            )
+        self._check_identity(state, first_step=self.first_step)
         if state["elastic"] != self.elastic:
             raise ResumeStateError(
                 f"{self.state_name} state: field 'elastic' is another resume's than this stream's"

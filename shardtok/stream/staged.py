@@ -152,12 +152,7 @@ class StagedStream(PlacedStream):
             self.batches, self.stage, self._mix = 0, self.stage_of(0), None
             return
         s = self.parse_state(state)
-        mine, theirs = self.identity, {k: s[k] for k in self.identity}
-        if theirs != mine:
-            raise ResumeStateError(
-                f"{self.state_name} state belongs to {theirs}, this stream is {mine}: "
-                + self.resume_hint
-            )
+        self._check_identity(s)
         if (s["first_step"], s["elastic"]) != (self.first_step, self.elastic):
             raise ResumeStateError(
                 f"staged_stream state: it began at step {s['first_step']} (elastic: "

@@ -139,14 +139,18 @@ class PlacedStream(Node[dict]):
             self.batcher.reset(None)
             return
         state = self.parse_state(state)
-        mine = self.identity
+        self._check_identity(state)
+        self.batcher.reset(state[self.batcher_key])
+
+    def _check_identity(self, state: dict, **more: object) -> None:
+        """Refuse a parsed `state` of another placement (or other `more` fields)."""
+        mine = {**self.identity, **more}
         theirs = {k: state[k] for k in mine}
         if theirs != mine:
             raise ResumeStateError(
                 f"{self.state_name} state belongs to {theirs}, this stream is {mine}: "
                 + self.resume_hint
             )
-        self.batcher.reset(state[self.batcher_key])
 
     def _next(self) -> dict:
         return next(self.batcher)
