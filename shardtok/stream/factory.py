@@ -181,8 +181,13 @@ class StreamSetup:
                 "a state of curriculum stages cannot resume one dataset or mix (give the whole "
                 "config, not one --stage)"
             )
+        if isinstance(resume, dict) and resume.get("kind") == MixedStream.KIND:
+            return  # a mix's own state: stage 0 of stages (StagedStream.from_mix_state)
         if not staged and self.curriculum is not None:
-            raise ResumeStateError("a state of one dataset or mix cannot resume curriculum stages")
+            raise ResumeStateError(
+                "a state of one dataset, or a merged state of a mix, cannot resume curriculum "
+                "stages"
+            )
 
     def map_sources(self, change: Callable[[DatasetSource], DatasetSource]) -> StreamSetup:
         """This setup with every source replaced by `change(source)` (each distinct source
@@ -261,6 +266,8 @@ class StreamSetup:
                 if merged.layout is not None:
                     elastic = {"stage": merged.stage, "mix": merged.layout}
             elif state is not None:
+                if kind == MixedStream.KIND:  # a run of one stage, grown into several
+                    state = StagedStream.from_mix_state(state)
                 parsed = StagedStream.parse_state(state)
                 first_step, elastic = parsed["first_step"], parsed["elastic"]
             stream = StagedStream(

@@ -26,6 +26,7 @@ from shardtok.stream.batch import Allocator, allocate_arrays
 from shardtok.stream.mix.stages import Curriculum
 from shardtok.stream.mix.stream import MixedStream
 from shardtok.stream.nodes.base import Located, PlacedStream
+from shardtok.stream.nodes.batcher import Batcher
 from shardtok.stream.options import StreamOptions
 from shardtok.stream.resume.saved import MergedState
 
@@ -226,6 +227,30 @@ class StagedStream(PlacedStream):
         last = s["first_step"] + (s["batches"] - 1) * s["num_workers"] + s["worker"]
         return s["stage"], last + 1
 
+    @classmethod
+    def from_mix_state(cls, state: dict) -> dict:
+        """A mix's ``mixed_stream`` state (a run of a one-stage config) as the state of stage 0
+        of curriculum stages whose stage 0 is that mix: it began at step 0 and its batches are
+        the mix's. Refused for a mix resumed elastically (its states do not record the step)."""
+        s = MixedStream.parse_state(state)
+        if s["elastic"] is not None:
+            raise ResumeStateError(
+                "a state of a mix resumed elastically cannot resume curriculum stages: its "
+                "streams do not record the step of the resume"
+            )
+        return envelope.wrap(
+            cls.KIND,
+            {
+                "first_epoch": s["first_epoch"],
+                **{k: s[k] for k in ("rank", "world_size", "worker", "num_workers")},
+                "first_step": 0,
+                "batches": Batcher.parse_state(s["batcher"])["batches"],
+                "stage": 0,
+                "mix": state,
+                "elastic": None,
+            },
+        )
+
     def locate(self, local_batch: int) -> Located:
         """The stage stream that yields local batch `local_batch` (``part={"stage": k}``): the
         current stage's live stream when the batch lies in it, else a fresh one at its start."""
@@ -281,8 +306,9 @@ class StagedStream(PlacedStream):
 def saved_position(*saved: dict | MergedState | None) -> dict:
     """Where saved states are in a curriculum, as ``check_fingerprint``'s keyword arguments:
     the furthest (stage, 1-based step) of `saved` (stream states, None for a worker not started,
-    merged states). A merged state at rank step T fixes the stage of step T + 1. Empty when
-    none is a state of stages (then every stage is compared)."""
+    merged states). A merged state at rank step T fixes the stage of step T + 1; a mix's own
+    state is in stage 0 (``StagedStream.from_mix_state``). Empty when none is a state of stages
+    (then every stage is compared)."""
     found: list[tuple[int, int]] = []
     for state in saved:
         if isinstance(state, MergedState):
@@ -292,6 +318,8 @@ def saved_position(*saved: dict | MergedState | None) -> dict:
             found.append((0, 0))
         elif state.get("kind") == StagedStream.KIND:
             found.append(StagedStream.position(state))
+        elif state.get("kind") == MixedStream.KIND and state.get("elastic") is None:
+            found.append(StagedStream.position(StagedStream.from_mix_state(state)))
     if not found:
         return {}
     stage, step = max(found)

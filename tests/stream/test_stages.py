@@ -354,3 +354,30 @@ def test_damaged_staged_states_are_refused_in_one_line(base):
         assert "\n" not in str(error.value)
     with pytest.raises(ResumeStateError, match="it began at step 2 .*, this stream at step 0"):
         setup.stream(Placement(0, 1, 0, 1), epoch=0).reset({**state, "first_step": 2})
+
+
+def test_a_one_stage_run_resumes_a_curriculum_that_adds_stages(base):
+    """A config of one stage streams a plain mix; adding stages after the step of its state is
+    the documented edit: its mix state resumes stage 0 and the new stages follow on time."""
+    one = {**base, "data_stages": base["data_stages"][:1]}
+    curriculum = load_curriculum(one)
+    mix = StreamSetup.mixed(curriculum.stage_spec(0), StreamOptions(**curriculum.options))
+    _, streams = rank_batches(mix, 1, 2, 2, 3)  # steps 1..3: in stage 0 (until step 3)
+    states = [WorkerState(0, Placement(1, 2, w, 2), s.state_dict(), mix.fingerprint).to_dict()
+              for w, s in enumerate(streams)]  # fmt: skip
+    setup = setup_of(base)
+    saved = [setup.check_saved(json.loads(json.dumps(s))) for s in states]
+    assert saved_position(*[s.stream for s in saved]) == {"stage": 0, "step": 3}
+    resumed = [setup.stream(Placement(1, 2, w, 2), epoch=0, resume=saved[w].stream)
+               for w in range(2)]  # fmt: skip
+    got = [next(resumed[t % 2]) for t in range(3, 8)]  # worker 1 has step 4 (stage 'blend')
+    assert_same(got, by_the_rule(setup, 1, 2, 2, 8)[3:])
+    with pytest.raises(ResumeStateError, match=r"stage 1 \('blend'\) now starts at step 3"):
+        setup_of(changed(base, 1, start=3)).check_saved(states[0])
+    _, old = rank_batches(mix, 0, 1, 2, 2)
+    merged = merge_states([WorkerState(0, Placement(0, 1, w, 2), s.state_dict(),
+                                       mix.fingerprint).to_dict() for w, s in enumerate(old)])  # fmt: skip
+    elastic = mix.stream(Placement(0, 1, 0, 1), epoch=0, num_batches=9, resume=parse_saved(merged))
+    next(elastic)
+    with pytest.raises(ResumeStateError, match="resumed elastically"):
+        setup.stream(Placement(0, 1, 0, 1), epoch=0, resume=elastic.state_dict())

@@ -17,7 +17,9 @@ loader's or state file's workers: the furthest of them) resumes when
 
 Stages after k may change otherwise (added, removed, other sources, weights, seeds, later
 starts): extending a curriculum that is under way is allowed. The shared seed is compared only
-through the stages 0..k that use it. Any refusal names the stage and what differs.
+through the stages 0..k that use it. Any refusal names the stage and what differs. A mix's
+state (a config of one stage streams a plain mix) is a state of stage 0 of a curriculum whose
+stage 0 is that mix, so a run can grow from one stage into several.
 """
 
 from __future__ import annotations
@@ -131,12 +133,27 @@ def _option_differences(saved: dict, current: dict, skip: tuple[str, ...]) -> li
     ]
 
 
+def _is_mix(fingerprint: dict) -> bool:
+    sources = fingerprint.get("sources")
+    return isinstance(sources, list) and bool(sources) and all("weight" in s for s in sources)
+
+
+def as_first_stage(fingerprint: dict) -> dict:
+    """A mix's fingerprint as that of curriculum stages whose stage 0 is the mix (what a config
+    of one stage streams: its seed is the options' seed)."""
+    seed = {**OPTION_DEFAULTS, **fingerprint.get("options", {})}.get("seed")
+    stage = {"name": "the mix", "start_step": 1, "seed": seed, "sources": fingerprint["sources"]}
+    return {**fingerprint, "stages": [stage]}
+
+
 def stage_differences(saved: dict, current: dict, stage: int | None, step: int) -> list[str]:
     """What keeps a state of stage `stage` at training step `step` (1-based) from resuming
     curriculum stages `current` (the rule in the module docstring); `stage` None compares
     every saved stage."""
     if "stages" not in saved:
-        return [f"saved for one dataset or mix, now {len(current['stages'])} curriculum stages"]
+        if not _is_mix(saved):
+            return [f"saved for one dataset, now {len(current['stages'])} curriculum stages"]
+        saved = as_first_stage(saved)
     old, new = saved["stages"], current["stages"]
     # The seed is compared per stage (a stage may have its own): a shared seed only later
     # stages use may change.
