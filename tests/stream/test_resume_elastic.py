@@ -297,9 +297,10 @@ def test_cli_finishes_an_epoch_with_another_layout(dataset, tmp_path, capsys):
         main([*common, "--state-in", str(tmp_path / "r0.json"), "--max-batches", "1"])
 
 
-@pytest.mark.parametrize("kind", ["single", "mix"])
+@pytest.mark.parametrize("kind", ["single", "epochs", "mix"])
 def test_a_trace_refuses_a_state_streamed_on_from_a_merge(two_sources, kind):
-    """Such streams count batches from the merge without its step: no step can be placed."""
+    """Such streams count batches from the merge without its step: no step can be placed
+    (epochs: one epoch's states merged, then run on into further epochs with num_batches)."""
     from shardtok.stream import StreamSetup, mix_spec
     from shardtok.stream.provenance import trace_step
     from shardtok.stream.resume.saved import Placement, WorkerState, parse_saved
@@ -319,6 +320,7 @@ def test_a_trace_refuses_a_state_streamed_on_from_a_merge(two_sources, kind):
         states.append(WorkerState(0, Placement(0, 1, worker, 2), stream.state_dict(),
                                   setup.fingerprint).to_dict())  # fmt: skip
     merged = parse_saved(merge_states(states))
+    count = 40 if kind == "epochs" else count
     stream = setup.stream(Placement(0, 1, 0, 1), epoch=0, resume=merged, num_batches=count)
     next(stream)
     state = WorkerState(0, Placement(0, 1, 0, 1), stream.state_dict(), setup.fingerprint)

@@ -5,8 +5,9 @@ Accepted: the CLI's state file (``StateFile``, or its JSON document), a ``ShardL
 ``ShardStreamDataset.state_dict()`` in process). States written by shardtok 0.1 are upgraded.
 A merged (elastic) state that no worker has streamed from yet names no step of its own and is
 refused: trace with a state saved after its first batch. So is a state streamed on from the
-merge of a mix or of one epoch: those streams count batches from the merge and do not record
-its step (curriculum stages and epochs streams do, as ``first_step``).
+merge of a mix or of one epoch's states: those streams count batches from the merge and do not
+record its step (curriculum stages, and epochs streams merged from epochs streams, do, as
+``first_step``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from shardtok.errors import ResumeStateError
 from shardtok.stream import state as envelope
 from shardtok.stream.factory import NODE_CLASSES, StreamSetup, check_stream_state
+from shardtok.stream.resume.elastic_epochs import is_epochs_layout
 from shardtok.stream.resume.fingerprint import check_fingerprint
 from shardtok.stream.resume.legacy import (
     LEGACY_FILE_FORMAT,
@@ -164,7 +166,11 @@ def _checked(saved: SavedRank) -> SavedRank:
 
 def _resumed_without_step(stream: dict) -> bool:
     """Whether a worker stream continues a merged layout but not from a recorded step (chained
-    streams, stages and epochs, record theirs as ``first_step``)."""
-    if stream["kind"] == "elastic_stream":
+    streams record theirs as ``first_step``: stages always, an epochs stream when it merged
+    epochs streams, whose layout has ``parts``, not one epoch's slice streams)."""
+    kind, elastic = stream["kind"], stream.get("elastic")
+    if kind == "elastic_stream":
         return True
-    return stream["kind"] == "mixed_stream" and stream.get("elastic") is not None
+    if kind == "epochs_stream":
+        return elastic is not None and not is_epochs_layout(elastic)
+    return kind == "mixed_stream" and elastic is not None
