@@ -40,8 +40,6 @@ from shardtok.stream.mix.spec import (
 )
 from shardtok.stream.options import OPTION_NAMES, StreamOptions
 
-STAGE_KEYS = ("name", "start_training_step", "data")
-
 
 @dataclass(frozen=True)
 class Stage:
