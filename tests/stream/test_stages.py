@@ -354,6 +354,18 @@ def test_damaged_staged_states_are_refused_in_one_line(base):
         assert "\n" not in str(error.value)
     with pytest.raises(ResumeStateError, match="it began at step 2 .*, this stream at step 0"):
         setup.stream(Placement(0, 1, 0, 1), epoch=0).reset({**state, "first_step": 2})
+    # A damaged fingerprint: one line, with or without strict, and in merge_states.
+    saved = WorkerState(0, Placement(0, 1, 0, 1), state, setup.fingerprint).to_dict()
+    stages = setup.fingerprint["stages"]
+    for damage in ({"stages": [stages[0], 5]}, {"stages": [{**stages[0], "start_step": "x"}]},
+                   {"sources": [3]}, {"options": []}):  # fmt: skip
+        damaged = {**saved, "fingerprint": {**setup.fingerprint, **damage}}
+        for strict in (True, False):
+            with pytest.raises(ResumeStateError, match="fingerprint is damaged"):
+                setup.check_saved(damaged, strict=strict)
+        if "stages" in damage:
+            with pytest.raises(ResumeStateError, match="fingerprint is damaged"):
+                merge_states([damaged])
 
 
 def test_a_one_stage_run_resumes_a_curriculum_that_adds_stages(base):

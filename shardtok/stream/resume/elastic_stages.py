@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from shardtok.errors import ResumeStateError
 from shardtok.stream.resume.elastic_mix import merge_mixed_states
+from shardtok.stream.resume.fingerprint import check_shape
 from shardtok.stream.staged import StagedStream
 
 
@@ -56,10 +57,10 @@ def merge_staged_states(
                 "every rank after the same number of steps"
             )
     step = steps[0]
-    stages = fingerprint.get("stages")
-    if not isinstance(stages, list) or not stages:
+    stages = check_shape(fingerprint, "merge_states: the states' fingerprint").get("stages")
+    if stages is None:
         raise ResumeStateError("merge_states: staged states without their stages' fingerprint")
-    stage = max(k for k, s in enumerate(stages) if int(s["start_step"]) <= step + 1)
+    stage = max((k for k, s in enumerate(stages) if s["start_step"] <= step + 1), default=0)
     name = stages[stage].get("name")
     in_stage: list[dict | None] = []
     for s in parsed:

@@ -93,6 +93,36 @@ def staged_fingerprint(curriculum: Curriculum, options: StreamOptions) -> dict:
     }
 
 
+def check_shape(fingerprint: object, where: str = "the state's fingerprint") -> dict:
+    """A saved fingerprint shaped as the comparisons read it: damage is one line, not a
+    traceback (values are compared, not checked: another value is a difference)."""
+
+    def entries(value: object) -> bool:
+        return isinstance(value, list) and all(isinstance(e, dict) for e in value)
+
+    if not isinstance(fingerprint, dict):
+        raise ResumeStateError(f"{where} is damaged: expected an object")
+    if not isinstance(fingerprint.get("options", {}), dict):
+        raise ResumeStateError(f"{where} is damaged: 'options' must be an object")
+    if not entries(fingerprint.get("sources", [])):
+        raise ResumeStateError(f"{where} is damaged: 'sources' must be a list of objects")
+    stages = fingerprint.get("stages", [{"start_step": 1}])
+    if not entries(stages) or not stages:
+        raise ResumeStateError(f"{where} is damaged: 'stages' must be a list of objects")
+    for k, stage in enumerate(stages):
+        start = stage.get("start_step")
+        if (
+            not isinstance(start, int)
+            or isinstance(start, bool)
+            or not entries(stage.get("sources", []))
+        ):
+            raise ResumeStateError(
+                f"{where} is damaged: stage {k} needs an integer 'start_step' and a list of "
+                "'sources'"
+            )
+    return fingerprint
+
+
 def _shown(entry: dict) -> str:
     # The stored location stays as given (old states compare equal); only its printed form is
     # redacted, since a pre-signed URL's signature or a user:password may be in it.
@@ -200,9 +230,9 @@ def check_fingerprint(
     if saved is None:
         problems = ["the state carries no fingerprint"]
     elif "stages" in current:
-        problems = stage_differences(saved, current, stage, step)
+        problems = stage_differences(check_shape(saved), current, stage, step)
     else:
-        problems = fingerprint_differences(saved, current)
+        problems = fingerprint_differences(check_shape(saved), current)
     if problems and strict:
         raise ResumeStateError(
             "resume state was saved for other data or options: "
