@@ -26,6 +26,7 @@ from shardtok.cli.stream_output import (
     stage_rows,
 )
 from shardtok.errors import ShardtokError, UsageError
+from shardtok.stream.mix.spec import MixSpec
 
 EPILOG = """\
 examples:
@@ -175,7 +176,7 @@ def _preview_mix(args: argparse.Namespace) -> int:
         config = curriculum.options
     else:
         spec = mix_from(args)
-        assert spec is not None
+        assert isinstance(spec, MixSpec)  # --source, or --config with --stage
         curriculum, config = (
             one_stage(spec, f"stage {args.stage}" if args.config else "mix"),
             spec.options,

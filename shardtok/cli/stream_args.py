@@ -126,13 +126,12 @@ def mix_from(args: argparse.Namespace) -> MixSpec | Curriculum | None:
     elif args.config and args.stage is None:
         curriculum = load_curriculum(args.config)
         if len(curriculum.stages) > 1:
-            for stage in curriculum.stages:
-                stage.mix.allow_mixed_tokenizers |= args.allow_mixed_tokenizers
+            for each in curriculum.stages:
+                each.mix.allow_mixed_tokenizers |= args.allow_mixed_tokenizers
             return curriculum
         spec = curriculum.stage_spec(0)
     elif args.config:
-        stage = int(args.stage) if args.stage.isdigit() else args.stage
-        spec = load_stage(args.config, stage)
+        spec = load_stage(args.config, int(args.stage) if args.stage.isdigit() else args.stage)
     else:
         return None
     spec.allow_mixed_tokenizers = spec.allow_mixed_tokenizers or args.allow_mixed_tokenizers
