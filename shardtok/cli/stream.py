@@ -34,9 +34,13 @@ examples:
   shardtok stream data/ --seq-len 2048 --batch-size 8 --plan --world-size 64 --num-workers 4
   shardtok stream data/ --seq-len 512 --batch-size 2 --packing greedy --max-batches 1 --decode
   shardtok stream data/ --seq-len 2048 --batch-size 8 --rank 3 --world-size 8 --dump r3.npz
-  shardtok stream --source web/:0.7 --source code/:0.3 --seq-len 2048 --batch-size 8 \
+  shardtok stream --source web/:0.7 --source code/:0.3 --seq-len 2048 --batch-size 8 \\
       --max-batches 1000 --state-out step1000.json
   shardtok stream --config mix.yaml --max-batches 1000 --state-in step1000.json
+  # curriculum stages (Nanotron data_stages): every stage in order, switching at its step
+  shardtok stream --config curriculum.yaml --max-batches 100000 --num-workers 2 --json
+  # preview a mix or curriculum: per stage and source the sequences, tokens and epochs
+  shardtok stream --config curriculum.yaml --plan --max-batches 100000 --world-size 64
 """
 
 
