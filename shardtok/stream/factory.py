@@ -53,6 +53,7 @@ from shardtok.stream.plan import EpochPlan
 from shardtok.stream.resume.elastic import ElasticStream, RemainderDocuments
 from shardtok.stream.resume.elastic_epochs import is_epochs_layout
 from shardtok.stream.resume.fingerprint import (
+    RESUME_ANYWAY,
     check_fingerprint,
     staged_fingerprint,
     stream_fingerprint,
@@ -152,7 +153,9 @@ class StreamSetup:
             return cls.mixed(data, options)
         return cls.single(data, options)
 
-    def check_saved(self, state: object, *, strict: bool = True) -> WorkerState | MergedState:
+    def check_saved(
+        self, state: object, *, strict: bool = True, advice: str = RESUME_ANYWAY
+    ) -> WorkerState | MergedState:
         """`state`, a dataset worker state or a merged state (a 0.1 state upgraded), checked
         level by level and against this setup's fingerprint: refused (ResumeStateError) when
         saved for other data or options, unless not `strict` (curriculum stages: by where the
@@ -163,7 +166,7 @@ class StreamSetup:
         if isinstance(saved, WorkerState) and saved.stream is not None:
             check_stream_state(saved.stream)
         where = saved if isinstance(saved, MergedState) else saved.stream
-        check_fingerprint(saved.fingerprint, self.fingerprint, strict=strict,
+        check_fingerprint(saved.fingerprint, self.fingerprint, strict=strict, advice=advice,
                           **saved_position(where))  # fmt: skip
         return saved
 

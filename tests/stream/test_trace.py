@@ -115,8 +115,11 @@ def test_steps_outside_the_stream_are_one_line_errors(data):
     _, state = stream_rank(mixed, 2)
     with pytest.raises(UsageError, match="rank 1 of world size 2 with 2 worker"):
         trace_step(mixed, step=9, rank=0, world_size=WORLD, num_workers=2, state=state)
-    with pytest.raises(ResumeStateError, match="other data or options"):
+    with pytest.raises(ResumeStateError, match="other data or options") as refused:
         trace_step(setup, step=9, rank=RANK, world_size=WORLD, num_workers=2, state=state)
+    # a trace cannot replay other data, so it offers no way to "resume anyway"
+    assert "a trace replays the run" in str(refused.value)
+    assert "ignore-fingerprint" not in str(refused.value)
     broken = {**state, "next_worker": 1}
     with pytest.raises(ResumeStateError, match="round robin makes it worker 0"):
         trace_step(mixed, step=9, rank=RANK, world_size=WORLD, num_workers=2, state=broken)

@@ -30,6 +30,12 @@ from shardtok.stream.resume.state_file import KIND as FILE_KIND
 from shardtok.stream.resume.state_file import StateFile
 from shardtok.stream.staged import saved_position
 
+# A trace replays the stream a state belongs to; on other data it would name other documents.
+REPLAY_THE_SAME = (
+    ": a trace replays the run the state belongs to, so give the config and options it was "
+    "saved with"
+)
+
 LOADER_FIELDS = {"num_workers": envelope.INT, "next_worker": envelope.INT, "workers": envelope.LIST}
 
 
@@ -77,7 +83,8 @@ def saved_rank(state: object, setup: StreamSetup) -> SavedRank:
         state = StateFile(**{k: fields[k] for k in FILE_FIELDS})
     if isinstance(state, StateFile):
         workers = [None if w is None else check_stream_state(w) for w in state.workers]
-        check_fingerprint(state.fingerprint, setup.fingerprint, **saved_position(*workers))
+        check_fingerprint(state.fingerprint, setup.fingerprint, advice=REPLAY_THE_SAME,
+                          **saved_position(*workers))  # fmt: skip
         counted = _first_step(workers) + sum(local_batches(w) for w in workers)
         if counted != state.batches:
             raise ResumeStateError(
@@ -108,7 +115,7 @@ def saved_rank(state: object, setup: StreamSetup) -> SavedRank:
         items, next_worker = [state], 0
     parsed = []
     for item in items:
-        saved = setup.check_saved(item)
+        saved = setup.check_saved(item, advice=REPLAY_THE_SAME)
         if isinstance(saved, MergedState):
             raise ResumeStateError(
                 "a merged (elastic) state not yet streamed from names no step: trace with the "

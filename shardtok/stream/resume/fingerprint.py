@@ -212,6 +212,9 @@ def stage_differences(saved: dict, current: dict, stage: int | None, step: int) 
     return out
 
 
+RESUME_ANYWAY = " (pass strict=False / --ignore-fingerprint to resume anyway)"
+
+
 def check_fingerprint(
     saved: dict | None,
     current: dict,
@@ -219,8 +222,10 @@ def check_fingerprint(
     strict: bool = True,
     stage: int | None = None,
     step: int = 0,
+    advice: str = RESUME_ANYWAY,
 ) -> list[str]:
-    """Refuse (ResumeStateError) a state saved against other data or options, unless not strict.
+    """Refuse (ResumeStateError) a state saved against other data or options, unless not strict;
+    the message ends with `advice` (a trace, which cannot replay other data, says so).
 
     For curriculum stages (`current` has ``stages``) `stage` and `step` say where the state is
     (``stream.staged.saved_position``): stages after `stage` may differ (module docstring);
@@ -235,8 +240,6 @@ def check_fingerprint(
         problems = fingerprint_differences(check_shape(saved), current)
     if problems and strict:
         raise ResumeStateError(
-            "resume state was saved for other data or options: "
-            + "; ".join(problems)
-            + " (pass strict=False / --ignore-fingerprint to resume anyway)"
+            "resume state was saved for other data or options: " + "; ".join(problems) + advice
         )
     return problems
