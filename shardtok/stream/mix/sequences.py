@@ -208,6 +208,27 @@ class SourceSequences(Packer):
         starts, length = self.next_into(out)
         return packed_sequence(out, starts, length, self.masked)
 
+    @property
+    def passes_in_runs(self) -> bool:
+        """Whether this source packs concat windows without overlap (``pass_rows`` applies)."""
+        return self.options.packing == "concat" and self.options.stride in (None, self.window)
+
+    def pass_rows(self, rows: int) -> None:
+        """Pass over `rows` sequences of a `passes_in_runs` source without building them, a run of
+        windows at a time, opening later epochs as `next_into` does (provenance traces)."""
+        if not self._started:
+            self.reset(None)
+        scratch = np.empty(self.window, dtype=np.int64)
+        while rows:
+            assert self._packer is not None
+            done = self._packer.pass_windows(rows)  # type: ignore[attr-defined]
+            self.sequences += done
+            self.epoch_real_tokens += done * self.window
+            rows -= done
+            if rows:  # this epoch is spent: the next row opens the next one
+                self.next_into(scratch)
+                rows -= 1
+
     def _keep_overlong_counts(self) -> None:
         counted = getattr(self._packer, "overlong", None)
         if counted is not None:
@@ -299,6 +320,24 @@ class MixedSequences(Packer):
         out = np.empty(self.window, dtype=np.int64)
         starts, length = self.next_into(out)
         return packed_sequence(out, starts, length, self._row_masked)
+
+    @property
+    def passes_in_runs(self) -> bool:
+        """Whether every source packs concat windows without overlap (``pass_rows`` applies;
+        not ``contiguous``, which tells the batcher a whole batch is one run of tokens)."""
+        return all(source.passes_in_runs for source in self.sources)
+
+    def pass_rows(self, rows: int) -> None:
+        """Pass over the next `rows` rows without building them: the schedule says how many
+        each source serves, and sources are independent streams, so each passes over its share
+        at once (``SourceSequences.pass_rows``)."""
+        if not self._started:
+            self.reset(None)
+        before = self.schedule.counts(self.step)
+        after = self.schedule.counts(self.step + rows)
+        for source, a, b in zip(self.sources, before, after, strict=True):
+            source.pass_rows(b - a)
+        self.step += rows
 
     def shares(self) -> list[dict]:
         """Per source: sequences served, share of all, epochs started."""

@@ -161,6 +161,26 @@ class ConcatPacker(Packer):
         self._advance(span, rows)
         return tokens, boundaries
 
+    def pass_windows(self, rows: int, run_tokens: int = 1 << 22) -> int:
+        """Pass over up to `rows` contiguous windows without building them, about `run_tokens`
+        tokens per step (runs halve near the end of the data); returns the windows passed,
+        fewer only where the data ends. Same state afterwards as that many `next_into` calls:
+        how a provenance trace gets past the rows before its step."""
+        if not self._started:
+            self.reset(None)
+        run = max(1, run_tokens // self.window)
+        done = 0
+        while done < rows:
+            take = min(run, rows - done)
+            if self._fill(self._offset + take * self.window):
+                self._advance(take * self.window, take)
+                done += take
+            elif take > 1:
+                run = take // 2
+            else:
+                break
+        return done
+
     def _pieces(self, span: int) -> tuple[list[np.ndarray], list[int]]:
         """The next `span` tokens (held by now) as slices of the pending documents, and where
         in the span each document after the first begins."""
