@@ -29,12 +29,13 @@ and in export-megatron's output, the token range of that document, the slots it 
 its padding. --decode prints each piece's text as well.
 
 Give the options the training run streamed with (or its config); step N is 1-based and
-counts batches per rank, as a trainer's steps do. The trace replays the worker's stream from
-the start of the epoch (or from --state, a saved position of that rank) as token addresses,
-reading only the shards' indexes: each worker passes over its own batches only, at roughly
-0.4-0.7 s per 10,000 of them at 8 x 2048 tokens (concat and greedy alike, bfd a little
-slower; measured on 2 cores), so step 1,000,000 with 2 workers takes about 20 s, and a
---state saved shortly before the step makes any trace quick.
+counts batches per rank, as a trainer's steps do. The trace replays the worker's stream as
+token addresses, reading only the shards' indexes, from the start of the step's epoch (one
+dataset), of the run (a mix) or of its stage (a curriculum), or from --state, a saved position
+of that rank. Each worker passes over its own batches only: about 0.3 s per 10,000 of them at
+8 x 2048 tokens with concat, 0.7-0.8 s with greedy or bfd (measured on 2 cores), so step
+1,000,000 of a concat mix with 2 workers takes about 14 s, and a --state saved shortly before
+the step makes any trace quick.
 """
 
 EPILOG = """\
