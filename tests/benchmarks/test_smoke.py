@@ -4,6 +4,9 @@ Runs `python -m benchmarks.compare.run --smoke`: builds (or reuses) the peers' v
 .bench/peers-venv (pip needs PyPI the first time: about two minutes), writes tiny synthetic and
 real token data into every system's format, reads it back in process and with 2 DataLoader workers,
 and checks what came out. No figure is asserted: speed is the full run's business.
+
+Marked `peers`: the default suite skips it (it would download the peers' packages); `.ci/run`
+runs it after the default suite with `pytest --peers tests/benchmarks/test_smoke.py`.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -37,6 +42,7 @@ def _run_smoke(tmp_path: Path) -> tuple[dict, Path, subprocess.CompletedProcess]
     return json.loads((out / "compare.json").read_text()), out, done
 
 
+@pytest.mark.peers
 def test_smoke_runs_every_system_and_the_batches_match_the_data(tmp_path):
     results, out, done = _run_smoke(tmp_path)
     entries = results["entries"]
