@@ -203,17 +203,21 @@ def _parsed(pattern: str) -> list:
         raise UsageError(f"pattern {shown}: braces nested too deep") from None
 
 
+def _expand(patterns: list[str], shown: str, limit: int) -> list[str]:
+    trees = [_parsed(p) for p in patterns]
+    count = sum(_count(t) for t in trees)
+    if count > limit:
+        raise UsageError(
+            f"pattern {_shown(shown)} expands to {count:,} names, more than {limit:,}: name "
+            "fewer shards per pattern"
+        )
+    return [_unescape(v) for tree in trees for v in _raw(tree)]
+
+
 def expand_braces(pattern: str, *, limit: int = MAX_NAMES) -> list[str]:
     """The names brace pattern `pattern` stands for, in order: exactly ``braceexpand``'s list
     (module docstring). More than `limit` names is refused (``UsageError``) before any is made."""
-    tree = _parsed(pattern)
-    count = _count(tree)
-    if count > limit:
-        raise UsageError(
-            f"pattern {_shown(pattern)} expands to {count:,} names, more than {limit:,}: name "
-            "fewer shards per pattern"
-        )
-    return [_unescape(v) for v in _raw(tree)]
+    return _expand([pattern], pattern, limit)
 
 
 def expand_urls(text: str, *, limit: int = MAX_NAMES) -> list[str]:
@@ -221,10 +225,7 @@ def expand_urls(text: str, *, limit: int = MAX_NAMES) -> list[str]:
     (``::`` inside an IPv6 host's brackets joins nothing). WebDataset also substitutes
     ``${VAR}`` from ``WDS_VAR`` environment variables; shardtok reads no environment, so
     ``${...}`` stays as written."""
-    names: list[str] = []
-    for part in _PATTERN_JOIN.split(text):
-        names += expand_braces(part, limit=limit - len(names))
-    return names
+    return _expand(_PATTERN_JOIN.split(text), text, limit)
 
 
 # -- a subset of one dataset ------------------------------------------------------------------
