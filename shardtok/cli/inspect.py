@@ -5,18 +5,22 @@ from __future__ import annotations
 import argparse
 import json
 
-from shardtok.cli.paths import is_dataset, label, locate
+from shardtok.cli.paths import TARGET_HELP, target
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "inspect",
-        help="summarize a dataset folder or one shard",
-        description="Print counts, dtype, tokenizer, frames, document-length percentiles and the compression ratio.",
-        epilog="example:\n  shardtok inspect data/\n  shardtok inspect data/shard-000000.tar --json",
+        help="summarize a dataset folder, some of its shards, or one shard",
+        description="Print counts, dtype, tokenizer, frames, document-length percentiles and the "
+        "compression ratio. For some shards of a dataset (a pattern, a glob or several files) the "
+        "counts are those shards'.",
+        epilog="examples:\n  shardtok inspect data/\n  shardtok inspect data/shard-000000.tar --json\n"
+        "  shardtok inspect 'data/shard-{000000..000003}.tar'   # 4 shards, checked against "
+        "index.json\n  shardtok inspect 'data/shard-*.tar'",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("path", help="a dataset folder (with index.json) or a .tar shard")
+    p.add_argument("path", nargs="+", metavar="PATH", help=TARGET_HELP)
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(run=run)
 
@@ -26,13 +30,14 @@ def run(args) -> int:
     from shardtok.storage import open_source
     from shardtok.storage.dataset import DatasetSource
 
-    where = locate(args.path)
-    if is_dataset(where):
-        dataset = DatasetSource(where.url)
+    chosen, shown = target(args.path)
+    if isinstance(chosen, DatasetSource):
+        manifest = chosen.manifest  # a subset's view: its shards, its counts
+        subset = None if chosen.shards is None else len(chosen.dataset_manifest.shards)
         summary = inspect_dataset(
-            dataset.manifest, dataset.open_file, label(where), dataset.where_of
+            manifest, chosen.open_file, shown, chosen.where_of, dataset_shards=subset
         )
     else:
-        summary = inspect_shard(open_source(where), label(where))
+        summary = inspect_shard(open_source(chosen), shown)
     print(json.dumps(summary, indent=1, sort_keys=True) if args.json else format_summary(summary))
     return 0

@@ -1,11 +1,33 @@
-"""What `inspect` and `verify` were pointed at: a dataset or one shard, local or remote."""
+"""What `inspect` and `verify` were pointed at: a dataset, some of its shards, or one shard
+alone; local or remote."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from shardtok.errors import ShardtokError
+from shardtok.storage.dataset import DatasetSource
 from shardtok.storage.location import Location
+from shardtok.storage.shard_names import is_pattern
+
+TARGET_HELP = (
+    "a dataset folder or URL prefix (with index.json); one .tar shard, read alone; or some "
+    "shards of one dataset, checked against its index.json: several .tar files, a quoted "
+    "brace pattern ('data/shard-{000000..000009}.tar', also remote) or a quoted local glob "
+    "('data/shard-*.tar')"
+)
+
+
+def target(paths: list[str]) -> tuple[DatasetSource | Location, str]:
+    """A dataset (a ``DatasetSource``, maybe of a subset of its shards) or one shard alone (its
+    ``Location``), and its name in output: one plain path or URL is what it always was
+    (``is_dataset``); a pattern, a glob or several paths name shards of the dataset beside
+    them."""
+    if len(paths) == 1 and not is_pattern(paths[0]):
+        where = locate(paths[0])
+        return (DatasetSource(where.url) if is_dataset(where) else where), label(where)
+    dataset = DatasetSource.of(paths[0] if len(paths) == 1 else list(paths))
+    return dataset, label(dataset.root)
 
 
 def locate(path: str) -> Location:

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from shardtok.cli.arguments import at_least
-from shardtok.cli.stream_args import add_stream_options, mix_from, options_from
+from shardtok.cli.stream_args import DATASET_HELP, add_stream_options, mix_from, options_from
 from shardtok.cli.stream_job import StreamJob
 from shardtok.cli.stream_output import (
     decode_batches,
@@ -31,6 +31,12 @@ from shardtok.stream.mix.spec import MixSpec
 EPILOG = """\
 examples:
   shardtok stream data/ --seq-len 2048 --batch-size 8 --max-batches 200
+  # some shards of a dataset (planned as if they were all of it): a quoted brace pattern,
+  # a quoted local glob, or several shard files (here as the shell expands a glob)
+  shardtok stream 'data/shard-{000000..000003}.tar' --seq-len 2048 --batch-size 8
+  shardtok stream 's3://bucket/web/shard-{000000..000099}.tar' --seq-len 2048 --batch-size 8
+  shardtok stream 'data/shard-00000[0-3].tar' --seq-len 2048 --batch-size 8
+  shardtok stream data/shard-000000.tar data/shard-000002.tar --seq-len 2048 --batch-size 8
   shardtok stream data/ --seq-len 2048 --batch-size 8 --plan --world-size 64 --num-workers 4
   shardtok stream data/ --seq-len 512 --batch-size 2 --packing greedy --max-batches 1 --decode
   shardtok stream data/ --seq-len 2048 --batch-size 8 --rank 3 --world-size 8 --dump r3.npz
@@ -56,14 +62,15 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("dataset", nargs="?", help="a dataset folder or URL prefix (with index.json)")
+    p.add_argument("dataset", nargs="*", metavar="DATASET", help=DATASET_HELP)
     p.add_argument(
         "--source",
         action="append",
         default=[],
         metavar="PATH[:WEIGHT]",
-        help="mix this dataset in (repeatable); weights count tokens; without weights they are "
-        "proportional to each dataset's size",
+        help="mix this dataset in (repeatable; PATH may be a quoted pattern naming some of its "
+        "shards); weights count tokens; without weights they are proportional to each "
+        "dataset's size",
     )
     p.add_argument(
         "--config", metavar="MIX.yaml", help="a mix config (Nanotron-style dataset_path)"

@@ -98,7 +98,20 @@ def spec_from_args(sources: Sequence[str], storage_options: dict | None = None) 
                 raise UsageError(f"--source {path} given twice")
             mapping[path] = weight  # type: ignore[assignment]
         return mix_spec(mapping, storage_options)
-    return mix_spec([p for p, _ in parsed], storage_options)
+    return mix_spec([p for p, _ in parsed], storage_options, list_is_mix=True)
+
+
+DATASET_HELP = (
+    "a dataset folder or URL prefix (with index.json), or some of its shards: one or more "
+    ".tar files or URLs, a quoted brace pattern ('data/shard-{000000..000009}.tar', also for "
+    "s3:// and https://) or a quoted glob ('data/shard-*.tar', local paths only)"
+)
+
+
+def dataset_from(entries: Sequence[str]) -> DatasetSource:
+    """The DATASET positional(s): one folder, URL prefix, shard, pattern or glob, or several
+    shard files (what a shell makes of an unquoted glob) of one dataset."""
+    return DatasetSource.of(entries[0] if len(entries) == 1 else list(entries))
 
 
 def options_from(args: argparse.Namespace, config: dict | None = None) -> StreamOptions:
@@ -143,4 +156,4 @@ def setup_from(args: argparse.Namespace) -> StreamSetup:
     options (command line over config over defaults)."""
     mix = mix_from(args)
     options = options_from(args, mix.options if mix is not None else None)
-    return StreamSetup.of(mix if mix is not None else DatasetSource(args.dataset), options)
+    return StreamSetup.of(mix if mix is not None else dataset_from(args.dataset), options)

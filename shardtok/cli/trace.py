@@ -11,9 +11,10 @@ import json
 from pathlib import Path
 
 from shardtok.cli.arguments import at_least
-from shardtok.cli.stream_args import add_stream_options, setup_from
+from shardtok.cli.stream_args import DATASET_HELP, add_stream_options, setup_from
 from shardtok.cli.stream_output import decoder, marked_text
 from shardtok.errors import ResumeStateError
+from shardtok.storage.shard_names import SHARD_SUFFIX
 from shardtok.stream.factory import StreamSetup, check_stream_state
 from shardtok.stream.provenance import trace_step
 from shardtok.stream.provenance.states import saved_rank
@@ -43,6 +44,8 @@ examples:
   # rank 3's batch at step 1200 of a job with 8 ranks and 2 DataLoader workers per rank
   shardtok trace data/ --seq-len 2048 --batch-size 8 --world-size 8 --num-workers 2 \\
       --rank 3 --step 1200
+  # a run that streamed some shards of a dataset: name them as it did (quote a pattern)
+  shardtok trace 'data/shard-{000000..000003}.tar' --seq-len 2048 --batch-size 8 --step 10
   # a mix config (stream options inside it), with the text of every piece
   shardtok trace mix.yaml --step 1200 --rank 3 --world-size 8 --num-workers 2 --decode
   # after a resume: start from the rank's saved position (layout and epoch come from it)
@@ -63,9 +66,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "target",
-        nargs="?",
+        nargs="*",
         metavar="CONFIG_OR_DATASET",
-        help="a dataset folder or URL prefix, or a mix config (.yaml)",
+        help="a mix config (.yaml), or what `shardtok stream` takes as DATASET: " + DATASET_HELP,
     )
     p.add_argument(
         "--source",
@@ -115,12 +118,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def target_setup(args: argparse.Namespace) -> StreamSetup:
     """What the run streamed, from CONFIG_OR_DATASET / --source and the stream options."""
-    target = args.target
-    is_config = target is not None and (
-        target.endswith((".yaml", ".yml")) or Path(target).is_file()
+    targets = list(args.target or [])
+    first = targets[0] if len(targets) == 1 else ""
+    is_config = first.endswith((".yaml", ".yml")) or (
+        Path(first).is_file() and not first.endswith(SHARD_SUFFIX)
     )
-    args.config = target if is_config else None
-    args.dataset = None if is_config else target
+    args.config = first if is_config else None
+    args.dataset = [] if is_config else targets
     return setup_from(args)  # a config of several stages without --stage: the curriculum
 
 

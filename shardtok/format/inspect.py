@@ -65,9 +65,15 @@ def inspect_dataset(
     open_shard: Callable[[str], RangeSource],
     where: str,
     where_of: Callable[[str], str],
+    *,
+    dataset_shards: int | None = None,
 ) -> dict:
     """A JSON-able summary of a dataset: `open_shard(file)` opens each shard the manifest lists,
-    `where_of(file)` names it in errors, `where` names the dataset."""
+    `where_of(file)` names it in errors, `where` names the dataset.
+
+    `dataset_shards`: `manifest` is a view of some of a dataset's shards (a subset), and the
+    dataset has this many; the summary then counts the subset and says so (``subset_of``,
+    ``shards``)."""
     sizes, frames, token_bytes, stored = [], 0, 0, 0
     compression = set()
     for entry in manifest.shards:
@@ -78,26 +84,37 @@ def inspect_dataset(
         stored += head.meta.stored_bin_nbytes
         compression.add(head.meta.compression)
     all_sizes = np.concatenate(sizes) if sizes else np.zeros(0, dtype=np.int32)
-    return {
-        "kind": "dataset",
-        "path": where,
-        "manifest": MANIFEST_NAME,
-        "name": manifest.name,
-        "dtype": manifest.dtype.name,
-        "vocab_size": manifest.vocab_size,
-        "tokenizer": manifest.tokenizer,
-        "num_shards": len(manifest.shards),
-        "num_documents": manifest.num_documents,
-        "num_tokens": manifest.num_tokens,
-        "dataset_bytes": manifest.num_bytes,
-        "compression": sorted(compression),
-        "num_frames": frames,
-        "token_bytes": token_bytes,
-        "stored_bytes": stored,
-        "compression_ratio": _ratio(token_bytes, stored),
-        "document_length": _length_stats(all_sizes),
-        "extra": manifest.extra,
-    } | _trained(manifest.trained_tokens, manifest.num_tokens, manifest.sft)
+    return (
+        {
+            "kind": "dataset",
+            "path": where,
+            "manifest": MANIFEST_NAME,
+            "name": manifest.name,
+            "dtype": manifest.dtype.name,
+            "vocab_size": manifest.vocab_size,
+            "tokenizer": manifest.tokenizer,
+            "num_shards": len(manifest.shards),
+            "num_documents": manifest.num_documents,
+            "num_tokens": manifest.num_tokens,
+            "dataset_bytes": manifest.num_bytes,
+            "compression": sorted(compression),
+            "num_frames": frames,
+            "token_bytes": token_bytes,
+            "stored_bytes": stored,
+            "compression_ratio": _ratio(token_bytes, stored),
+            "document_length": _length_stats(all_sizes),
+            "extra": manifest.extra,
+        }
+        | _trained(manifest.trained_tokens, manifest.num_tokens, manifest.sft)
+        | _subset(manifest, dataset_shards)
+    )
+
+
+def _subset(manifest: Manifest, dataset_shards: int | None) -> dict:
+    """Subsets only, so whole datasets' summaries keep their keys."""
+    if dataset_shards is None:
+        return {}
+    return {"subset_of": dataset_shards, "shards": [e.file for e in manifest.shards]}
 
 
 def _trained(trained: int | None, tokens: int, sft: dict | None = None) -> dict:
@@ -116,7 +133,14 @@ def _ratio(raw: int, stored: int) -> float:
 def format_summary(summary: dict) -> str:
     """Human-readable text for the terminal."""
     lines = []
-    if summary["kind"] == "dataset":
+    if summary["kind"] == "dataset" and "subset_of" in summary:
+        names = summary["shards"]
+        shown = ", ".join(names if len(names) <= 4 else [names[0], "...", names[-1]])
+        lines.append(
+            f"dataset {summary['path']} ({summary['name']}-*.tar): {summary['num_shards']} of its "
+            f"{summary['subset_of']} shards ({shown}); the counts below are theirs"
+        )
+    elif summary["kind"] == "dataset":
         lines.append(
             f"dataset {summary['path']} ({summary['name']}-*.tar, {summary['num_shards']} shards)"
         )

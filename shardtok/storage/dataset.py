@@ -1,6 +1,8 @@
 """Where the stream gets its bytes: one small seam between the stream and storage.
 
-A dataset is a folder or URL prefix holding ``index.json`` and the shards. The location is
+A dataset is a folder or URL prefix holding ``index.json`` and the shards; a source may stream
+a subset of them (``shards``: named by a list, a brace pattern or a glob, see
+``shardtok.storage.shard_names``). The location is
 parsed once (``Location``: local path, ``file://``, or a remote URL) and every file is opened
 through ``open_source``, so local and remote datasets take the same path; local files are
 still read with plain OS files and ``os.pread``, because that is what ``open_source`` gives
@@ -9,12 +11,14 @@ for them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from shardtok.errors import CorruptShardError
+from shardtok.errors import CorruptShardError, UsageError
 from shardtok.format.identity import check_shard_identity
 from shardtok.format.manifest import MANIFEST_NAME, Manifest, ShardEntry
 from shardtok.format.shard_reader import ShardReader, ShardStreamReader
@@ -22,6 +26,7 @@ from shardtok.storage.base import ByteSource, ObjectNotFoundError
 from shardtok.storage.cache import LocalCache
 from shardtok.storage.location import Location
 from shardtok.storage.prefetch import Prefetcher
+from shardtok.storage.shard_names import SHARD_SUFFIX, select_shards
 from shardtok.storage.source import read_bytes
 
 PREFETCH_DEPTH = 8  # first blocks of the next shard group kept ready (2 groups of 4)
@@ -33,6 +38,12 @@ class DatasetSource:
     Remote options: `storage_options` for the fsspec backend (endpoint, credentials, ...),
     `retry` (a shardtok.storage.RetryPolicy), and `cache_dir`/`cache_bytes` for an optional
     shared local cache of whole shards. Each process builds its own prefetcher and cache handle.
+
+    `shards`: file names of some of the dataset's shards (None: all). ``manifest`` is then the
+    subset's view of ``index.json``: its entries for those shards, in index.json's order
+    (whatever order they were given in, so a subset always plans the same), and the counts
+    they add up to; ``dataset_manifest`` is index.json whole. ``DatasetSource.of`` reads a
+    location, pattern, glob or list into a source.
     """
 
     def __init__(
@@ -43,6 +54,7 @@ class DatasetSource:
         retry: Any = None,
         cache_dir: str | Path | None = None,
         cache_bytes: int | None = None,
+        shards: Sequence[str] | None = None,
     ):
         # `location` is kept as given (less trailing slashes): resume fingerprints record it.
         self.location = str(Location.of(location).url).rstrip("/") or "/"
@@ -53,27 +65,53 @@ class DatasetSource:
         if self.cache_dir is not None and not cache_bytes:
             raise ValueError("cache_dir needs cache_bytes, the cache's size limit")
         self.root = Location(self.location)
-        self._manifest: Manifest | None = None
+        self.shards = None if shards is None else _shard_names(shards, self.root)
+        self._reset()
+
+    def _reset(self) -> None:
+        self._manifest: Manifest | None = None  # index.json as read
+        self._view: Manifest | None = None  # the subset's entries (index.json without a subset)
+        self._positions: tuple[int, ...] | None = None
         self._entries: dict[str, ShardEntry] | None = None
         self._prefetcher: Prefetcher | None = None
         self._sizes: dict[str, np.ndarray] = {}
 
+    @classmethod
+    def of(
+        cls,
+        what: str | Path | Sequence[str | Path],
+        storage_options: dict[str, Any] | None = None,
+        *,
+        base: Path | None = None,
+        **kwargs: Any,
+    ) -> DatasetSource:
+        """The source `what` names: a dataset folder or URL prefix, or some of its shards (a
+        ``.tar`` file or URL, a brace pattern, a local glob, or a list of those; see
+        ``shard_names.select_shards``). `base`: the folder relative local paths are read from.
+        `kwargs` go to the constructor (``retry``, ``cache_dir``, ``cache_bytes``)."""
+        chosen = select_shards(what, base=base)
+        return cls(chosen.root, storage_options, shards=chosen.shards, **kwargs)
+
     def __getstate__(self) -> dict:
-        return {
+        state = {
             "location": self.location,
             "storage_options": self.storage_options,
             "retry": self.retry,
             "cache_dir": self.cache_dir,
             "cache_bytes": self.cache_bytes,
         }
+        return state if self.shards is None else {**state, "shards": self.shards}
 
     def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
+        self.__dict__.update({"shards": None, **state})
         self.root = Location(self.location)
-        self._manifest = None
-        self._entries = None
-        self._prefetcher = None
-        self._sizes = {}
+        self._reset()
+
+    @property
+    def key(self) -> str | tuple[str, frozenset[str]]:
+        """What tells sources apart without reading anything: the location, and the subset's
+        names when there is one (two subsets of one dataset are two sources)."""
+        return self.location if self.shards is None else (self.location, frozenset(self.shards))
 
     def _opener(self) -> Prefetcher:
         """The process's prefetcher: opens shards, starting on the next remote ones early."""
@@ -100,8 +138,14 @@ class DatasetSource:
 
     @property
     def display(self) -> str:
-        """The location as messages and outputs print it (no credentials, no query values)."""
-        return self.root.display
+        """The location as messages and outputs print it (no credentials, no query values); a
+        subset's shards (sorted, the first and last of more than three) in brackets after it."""
+        if self.shards is None:
+            return self.root.display
+        names = sorted(self.shards)
+        if len(names) > 3:
+            names = [names[0], "...", names[-1], f"{len(names):,} shards"]
+        return f"{self.root.display}[{', '.join(names)}]"
 
     def path_of(self, name: str) -> str:
         """The OS path of a local shard, or its URL (credentials included: open, never print).
@@ -124,7 +168,8 @@ class DatasetSource:
         return CorruptShardError(where, None, None, what) if self.is_local else exc
 
     @property
-    def manifest(self) -> Manifest:
+    def dataset_manifest(self) -> Manifest:
+        """The dataset's ``index.json``, every shard (what identifies the dataset)."""
         if self._manifest is None:
             target = self.root.join(MANIFEST_NAME)
             where = target.display
@@ -136,6 +181,25 @@ class DatasetSource:
             self._manifest = Manifest.from_bytes(data, where)
         return self._manifest
 
+    @property
+    def manifest(self) -> Manifest:
+        """What is streamed: ``index.json``, or with `shards` its view of the subset (class
+        docstring). Planning, lengths, previews and traces all read this."""
+        if self._view is None:
+            full = self.dataset_manifest
+            self._view = full if self.shards is None else _subset(full, self.shards, self)
+        return self._view
+
+    @property
+    def subset_positions(self) -> tuple[int, ...] | None:
+        """Where the subset's shards sit in ``index.json`` (ascending); None without a subset."""
+        if self.shards is None:
+            return None
+        if self._positions is None:
+            position = {e.file: i for i, e in enumerate(self.dataset_manifest.shards)}
+            self._positions = tuple(position[e.file] for e in self.manifest.shards)
+        return self._positions
+
     def entry(self, name: str) -> ShardEntry:
         """The manifest's entry for shard file `name`."""
         if self._entries is None:
@@ -143,9 +207,10 @@ class DatasetSource:
         try:
             return self._entries[name]
         except KeyError:
-            raise CorruptShardError(
-                self.where_of(name), None, None, f"not a shard {MANIFEST_NAME} lists"
-            ) from None
+            what = f"not a shard {MANIFEST_NAME} lists"
+            if self.shards is not None:
+                what = f"not one of the {len(self.shards):,} shards of this subset"
+            raise CorruptShardError(self.where_of(name), None, None, what) from None
 
     def open_stream(self, name: str, *, with_masks: bool = False) -> tuple[ShardStreamReader, Any]:
         """A sequential reader of shard `name` and the file object to close when done.
@@ -194,3 +259,36 @@ class DatasetSource:
         reader = ShardReader(source, where)
         check_shard_identity(reader.meta, entry, self.manifest, where, size)
         return reader
+
+
+def _shard_names(shards: Sequence[str], root: Location) -> tuple[str, ...]:
+    """`shards` checked as a subset's file names: plain ``.tar`` names, each once."""
+    if isinstance(shards, (str, bytes)):
+        raise UsageError(f"shards must be a list of file names, not the string {shards!r}")
+    names = tuple(shards)
+    if not names:
+        raise UsageError(f"{root.display}: an empty list of shards names no data")
+    for name in names:
+        root.join(name)  # a LocationError naming the dataset for anything but a plain name
+        if not name.endswith(SHARD_SUFFIX) or name == MANIFEST_NAME:
+            raise UsageError(f"{root.display}: {name!r} is not a shard file name")
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise UsageError(f"{root.display}: shard {name} is named twice")
+        seen.add(name)
+    return names
+
+
+def _subset(full: Manifest, shards: tuple[str, ...], source: DatasetSource) -> Manifest:
+    """`full` with only the entries of `shards`, in index.json's order."""
+    listed = {e.file for e in full.shards}
+    for name in shards:
+        if name not in listed:
+            count = f"{len(full.shards):,} shard" + ("" if len(full.shards) == 1 else "s")
+            raise UsageError(
+                f"{source.where_of(name)}: not a shard of the dataset: "
+                f"{source.where_of(MANIFEST_NAME)} lists {count}, not this one"
+            )
+    wanted = set(shards)
+    return replace(full, shards=tuple(e for e in full.shards if e.file in wanted))

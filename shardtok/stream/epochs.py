@@ -71,7 +71,7 @@ class EpochsStream(PlacedStream):
         if num_batches is not None and num_batches < 0:
             raise ValueError(f"num_batches must be >= 0, got {num_batches}")
         self.to_epoch_end = num_batches is None
-        self.source = source if isinstance(source, DatasetSource) else DatasetSource(source)
+        self.source = source if isinstance(source, DatasetSource) else DatasetSource.of(source)
         self.options = resolved(options, [self.source])
         self.num_batches = 0 if num_batches is None else num_batches
         self.epoch = epoch

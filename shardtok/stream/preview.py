@@ -115,15 +115,15 @@ def _reread_notes(curriculum: Curriculum, options: StreamOptions, stages: list[d
     documents an earlier stage read can come again, in the same order when the source's own
     seed (the stage seed and its place in the mix) is the same."""
     notes = []
-    seen: dict[str, tuple[int, int]] = {}  # location -> (stage, its source seed)
+    seen: dict[object, tuple[int, int]] = {}  # source key -> (stage, its source seed)
     for k, stage in enumerate(curriculum.stages):
         seed = curriculum.options_for(k, options).seed
         for i, (source, row) in enumerate(zip(stage.mix.sources, stages[k]["sources"])):
             if not row["sequences"]:
                 continue
             own = with_source_seed(replace(options, seed=seed), i).seed
-            if source.location in seen:
-                j, earlier = seen[source.location]
+            if source.key in seen:
+                j, earlier = seen[source.key]
                 order = (
                     "in the same order (the same seed and place in the mix): give the stage "
                     "its own seed to draw another"
@@ -135,7 +135,7 @@ def _reread_notes(curriculum: Curriculum, options: StreamOptions, stages: list[d
                     f"again, as every stage starts its sources: documents stage {j} "
                     f"{curriculum.stages[j].name!r} read come again, {order}"
                 )
-            seen[source.location] = (k, own)
+            seen[source.key] = (k, own)
     return notes
 
 

@@ -39,7 +39,7 @@ class SliceStream(PlacedStream):
         allocate: Allocator = allocate_arrays,
     ):
         super().__init__()
-        self.source = source if isinstance(source, DatasetSource) else DatasetSource(source)
+        self.source = source if isinstance(source, DatasetSource) else DatasetSource.of(source)
         options = self.options = resolved(options, [self.source])
         self.epoch = epoch
         self.rank, self.world_size = rank, world_size

@@ -8,6 +8,7 @@ gets ``plan.batches_per_rank`` batches in a fixed order.
 from __future__ import annotations
 
 import multiprocessing
+from collections.abc import Mapping, Sequence
 from multiprocessing.context import get_spawning_popen
 from pathlib import Path
 from typing import Any
@@ -44,10 +45,13 @@ class ShardStreamDataset(IterableDataset):
 
     `dataset` is one dataset (a path or URL: an epoch of it, ``plan().batches_per_rank``
     batches; with `num_batches`, that many batches per rank, rounded up as for a mix, over
-    epochs ``epoch``, ``epoch + 1``, ... each exactly as streamed alone), or a weighted mix:
-    a ``{path: weight}`` mapping, a list of paths (weights
-    proportional to size) or a ``MixSpec``; a mix yields `num_batches` batches per rank (rounded
+    epochs ``epoch``, ``epoch + 1``, ... each exactly as streamed alone) or a subset of one
+    dataset's shards (a ``.tar`` path or URL, a brace pattern ``"data/shard-{000000..000009}.tar"``,
+    a local glob ``"data/shard-*.tar"``, or a list of those: planned as a dataset of just
+    those shards), or a weighted mix: a ``{path: weight}`` mapping (a key may be a subset) or a
+    ``MixSpec``; a mix yields `num_batches` batches per rank (rounded
     up to a multiple of the number of workers) from an endless schedule over source epochs.
+    A list is never a mix: shards of two datasets in one list are refused.
     A ``Curriculum`` (``from_config``) runs its stages in order, each a fresh mix from its
     start step on, for `num_batches` batches per rank.
     Saved states carry a fingerprint of the sources and options; `strict=False` resumes even
@@ -56,7 +60,7 @@ class ShardStreamDataset(IterableDataset):
 
     def __init__(
         self,
-        dataset: str | Path | DatasetSource | dict | list | MixSpec | Curriculum,
+        dataset: str | Path | Sequence[str | Path] | DatasetSource | Mapping | MixSpec | Curriculum,
         *,
         epoch: int = 0,
         rank: int | None = None,
@@ -93,10 +97,10 @@ class ShardStreamDataset(IterableDataset):
             options = StreamOptions(**stream_options)
         elif stream_options:
             raise TypeError("give either options=StreamOptions(...) or its fields, not both")
-        if isinstance(dataset, (dict, list, tuple)):
+        if isinstance(dataset, Mapping):
             dataset = mix_spec(dataset, storage_options)
         elif not isinstance(dataset, (MixSpec, Curriculum, DatasetSource)):
-            dataset = DatasetSource(dataset, storage_options)
+            dataset = DatasetSource.of(dataset, storage_options)  # a list: shards, never a mix
         check_num_batches(dataset, num_batches)
         if isinstance(dataset, Curriculum):
             for stage in dataset.stages:

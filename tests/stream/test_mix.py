@@ -109,7 +109,10 @@ def test_mixed_stream_save_restore_across_source_epochs(sources, packing):
 
 
 def test_list_weights_are_proportional_to_size(sources):
-    spec = mix_spec(sources)
+    # A config's (Nanotron's) list of datasets; in Python a list names shards of one dataset.
+    with pytest.raises(UsageError, match="to mix datasets pass a mapping"):
+        mix_spec(sources)
+    spec = mix_spec(sources, list_is_mix=True)
     assert spec.weights == SIZES
     assert spec.shares == pytest.approx([s / sum(SIZES) for s in SIZES])
 

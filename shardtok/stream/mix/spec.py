@@ -1,11 +1,18 @@
 """Mix specifications: which datasets, with which weights, from Python, the CLI or YAML.
 
-Three shapes, as Nanotron's ``dataset_path`` (reference note 003):
+What names one dataset (``shardtok.storage.shard_names``): a folder or URL prefix, or a subset
+of its shards (a ``.tar`` file or URL, a brace pattern, a local glob, or a list of those). A
+mix is always named as one:
 
-* one path: a single source;
-* a list of paths: weights proportional to each dataset's token count (every token once per
-  epoch on average, as Nanosets do);
-* a mapping ``{path: weight}``: the given weights (any positive numbers; they are normalised).
+* a mapping ``{dataset: weight}``: the given weights (any positive numbers; they are
+  normalised); a key may be a subset (a pattern, or a tuple of shard files);
+* ``--source`` on the command line (``stream_args``);
+* a YAML config, as Nanotron's ``dataset_path`` (reference note 003): one dataset, a mapping,
+  or a list of datasets whose weights are proportional to each one's token count (every token
+  once per epoch on average, as Nanosets do).
+
+In Python and on the command line a list is never a mix: it names shards of one dataset, and
+shards of two datasets are refused with a pointer to the mapping.
 
 A YAML file may hold them Nanotron-style (``data_stages: [{data: {dataset: {dataset_path: ...},
 seed: ...}}]``) or flat (``dataset_path:`` plus stream options such as ``seed``, ``seq_len``,
@@ -24,6 +31,7 @@ from typing import Any
 from shardtok.errors import ShardtokError, UsageError
 from shardtok.storage.dataset import DatasetSource
 from shardtok.storage.location import Location, origin_of
+from shardtok.storage.shard_names import select_shards
 from shardtok.stream.options import OPTION_NAMES
 
 
@@ -45,26 +53,27 @@ class MixSpec:
 
 
 def mix_spec(
-    dataset_path: str | Path | Sequence[str | Path] | Mapping[str, float],
+    dataset_path: str | Path | Sequence[str | Path] | Mapping[Any, float],
     storage_options: dict[str, Any] | None = None,
     base: Path | None = None,
+    *,
+    list_is_mix: bool = False,
 ) -> MixSpec:
-    """Turn a ``dataset_path`` value (one path, a list, or a mapping) into a MixSpec.
+    """Turn a ``dataset_path`` value into a MixSpec: one dataset (a location, or a subset: a
+    pattern, glob, shard file or list of shards) or a mapping ``{dataset: weight}``.
 
+    `list_is_mix`: a list is Nanotron's list of datasets mixed in proportion to their sizes (a
+    config's ``dataset_path``; ``--source`` without weights), each entry one dataset.
     `storage_options` go to one origin only (``options_for``): a flat dict when every remote
     source shares one, else a dict keyed by origin (``{"https://host": {...}, ...}``)."""
     options_for = _options_by_origin(storage_options)
 
-    def source(path: str | Path) -> DatasetSource:
-        text = str(path)
-        where = Location(text)
-        # Relative paths in a config file are relative to that file; URLs never are.
-        if base is not None and where.is_local and not Path(where.local_path).is_absolute():
-            text = str(base / where.local_path)
-        return DatasetSource(text, options_for(Location(text)))
+    def source(what: Any) -> DatasetSource:
+        # Relative paths in a config file are relative to that file (`base`); URLs never are.
+        chosen = select_shards(what, base=base)
+        where = Location(chosen.root)
+        return DatasetSource(chosen.root, options_for(where), shards=chosen.shards)
 
-    if isinstance(dataset_path, (str, Path)):
-        return MixSpec([source(dataset_path)], [1])
     if isinstance(dataset_path, Mapping):
         if not dataset_path:
             raise UsageError("a mix needs at least one dataset")
@@ -78,15 +87,35 @@ def mix_spec(
                 or weight <= 0
             ):
                 raise UsageError(
-                    f"weight of {Location(str(path)).display} is {weight!r}: weights must be "
-                    "> 0 and finite"
+                    f"weight of {_named(path)} is {weight!r}: weights must be > 0 and finite"
                 )
         return MixSpec(sources, weights)
+    if isinstance(dataset_path, (str, Path)) or not list_is_mix:
+        return MixSpec([source(dataset_path)], [1])
+    if not isinstance(dataset_path, Sequence):
+        raise UsageError(f"dataset_path is {dataset_path!r}: a path, a list or a mapping")
     paths = list(dataset_path)
     if not paths:
         raise UsageError("a mix needs at least one dataset")
     sources = [source(p) for p in paths]
+    first: dict[str, Any] = {}
+    for path, each in zip(paths, sources, strict=True):
+        if each.location in first:
+            raise UsageError(
+                f"{_named(first[each.location])} and {_named(path)} are both in "
+                f"{each.root.display}: a list of datasets mixes datasets (weights proportional "
+                "to size); name a subset of one dataset with one pattern instead, such as "
+                "'shard-{000000..000003}.tar'"
+            )
+        first[each.location] = path
     return MixSpec(sources, [s.manifest.num_tokens for s in sources])
+
+
+def _named(path: Any) -> str:
+    """A mix entry as messages print it (a URL without credentials or query values)."""
+    if isinstance(path, (str, Path)):
+        return Location(str(path)).display
+    return repr(tuple(Location(str(p)).display for p in path))
 
 
 def load_mix_config(
@@ -114,7 +143,7 @@ def load_mix_config(
     dataset = section.get("dataset", section)
     if "dataset_path" not in dataset:
         raise ShardtokError(f"{where}: no dataset_path")
-    spec = mix_spec(dataset["dataset_path"], storage_options, base)
+    spec = mix_spec(dataset["dataset_path"], storage_options, base, list_is_mix=True)
     options = {k: v for k, v in {**section, **dataset}.items() if k in OPTION_NAMES}
     unknown = set(dataset) - set(OPTION_NAMES) - {"dataset_path", "allow_mixed_tokenizers"}
     if dataset is not section and unknown:  # a flat config may carry a trainer's other keys

@@ -19,7 +19,7 @@ and weights and may set its own ``seed``; any other stream option written inside
 be the same in every stage (a batch's shape cannot change mid-run).
 
 Sources are numbered across the whole curriculum in order of first appearance (the same
-location in two stages is one source): batches' ``source_ids`` name them by that number.
+location, or the same subset of its shards, in two stages is one source): batches' ``source_ids`` name them by that number.
 """
 
 from __future__ import annotations
@@ -59,17 +59,17 @@ class Curriculum:
 
     @property
     def sources(self) -> list[DatasetSource]:
-        """Every distinct source (by location), in order of first appearance."""
-        seen: dict[str, DatasetSource] = {}
+        """Every distinct source (by location and subset), in order of first appearance."""
+        seen: dict[object, DatasetSource] = {}
         for stage in self.stages:
             for source in stage.mix.sources:
-                seen.setdefault(source.location, source)
+                seen.setdefault(source.key, source)
         return list(seen.values())
 
     def source_ids(self, stage: int) -> list[int]:
         """The curriculum-wide ids of stage `stage`'s sources."""
-        ids = {s.location: i for i, s in enumerate(self.sources)}
-        return [ids[s.location] for s in self.stages[stage].mix.sources]
+        ids = {s.key: i for i, s in enumerate(self.sources)}
+        return [ids[s.key] for s in self.stages[stage].mix.sources]
 
     @property
     def starts(self) -> list[int]:
@@ -147,10 +147,10 @@ def load_curriculum(
         own.append(spec.options)
     _check_order(stages, where)
     shared = _shared_options(stages, own, top, where)
-    # One object per location: a source in several stages reads its manifest once.
-    first: dict[str, DatasetSource] = {}
+    # One object per location (and subset): a source in several stages reads its manifest once.
+    first: dict[object, DatasetSource] = {}
     for stage in stages:
-        stage.mix.sources = [first.setdefault(s.location, s) for s in stage.mix.sources]
+        stage.mix.sources = [first.setdefault(s.key, s) for s in stage.mix.sources]
     return Curriculum(stages, shared, where)
 
 
@@ -172,7 +172,7 @@ def _stage_mix(section, data, storage_options, base, where, allow_top) -> MixSpe
     dataset = section.get("dataset", section)
     if not isinstance(dataset, Mapping) or "dataset_path" not in dataset:
         raise ShardtokError(f"{where}: no dataset_path")
-    spec = mix_spec(dataset["dataset_path"], storage_options, base)
+    spec = mix_spec(dataset["dataset_path"], storage_options, base, list_is_mix=True)
     spec.options = {k: v for k, v in {**section, **dataset}.items() if k in OPTION_NAMES}
     unknown = set(dataset) - set(OPTION_NAMES) - {"dataset_path", "allow_mixed_tokenizers"}
     if dataset is not section and unknown:  # a flat config may carry a trainer's other keys

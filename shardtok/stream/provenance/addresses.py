@@ -2,7 +2,8 @@
 
 An ``AddressSource`` wraps a real ``DatasetSource`` (same location, manifest and document
 sizes) and reads, in place of token ids, int64 *addresses* ``shard_index << 40 | token_offset``
-(the shard's index in the manifest, the token's offset in that shard). They are computed from
+(the shard's index in the streamed manifest -- a subset's view when the source is one --, the
+token's offset in that shard). They are computed from
 the shards' idx alone (``document_sizes``): no ``.bin`` byte is read.
 
 Every stream stage decides from document lengths and positions only (the plan, the reader's
@@ -81,11 +82,13 @@ class AddressSource(DatasetSource):
             retry=source.retry,
             cache_dir=source.cache_dir,
             cache_bytes=source.cache_bytes,
+            shards=source.shards,
         )
         self.real = source
-        self._manifest = source.manifest
+        self._manifest, self._view = source.dataset_manifest, source.manifest
         self._offsets: dict[str, np.ndarray] = {}
-        self._index = {entry.file: i for i, entry in enumerate(self._manifest.shards)}
+        # Addresses number shards in the streamed manifest (a subset's view, when it is one).
+        self._index = {entry.file: i for i, entry in enumerate(self._view.shards)}
 
     def __reduce__(self):
         return (AddressSource, (self.real,))

@@ -193,7 +193,10 @@ def describe_row(
         cuts[0] = True
         cuts[1:] |= (np.diff(addresses) != 1) | (np.diff(documents) != 0)
     edges = [*np.flatnonzero(cuts).tolist(), length]
-    firsts = _first_documents(manifest)
+    # Shards and documents are numbered in the whole dataset (index.json, export-megatron's
+    # order), also when the source streams a subset of its shards.
+    positions = source.subset_positions or range(len(manifest.shards))
+    firsts = _first_documents(source.dataset_manifest)
     segments = []
     for a, b in zip(edges, edges[1:]):
         shard, document = int(shards[a]), int(documents[a])
@@ -204,9 +207,9 @@ def describe_row(
                 "source": source_id,
                 "location": source.display,
                 "shard": manifest.shards[shard].file,
-                "shard_index": shard,
+                "shard_index": positions[shard],
                 "document": document,
-                "dataset_document": firsts[shard] + document,
+                "dataset_document": firsts[positions[shard]] + document,
                 "tokens": [begin, begin + b - a],
                 "document_length": int(bounds[document + 1] - bounds[document]),
                 "positions": [a, b],

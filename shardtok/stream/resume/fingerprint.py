@@ -2,7 +2,11 @@
 
 A fingerprint names every source by its manifest's sha256 (which covers every shard's sha256 and
 the tokenizer fingerprint) and weight, plus the ``StreamOptions``. Locations are kept for the
-message but not compared, so a dataset copied to another folder or bucket still resumes.
+message but not compared, so a dataset copied to another folder or bucket still resumes. A
+source that streams a subset of its dataset's shards adds ``shards``: the subset as runs of
+consecutive index.json entries (``"shard-000000.tar..shard-000003.tar"``, or one name), which
+with the manifest's sha256 names it exactly; ``num_tokens`` is then the subset's. A source
+without a subset has no ``shards`` key, so its fingerprint is what it always was.
 
 Curriculum stages (``staged_fingerprint``) add ``stages``: per stage its name, ``start_step``
 (1-based), effective seed (its own, else the shared one) and sources with weights. A state of
@@ -46,13 +50,38 @@ OPTION_DEFAULTS = {
 
 
 def source_fingerprint(source: DatasetSource) -> dict:
-    manifest = source.manifest
-    return {
+    manifest = source.dataset_manifest
+    entry = {
         "location": source.location,
         "manifest_sha256": hashlib.sha256(manifest.to_bytes()).hexdigest(),
         "tokenizer": manifest.tokenizer_fingerprint,
-        "num_tokens": manifest.num_tokens,
+        "num_tokens": source.manifest.num_tokens,
     }
+    if source.shards is not None:
+        entry["shards"] = shard_runs(source)
+    return entry
+
+
+def shard_runs(source: DatasetSource) -> list[str]:
+    """A subset's shards as runs of consecutive index.json entries, ``"first..last"`` (both
+    included) or one file name: short for the usual ranges, exact for any subset."""
+    files = [e.file for e in source.dataset_manifest.shards]
+    positions = source.subset_positions or ()
+    runs: list[str] = []
+    start = 0
+    for k in range(1, len(positions) + 1):
+        if k == len(positions) or positions[k] != positions[k - 1] + 1:
+            first, last = files[positions[start]], files[positions[k - 1]]
+            runs.append(first if first == last else f"{first}..{last}")
+            start = k
+    return runs
+
+
+def _shards_shown(runs: object) -> str:
+    if runs is None:
+        return "every shard"
+    text = ", ".join(map(str, runs)) if isinstance(runs, list) else repr(runs)
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 def stream_fingerprint(
@@ -148,6 +177,11 @@ def _source_differences(old: list, new: list, where: str) -> list[str]:
                     f"{where}source {i} ({_shown(a)} -> {_shown(b)}): {key} "
                     f"{a.get(key)!r} saved, {b.get(key)!r} now"
                 )
+        if a.get("shards") != b.get("shards"):  # a subset (absent: the whole dataset)
+            out.append(
+                f"{where}source {i} ({_shown(a)} -> {_shown(b)}): shards "
+                f"[{_shards_shown(a.get('shards'))}] saved, [{_shards_shown(b.get('shards'))}] now"
+            )
     return out
 
 
