@@ -22,23 +22,29 @@ from shardtok.storage.location import Location, display_url
 _GOPEN_ONLY = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*:(?!//)")
 
 
-def shard_location(url: str) -> tuple[str, str] | None:
-    """(dataset folder or URL prefix, shard file name) of a shard path or URL; None when the
-    URL names no place (a ``pipe:`` command)."""
+def shard_name(url: str) -> str | None:
+    """The file name a shard path or URL ends in; None for a ``pipe:`` command."""
     if _GOPEN_ONLY.match(url):
         return None
     where = Location(url)
     if where.is_local:
-        folder, name = os.path.split(where.local_path)
-        return folder or ".", name
+        return os.path.basename(where.local_path)
+    return urllib.parse.urlsplit(url).path.rpartition("/")[2]
+
+
+def shard_folder(url: str) -> str | None:
+    """The folder or URL prefix a shard sits in, where its dataset's ``index.json`` is; None
+    when the URL names none: a ``pipe:`` command, or a URL with a query string (a pre-signed
+    URL signs one object, so nothing beside it can be reached)."""
+    if _GOPEN_ONLY.match(url):
+        return None
+    where = Location(url)
+    if where.is_local:
+        return os.path.dirname(where.local_path) or "."
     parts = urllib.parse.urlsplit(url)
     if parts.query or parts.fragment:
-        raise UsageError(
-            f"{display_url(url)}: a URL with a query string names one object, so no index.json "
-            "can be found beside it; pass dataset= (the dataset's folder or URL prefix)"
-        )
-    folder, _, name = url.rpartition("/")
-    return folder, name
+        return None
+    return url.rpartition("/")[0]
 
 
 class Manifests:
@@ -60,17 +66,19 @@ class Manifests:
         self._beside: dict[str, DatasetSource] = {}
 
     def locate(self, url: str, key: str) -> tuple[DatasetSource, str]:
-        """The dataset shard `url` belongs to and its file name there. With a fixed dataset, a
-        URL that names no file is looked up by the shard's own key (`key`.tar)."""
-        place = shard_location(url)
+        """The dataset shard `url` belongs to and its file name there (for a URL that ends in
+        none, the shard's own key + ``.tar``)."""
+        name = shard_name(url) or f"{key}.tar"
         if self.fixed is not None:
-            return self.fixed, f"{key}.tar" if place is None else place[1]
-        if place is None:
+            return self.fixed, name
+        folder = shard_folder(url)
+        if folder is None:
             raise UsageError(
-                f"{url}: a {url.split(':', 1)[0]}: URL names no folder to find index.json in; "
-                "pass documents(dataset=...) the dataset's folder or URL prefix"
+                f"{display_url(url)}: names no folder to find index.json in (a pipe: command or "
+                "a URL with a query string); pass documents(dataset=...) the dataset's folder "
+                "or URL prefix"
             )
-        return self.beside(place[0]), place[1]
+        return self.beside(folder), name
 
     def beside(self, folder: str) -> DatasetSource:
         dataset = self._beside.get(folder)
@@ -80,4 +88,4 @@ class Manifests:
         return dataset
 
 
-__all__ = ["Manifests", "shard_location"]
+__all__ = ["Manifests", "shard_folder", "shard_name"]

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from webdataset.handlers import reraise_exception
 
 from shardtok.errors import UsageError
@@ -22,7 +23,7 @@ from shardtok.format.identity import check_shard_identity
 from shardtok.format.shard_reader import ShardStreamReader
 from shardtok.storage.dataset import DatasetSource
 from shardtok.storage.location import display_url
-from shardtok.webdataset.manifests import Manifests, shard_location
+from shardtok.webdataset.manifests import Manifests, shard_folder, shard_name
 from shardtok.webdataset.member_tar import MemberTar, sample_members
 
 KEY_DIGITS = 6  # document numbers in keys: at least this many digits, more for larger shards
@@ -37,15 +38,23 @@ def document_samples(reader: ShardStreamReader, url: str) -> Iterator[dict]:
     meta = reader.meta
     masked = meta.mask is not None
     width = max(KEY_DIGITS, len(str(max(meta.num_documents - 1, 0))))
-    for number, document in enumerate(reader.documents(with_masks=masked)):
-        sample = {"__key__": f"{meta.key}/{number:0{width}d}", "__url__": url}
-        if masked:
-            tokens, mask = document
-            sample["tokens"] = tokens.copy()
-            sample["mask"] = mask.copy()
-        else:
-            sample["tokens"] = document.copy()
-        yield sample
+    prefix = f"{meta.key}/"
+    # (str.zfill and np.array: the cheapest spellings; per-document cost bounds short documents)
+    if masked:
+        for number, (tokens, mask) in enumerate(reader.documents(with_masks=True)):
+            yield {
+                "__key__": prefix + str(number).zfill(width),
+                "__url__": url,
+                "tokens": np.array(tokens),
+                "mask": np.array(mask),
+            }
+    else:
+        for number, tokens in enumerate(reader.documents()):
+            yield {
+                "__key__": prefix + str(number).zfill(width),
+                "__url__": url,
+                "tokens": np.array(tokens),
+            }
 
 
 class _Stage:
@@ -98,15 +107,15 @@ class StreamDocuments(_Stage):
 
     def _shard(self, item: Any) -> Iterator[dict]:
         url = str(item["url"] if isinstance(item, dict) else item)
-        place = shard_location(url)
-        if place is None:
+        folder = shard_folder(url)
+        if folder is None:
             raise UsageError(
-                f"{url}: stream_documents() opens shards with shardtok's storage, which runs no "
-                f"{url.split(':', 1)[0]}: commands; use "
+                f"{display_url(url)}: stream_documents() reads the index.json beside each shard, "
+                "and a pipe: command or a URL with a query string has no place beside it; use "
                 "wds.WebDataset(urls).compose(shardtok.webdataset.documents(dataset=...))"
             )
-        dataset = self.manifests.beside(place[0])
-        reader, fileobj = dataset.open_stream(place[1], with_masks=dataset.manifest.masked)
+        dataset = self.manifests.beside(folder)
+        reader, fileobj = dataset.open_stream(shard_name(url), with_masks=dataset.manifest.masked)
         try:
             yield from document_samples(reader, url)
         finally:

@@ -13,6 +13,7 @@ import webdataset as wds
 import shardtok.webdataset as sw
 from shardtok.errors import CorruptShardError, UsageError
 from shardtok.format import ShardReader
+from shardtok.webdataset.manifests import shard_folder, shard_name
 from tests.webdataset.conftest import native_documents, shard_paths
 
 
@@ -60,6 +61,26 @@ def test_http_urls(text_dataset, http_server):
     samples = list(grouped(url).compose(sw.documents()))
     assert_same(samples, native_documents(text_dataset))
     assert samples[0]["__url__"] == http_server.url("wds-text/shard-000000.tar")
+    # A URL with a query string (pre-signed) has nothing beside it: the dataset is named.
+    signed = http_server.url("wds-text/shard-000001.tar?X-Signature=abc")
+    with pytest.raises(UsageError, match=r"shard-000001\.tar\?X-Signature=\*\*\*: names no folder"):
+        list(grouped([signed]).compose(sw.documents()))
+    named = list(grouped([signed]).compose(sw.documents(dataset=http_server.url("wds-text"))))
+    assert_same(
+        named, [d for d in native_documents(text_dataset) if d.key.startswith("shard-000001/")]
+    )
+
+
+def test_where_a_shard_url_says_its_dataset_is():
+    for url, folder in [
+        ("data/ds/shard-000001.tar", "data/ds"),
+        ("shard-000001.tar", "."),
+        ("file:///d/ds/shard-000001.tar", "/d/ds"),
+        ("https://h:8080/ds/shard-000001.tar", "https://h:8080/ds"),
+        ("https://h/ds/shard-000001.tar?sig=1", None),
+    ]:
+        assert (shard_folder(url), shard_name(url)) == (folder, "shard-000001.tar")
+    assert shard_folder("pipe:cat ds/shard-000001.tar") is shard_name("pipe:curl -s x.tar") is None
 
 
 def test_pipe_urls_need_the_dataset_named(sft_dataset):

@@ -43,5 +43,5 @@ def test_damage_raises_and_pipe_urls_are_refused(text_dataset, tmp_path):
     copy, path, _ = damaged_copy(text_dataset, tmp_path, shard=2, frame=1)
     with pytest.raises(CorruptShardError, match=r"shard-000002\.bin\.zst.*frame 1"):
         list(streamed(shard_paths(copy)))
-    with pytest.raises(UsageError, match=r"runs no pipe: commands.*documents\(dataset="):
+    with pytest.raises(UsageError, match=r"pipe:cat .*has no place beside it.*documents\(dataset="):
         list(streamed([f"pipe:cat {path}"], handler=wds.ignore_and_continue))
