@@ -139,6 +139,8 @@ def write_results(args, rows: list[str]) -> None:
     lines = [
         "# WebDataset stages vs the native stream reader",
         "",
+        f"Taken {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
+        "",
         f"Machine: {os.cpu_count()} cores ({platform.processor() or platform.machine()}), shared "
         f"with other work; Python {platform.python_version()}, numpy {numpy.__version__}, "
         f"zstandard {zstandard.__version__}, webdataset {webdataset.__version__}.",
