@@ -64,8 +64,9 @@ def test_errors_survive_pickling():
 
 # Layer -> the layers it may import (itself included). "Below" is the data path: format and index
 # at the bottom, storage over format, convert/stream/memmap side by side over those three, torch
-# over all of them, cli on top. testing (synthetic data, the save/restore checker) serves tests and
-# benchmarks; nothing in the library may import it.
+# over all of them, cli on top. webdataset (stages for WebDataset pipelines, an optional extra)
+# sits over format and storage, and no other layer imports it. testing (synthetic data, the
+# save/restore checker) serves tests and benchmarks; nothing in the library may import it.
 LAYER_RULES: dict[str, set[str]] = {
     "format": {"format"},
     "index": {"index"},
@@ -76,6 +77,7 @@ LAYER_RULES: dict[str, set[str]] = {
     "torch": {"torch", "convert", "stream", "memmap", "format", "index", "storage"},
     "cli": {"cli", "torch", "convert", "stream", "memmap", "format", "index", "storage"},
     "testing": {"testing", "stream", "format", "index", "storage"},
+    "webdataset": {"webdataset", "format", "storage"},
 }
 # Top-level modules that are not layers: every layer may import them, and they import no layer.
 SHARED = {"", "errors", "_process", "_checksum"}
