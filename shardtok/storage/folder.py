@@ -27,6 +27,7 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
+from shardtok.storage.endpoints import contact
 from shardtok.storage.location import Location, LocationError, join_url
 
 _BLOCK = 4 << 20
@@ -136,6 +137,10 @@ class Folder:
         url = self.location.url if name is None else self.url(name)
         return self.fs._strip_protocol(url)
 
+    def _contact(self):
+        # A store that refuses the very first request fails at once, named (see endpoints).
+        return contact(self.location.url, self.storage_options)
+
     def _fresh(self, path: str) -> str:
         # fsspec clients are shared within a process and may keep a listing: another process's
         # writes since then would be invisible (a missing unit, a stale size or ETag).
@@ -161,7 +166,8 @@ class Folder:
                 tmp.unlink(missing_ok=True)
                 raise
             return
-        self.fs.pipe_file(self._remote_path(name), bytes(data))
+        with self._contact():
+            self.fs.pipe_file(self._remote_path(name), bytes(data))
 
     def put_file(self, name: str, local: str | os.PathLike) -> None:
         """Publish the local file `local` as member `name`; `local` is consumed (moved or
@@ -172,7 +178,8 @@ class Folder:
             os.replace(local, self.url(name))
             return
         try:
-            self.fs.put_file(str(local), self._remote_path(name))
+            with self._contact():
+                self.fs.put_file(str(local), self._remote_path(name))
         finally:
             local.unlink(missing_ok=True)
 
@@ -201,7 +208,7 @@ class Folder:
                 path.unlink(missing_ok=True)
             return
         target = self._fresh(self._remote_path(name))
-        with contextlib.suppress(FileNotFoundError):
+        with self._contact(), contextlib.suppress(FileNotFoundError):
             if not self.fs.isdir(target):
                 self.fs.rm_file(target)
                 return
@@ -220,7 +227,8 @@ class Folder:
         """The whole member; FileNotFoundError when it does not exist."""
         if self.is_local:
             return Path(self.url(name)).read_bytes()
-        return self.fs.cat_file(self._remote_path(name))
+        with self._contact():
+            return self.fs.cat_file(self._remote_path(name))
 
     def read_range(self, name: str, start: int, end: int) -> bytes:
         """Bytes [start, end) of member `name`."""
@@ -230,7 +238,8 @@ class Folder:
             with open(self.url(name), "rb") as f:
                 f.seek(start)
                 return f.read(end - start)
-        return self.fs.cat_file(self._remote_path(name), start=start, end=end)
+        with self._contact():
+            return self.fs.cat_file(self._remote_path(name), start=start, end=end)
 
     def size(self, name: str) -> int | None:
         """The member's size in bytes, or None when it does not exist."""
@@ -240,7 +249,8 @@ class Folder:
             except FileNotFoundError:
                 return None
         try:
-            return int(self.fs.size(self._fresh(self._remote_path(name))))
+            with self._contact():
+                return int(self.fs.size(self._fresh(self._remote_path(name))))
         except FileNotFoundError:
             return None
 
@@ -255,7 +265,8 @@ class Folder:
                 while block := f.read(_BLOCK):
                     crc = zlib.crc32(block, crc)
             return crc
-        with self.fs.open(self._fresh(self._remote_path(name)), "rb", block_size=_BLOCK) as f:
+        path = self._fresh(self._remote_path(name))
+        with self._contact(), self.fs.open(path, "rb", block_size=_BLOCK) as f:
             while block := f.read(_BLOCK):
                 crc = zlib.crc32(block, crc)
         return crc
@@ -270,7 +281,8 @@ class Folder:
                 return []
         path = self._remote_path()
         try:
-            entries = self.fs.ls(path, detail=False, refresh=True)
+            with self._contact():
+                entries = self.fs.ls(path, detail=False, refresh=True)
         except FileNotFoundError:
             return []
         finally:
@@ -289,5 +301,6 @@ class Folder:
             return
         with tempfile.TemporaryDirectory(prefix="shardtok-") as tmp:
             path = Path(tmp) / "copy"
-            self.fs.get_file(self._remote_path(name), str(path))
+            with self._contact():
+                self.fs.get_file(self._remote_path(name), str(path))
             yield path

@@ -24,11 +24,12 @@ from shardtok.storage.base import (
     ObjectNotFoundError,
     ReadStream,
 )
+from shardtok.storage.endpoints import check_first_contact, endpoint_of, note_reached
 from shardtok.storage.location import display_url
 from shardtok.storage.readahead import BlockStream
 from shardtok.storage.retry import Redactor, RetryPolicy, classify
 
-logger = logging.getLogger("shardtok.storage")
+logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
@@ -49,6 +50,7 @@ class RemoteSource(ByteSource):
         self.block_size = block_size
         self.endpoint = str((storage_options or {}).get("endpoint_url") or "")
         self._backend = Backend(url, storage_options, self.retry)
+        self._endpoint = endpoint_of(url, storage_options)
         self._redact = Redactor({"options": storage_options, "url": _url_secrets(url)})
         self._info: ObjectInfo | None = None
         self._info_lock = threading.Lock()
@@ -62,6 +64,7 @@ class RemoteSource(ByteSource):
         with self._info_lock:
             if self._info is None:
                 self._info = self._with_retries(self._backend.head, lambda: None)
+                logger.debug("%s: %d bytes, ETag %s", self.url, self._info.size, self._info.etag)
             return self._info
 
     @property
@@ -143,13 +146,19 @@ class RemoteSource(ByteSource):
         delays = policy.delays()
         for attempt in range(1, policy.max_attempts + 1):
             try:
-                return action()
+                result = action()
+                note_reached(self._endpoint)
+                return result
             except Exception as exc:
                 kind = classify(exc)
                 if kind is None:
                     raise
                 if finished is not None and finished():
                     return None  # type: ignore[return-value]  # everything arrived anyway
+                if kind == "transient":
+                    # Nothing listening, or no such host, before the endpoint ever answered:
+                    # a mistake in the configuration, not an outage. Fails now, named.
+                    check_first_contact(exc, self.url, self._endpoint)
                 reason, redacted = self._redact.describe(exc)
                 cause = None if redacted else exc
                 if kind.startswith("fatal"):
@@ -163,12 +172,12 @@ class RemoteSource(ByteSource):
                     self._retries += 1
                 offset = where()
                 logger.warning(
-                    "%s%s: %s; retry %d of %d in %.2f s",
+                    "%s%s: %s; attempt %d/%d failed, retry in %.2f s",
                     self.url,
                     "" if offset is None else f" at byte offset {offset}",
                     reason,
                     attempt,
-                    policy.max_attempts - 1,
+                    policy.max_attempts,
                     delay,
                 )
                 if cancel is not None:
