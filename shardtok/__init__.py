@@ -3,6 +3,8 @@
 The core (everything except :mod:`shardtok.torch`) imports without torch.
 """
 
+import logging
+
 from shardtok.errors import (
     BadRecordError,
     CorruptShardError,
@@ -14,6 +16,11 @@ from shardtok.errors import (
 )
 
 __version__ = "0.2.0"
+
+# The stdlib's advice for libraries: records go nowhere until the application configures
+# logging (the shardtok command does, for its own run), and never to Python's last-resort
+# stderr handler behind the application's back.
+logging.getLogger("shardtok").addHandler(logging.NullHandler())
 
 __all__ = [
     "BadRecordError",

@@ -23,7 +23,7 @@ RejectWriter = Callable[[str, int, str, str], None]
 
 def rewrite_note(pattern: str, rewrite: str) -> str:
     return (
-        f"note: jq pattern {pattern!r} cannot index a list in jq (Cannot index array with ...); "
+        f"jq pattern {pattern!r} cannot index a list in jq (Cannot index array with ...); "
         f"records where it fails use {rewrite!r}, which selects each element"
     )
 

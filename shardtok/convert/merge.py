@@ -19,7 +19,7 @@ sends damaged units back to run-units before index.json (a rerun rewrites publis
 from __future__ import annotations
 
 import bisect
-import sys
+import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -33,7 +33,7 @@ from shardtok.convert.inputs import InputFile
 from shardtok.convert.merge_tasks import LoadBatch, ShardTask, UnitPart, load_batch, write_shard
 from shardtok.convert.output_dir import REJECTS_NAME, RejectsFile, remove_stale_shards
 from shardtok.convert.pool import mp_context
-from shardtok.convert.progress import plural
+from shardtok.convert.progress import plural, progress_bar
 from shardtok.convert.unit_result import UnitResult
 from shardtok.convert.units import Unit
 from shardtok.convert.workdir import WorkDir
@@ -44,6 +44,8 @@ from shardtok.format.shard_plan import ShardSettings, plan_shards
 from shardtok.storage.folder import Folder
 
 MapTasks = Callable[[Callable, Sequence], list]
+
+logger = logging.getLogger(__name__)
 
 # Units whose markers one task loads and checks: enough to amortise a task's overhead, few enough
 # that the checks spread over every process.
@@ -65,8 +67,9 @@ class MergeResult:
     stored_token_bytes: int  # the shards' bin members (frames), for the compression ratio
 
 
-def print_to_stderr(text: str) -> None:
-    print(text, file=sys.stderr)
+def warn(text: str) -> None:
+    """The default `note` of the merge: a warning record (the command line shows it)."""
+    logger.warning("%s", text)
 
 
 # -- running tasks -----------------------------------------------------------------------------
@@ -108,14 +111,8 @@ class _LocalMap:
 
 
 class _ShardBar:
-    def __init__(self, total: int, enabled: bool):
-        self._bar = None
-        if enabled and total and sys.stderr.isatty():
-            from tqdm import tqdm
-
-            self._bar = tqdm(
-                total=total, unit="shard", desc="merging", file=sys.stderr, dynamic_ncols=True
-            )
+    def __init__(self, total: int, progress: bool | str):
+        self._bar = progress_bar(progress, total, "merging", unit="shard") if total else None
 
     def tick(self, n: int = 1) -> None:
         if self._bar is not None:
@@ -170,7 +167,7 @@ def merge_units(
     *,
     jobs: int = 1,
     map_tasks: MapTasks | None = None,
-    note: Callable[[str], None] = print_to_stderr,
+    note: Callable[[str], None] = warn,
     progress: bool = True,
 ) -> MergeResult:
     """Write the dataset of the finished units in `workdir` into `opts.output`: the same shards,
@@ -265,10 +262,20 @@ def _merge(opts, files, units, workdir, settings, jobs, map_tasks, local, note, 
     try:
         ledger = _account(opts, files, units, workdir, states, note, rejects)
         tasks = _shard_tasks(ledger, units, folder, workdir, _shard_settings(opts), opts.shard_size)
+        logger.info(
+            "merging %d work units into %d shards in %s (%s)",
+            len(units), len(tasks), folder.display,
+            "an engine's tasks" if map_tasks is not None else f"{jobs} process(es)",
+        )  # fmt: skip
         docs = _write_shards(tasks, jobs, map_tasks, local, progress)
         _raise_damage(workdir, units, docs)
         manifest = _manifest(opts, docs, ledger.accounting.extra(settings))
         rejects_path = _publish(folder, manifest, rejects)
+        logger.info(
+            "wrote %s: %d shards, %s documents, %s tokens",
+            folder.display_of(MANIFEST_NAME), len(manifest.shards),
+            f"{manifest.num_documents:,}", f"{manifest.num_tokens:,}",
+        )  # fmt: skip
     except BaseException:
         if rejects is not None:
             rejects.discard()

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
-import sys
 import tempfile
 from pathlib import Path
 
@@ -24,6 +24,8 @@ from shardtok.errors import ShardtokError
 from shardtok.format.manifest import MANIFEST_NAME, Manifest
 from shardtok.storage.folder import SCRATCH_PREFIX, Folder, temporary_name
 from shardtok.storage.location import Location
+
+logger = logging.getLogger(__name__)
 
 REJECTS_NAME = "rejects.jsonl"
 # Temporary names: ".NAME.tmp-PID" (older writers) or ".NAME.tmp-PID-RANDOM" (temporary_name).
@@ -157,10 +159,8 @@ def prepare_output(
     if existing_plan is not None:
         # Typically: a run stopped at a bad record, the input was fixed, and this is the rerun.
         # The unfinished work is only our own cache, so it is discarded rather than refused.
-        print(
-            f"note: {folder.display} held unfinished work of other inputs or options; "
-            "starting over",
-            file=sys.stderr,
+        logger.warning(
+            "%s held unfinished work of other inputs or options; starting over", folder.display
         )
         workdir.start(plan)
         return workdir, None

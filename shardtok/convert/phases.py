@@ -16,8 +16,8 @@ rank, status and the merge report the same first failure.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
-import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, wait
@@ -44,6 +44,8 @@ from shardtok.convert.workdir import WorkDir
 from shardtok.convert.worker import tokenize_unit
 from shardtok.errors import UsageError
 from shardtok.storage.folder import Folder
+
+logger = logging.getLogger(__name__)
 
 # -- a planned job ---------------------------------------------------------------------------
 
@@ -99,17 +101,21 @@ class PlanSummary:
     input_bytes: int
     units_done: int  # finished units kept from an earlier run of the same units
     already_complete: bool = False  # the output already holds this job's dataset
+    unit_size_chosen: bool = False  # no --unit-size: the size was chosen for the corpus
 
     def summary(self) -> str:
         if self.already_complete:
             return f"{self.output} already holds this conversion; nothing to plan."
         kept = f"; {self.units_done:,} already done" if self.units_done else ""
         units, files = self.units, self.input_files
-        return (
+        text = (
             f"planned {units:,} work unit{plural(units)} of {size_text(self.unit_size)} from "
             f"{files:,} input file{plural(files)} ({size_text(self.input_bytes)}) in "
             f"{self.output}{kept}"
         )
+        if self.unit_size_chosen:
+            text += "\n  note: --unit-size changes the unit size, and with it where frames end"
+        return text
 
 
 def plan(opts: ConvertOptions) -> PlanSummary:
@@ -124,16 +130,12 @@ def plan(opts: ConvertOptions) -> PlanSummary:
     if planned.done is not None:
         return PlanSummary(opts.output, 0, planned.unit_size, len(files), input_bytes, 0, True)
     done, _ = planned.workdir.markers()
-    if opts.progress and opts.unit_size is None:
-        print(
-            f"note: unit size {size_text(planned.unit_size)} ({len(planned.units):,} units; "
-            "--unit-size changes it, and with it where frames end)",
-            file=sys.stderr,
-        )
-    return PlanSummary(
+    summary = PlanSummary(
         opts.output, len(planned.units), planned.unit_size, len(files), input_bytes,
-        len(done & {u.index for u in planned.units}),
+        len(done & {u.index for u in planned.units}), unit_size_chosen=opts.unit_size is None,
     )  # fmt: skip
+    logger.info("%s", summary.summary().splitlines()[0])
+    return summary
 
 
 # -- run-units -------------------------------------------------------------------------------
@@ -212,6 +214,10 @@ def run_units(
                 pool = stack.enter_context(worker_pool(config, workers, start_method))
                 # In index order: a rank's earliest failure is found first.
                 futures = {pool.submit(tokenize_unit, u): u.index for u in pending.todo}
+            logger.info(
+                "rank %d of %d: %d work units, %d done before, %d to tokenize in %d process(es)",
+                rank, world_size, len(mine), len(pending.kept), len(pending.todo), workers,
+            )  # fmt: skip
             bar = ConvertProgress(sum(job.units[i].nbytes for i in mine), progress)
             stack.callback(bar.close)
             for warning in pending.warnings:

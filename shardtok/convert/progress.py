@@ -1,16 +1,91 @@
-"""The progress bar of a conversion and its final summary.
+"""The progress bars of a conversion and its final summary.
 
 The bar's total is input bytes (known before any work starts), so its ETA is meaningful from the
 first finished unit; documents, tokens and tokens/s ride along as the postfix.
+
+Progress is asked for with ``progress``: ``"auto"`` (or True) shows a tqdm bar when stderr is a
+terminal and nothing otherwise; ``"always"`` shows the bar on a terminal and, elsewhere (a log
+file, CI), a plain line every ``LINE_INTERVAL`` seconds and one at the end, since tqdm's
+carriage-return frames make a log unreadable; ``"never"`` (or False) shows nothing. Notes for
+the user are log records (``logging.getLogger(__name__)``), not prints: the command line shows
+them above the bar.
 """
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 from dataclasses import dataclass, field
 
 from shardtok.format.manifest import Manifest
+
+logger = logging.getLogger(__name__)
+
+PROGRESS_MODES = ("auto", "always", "never")
+LINE_INTERVAL = 10.0  # seconds between the plain progress lines of "always" off a terminal
+
+
+def progress_mode(progress: bool | str) -> str:
+    """The mode a ``progress`` argument asks for: "auto" (True), "always" or "never" (False)."""
+    if progress is True or progress is False:
+        return "auto" if progress else "never"
+    if progress not in PROGRESS_MODES:
+        raise ValueError(
+            f"progress must be True, False or one of {PROGRESS_MODES}, got {progress!r}"
+        )
+    return progress
+
+
+def progress_bar(progress: bool | str, total: int, desc: str, **tqdm_options):
+    """A tqdm bar on a terminal, ``LineProgress`` off one with "always", else None."""
+    mode = progress_mode(progress)
+    if mode == "never":
+        return None
+    if sys.stderr.isatty():
+        from tqdm import tqdm
+
+        return tqdm(total=total, desc=desc, file=sys.stderr, dynamic_ncols=True, **tqdm_options)
+    if mode == "always":
+        return LineProgress(total, desc, unit=tqdm_options.get("unit", "item"))
+    return None
+
+
+class LineProgress:
+    """The part of tqdm's interface the conversion uses, as a plain line on stderr at most every
+    ``LINE_INTERVAL`` seconds and one when closed: progress that reads well in a log file."""
+
+    def __init__(self, total: int, desc: str, *, unit: str = "item"):
+        self.total, self.desc, self.unit = total, desc, unit
+        self.n = 0
+        self.postfix = ""
+        self._start = self._last = time.monotonic()
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        now = time.monotonic()
+        if now - self._last >= LINE_INTERVAL:
+            self._last = now
+            self._line(now)
+
+    def set_postfix_str(self, text: str, refresh: bool = True) -> None:
+        self.postfix = text
+
+    def write(self, text: str, file=None) -> None:
+        print(text, file=file or sys.stderr, flush=True)
+
+    def close(self) -> None:
+        self._line(time.monotonic())
+
+    def _line(self, now: float) -> None:
+        share = f"{100 * self.n / self.total:.0f}%" if self.total else "100%"
+        if self.unit == "B":
+            done = f"{size_text(self.n)} of {size_text(self.total)}"
+        else:
+            done = f"{self.n:,} of {self.total:,} {self.unit}{plural(self.total)}"
+        more = f" {self.postfix}" if self.postfix else ""
+        elapsed = f"{now - self._start:.0f} s"
+        print(f"{self.desc}: {share} ({done}){more}, {elapsed}", file=sys.stderr, flush=True)
 
 
 def size_text(n: int) -> str:
@@ -28,19 +103,16 @@ def plural(n: int) -> str:
 
 
 class ConvertProgress:
-    def __init__(self, total_bytes: int, enabled: bool):
+    """The bar of the tokenizing phase (see the module docstring for `progress`)."""
+
+    def __init__(self, total_bytes: int, progress: bool | str):
         self.documents = 0
         self.tokens = 0
         self._tokenized = 0  # tokens this run produced itself, for a truthful tokens/s
         self._start = time.monotonic()
-        self._bar = None
-        if enabled and sys.stderr.isatty():
-            from tqdm import tqdm
-
-            self._bar = tqdm(
-                total=total_bytes, unit="B", unit_scale=True, unit_divisor=1024,
-                desc="converting", file=sys.stderr, dynamic_ncols=True,
-            )  # fmt: skip
+        self._bar = progress_bar(
+            progress, total_bytes, "converting", unit="B", unit_scale=True, unit_divisor=1024
+        )
 
     def unit_done(self, input_bytes: int, documents: int, tokens: int, reused: bool) -> None:
         self.documents += documents
@@ -55,16 +127,20 @@ class ConvertProgress:
             self._bar.update(input_bytes)
 
     def note(self, text: str) -> None:
-        """A line for the user on stderr, above the bar rather than through it."""
-        if self._bar is not None:
-            self._bar.write(text, file=sys.stderr)
-        else:
-            print(text, file=sys.stderr)
+        """Something the user should know (a unit redone, a pattern rewritten): a warning
+        record, which the command line prints above the bar."""
+        logger.warning("%s", text)
 
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+        if logger.isEnabledFor(logging.INFO):
+            seconds = time.monotonic() - self._start
+            logger.info(
+                "tokenized %s documents, %s tokens in %.1f s (%s tokens this run)",
+                f"{self.documents:,}", f"{self.tokens:,}", seconds, f"{self._tokenized:,}",
+            )  # fmt: skip
 
 
 @dataclass

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import sys
+import logging
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, wait
@@ -67,6 +67,8 @@ from shardtok.storage.folder import Folder
 from shardtok.storage.location import Location, is_local
 from shardtok.storage.source import exists, open_source
 
+logger = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class ConvertOptions:
@@ -84,7 +86,7 @@ class ConvertOptions:
     name: str = "shard"
     overwrite: bool = False
     keep_work: bool = False
-    progress: bool = True
+    progress: bool | str = True  # True ("auto"), "always" or False ("never"): see progress.py
     start_method: str | None = None  # workers: None = fork on Linux, spawn elsewhere
     # Fine-tuning records (see shardtok.convert.sft.setup.prepare_sft); None: text documents.
     sft: SFTSetup | None = None
@@ -197,8 +199,7 @@ def reusable_unit(
     # Redoing it gives the same bytes, so the output stays identical to a clean run.
     workdir.discard_unit(unit.index)
     return None, (
-        f"warning: work unit {workdir.unit_name(unit.index)} is damaged ({previous}); "
-        "tokenizing it again"
+        f"work unit {workdir.unit_name(unit.index)} is damaged ({previous}); tokenizing it again"
     )
 
 
@@ -270,7 +271,7 @@ def _convert(planned: Planned, started: float) -> ConvertResult:
     for unit in units:
         previous, warning = reusable_unit(workdir, unit, dtype, opts.sft is not None)
         if warning is not None:
-            print(warning, file=sys.stderr)
+            logger.warning("%s", warning)
         if previous is not None:
             ready[unit.index] = previous
     reused = len(ready)

@@ -17,10 +17,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import shutil
 import tempfile
-import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -29,6 +29,8 @@ import numpy as np
 from shardtok._checksum import file_crc32
 from shardtok.errors import CorruptShardError
 from shardtok.index.gpt import GptIndices, build_gpt_indices
+
+logger = logging.getLogger(__name__)
 
 # Bump when the arrays for the same inputs change (new semantics, new dtypes) or the folder
 # layout does. 2: checksums.json (folders of version 1 have none and are simply not used).
@@ -120,7 +122,7 @@ def cached_gpt_indices(
         try:
             return _load(folder)
         except CorruptShardError as damage:
-            warnings.warn(f"{damage}; rebuilding the GPT index cache", stacklevel=2)
+            logger.warning("%s; rebuilding the GPT index cache", damage)
             _discard(cache_root, folder)
     if not folder.is_dir():
         indices = build_gpt_indices(

@@ -5,6 +5,8 @@ Its state is the batcher's state plus the placement it belongs to, checked on re
 
 from __future__ import annotations
 
+import logging
+
 from shardtok.errors import ShardtokError
 from shardtok.storage.dataset import DatasetSource
 from shardtok.stream import state as envelope
@@ -12,6 +14,8 @@ from shardtok.stream.batch import Allocator, allocate_arrays
 from shardtok.stream.build import batcher_for, document_stream, packer_for, plan_for, resolved
 from shardtok.stream.nodes.base import PlacedStream
 from shardtok.stream.options import StreamOptions
+
+logger = logging.getLogger(__name__)
 
 
 class SliceStream(PlacedStream):
@@ -48,6 +52,14 @@ class SliceStream(PlacedStream):
             self.source, options, epoch=epoch, world_size=world_size, num_workers=num_workers
         )
         self.slice = self.plan.slice_for(rank, worker)
+        if logger.isEnabledFor(logging.DEBUG):  # once per (rank, worker) and epoch
+            s = self.slice
+            logger.debug(
+                "%s epoch %d, rank %d worker %d: slice %d, %d pieces, %s tokens, %s batches%s",
+                self.source.display, epoch, rank, worker, s.index, len(s.pieces),
+                f"{s.num_tokens:,}", f"{self.plan.batches_per_slice:,}",
+                "\n" + self.plan.summary() if rank == 0 and worker == 0 else "",
+            )  # fmt: skip
         if self.plan.batches_per_slice == 0:
             lost = self.plan.overlong_tokens
             lost_text = (

@@ -59,7 +59,7 @@ def test_trained_tokens_are_the_gpt_turns_and_the_final_eos(setup, capsys):
     assert decode(tokenizer, tokens).startswith("<s>" + VICUNA["role"])
     # The note's pattern needs the [] jq wants; the rewrite is said once, naming both forms.
     err = capsys.readouterr().err
-    assert err.count("note: jq pattern") == 1
+    assert err.count("warning: jq pattern") == 1
     assert """'.conversations | select(.from == "human")'""" in err
     assert '.conversations[] | select(.from == "human")' in err
     manifest = json.loads((out / "index.json").read_text())
@@ -76,7 +76,7 @@ def test_the_bracket_form_gives_the_same_masks_without_a_note(setup, capsys):
     capsys.readouterr()
     fixed = NOTE_YAML.replace(".conversations | select", ".conversations[] | select")
     _, docs = convert(setup, fixed, "brackets")
-    assert "note: jq pattern" not in capsys.readouterr().err
+    assert "jq pattern" not in capsys.readouterr().err
     assert [t.tolist() for t, _ in docs] == [t.tolist() for t, _ in written]
     assert [m.tolist() for _, m in docs] == [m.tolist() for _, m in written]
 
