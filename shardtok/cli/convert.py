@@ -10,7 +10,7 @@ import argparse
 import dataclasses
 import sys
 
-from shardtok.cli import convert_phases
+from shardtok.cli import convert_phases, logs, storage_args
 from shardtok.cli.arguments import at_least, parse_compression, parse_size
 from shardtok.convert.sample_corpus import write_sample_corpus
 from shardtok.convert.tokenizer import BUNDLED, BUNDLED_NAME
@@ -116,8 +116,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="with --engine dask: the scheduler to use (tcp://HOST:PORT); default: a local "
         "cluster of --workers processes",
     )
-    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar and no summary")
     p.set_defaults(run=run)
+    # Here rather than only in main: the convert parser is also used on its own.
+    logs.add_global_arguments(p)
     convert_phases.mount(p, add_conversion_arguments, conversion_options)
     return p
 
@@ -303,7 +304,8 @@ def conversion_options(args: argparse.Namespace, **extra):
     from shardtok.convert.tokenizer import BUNDLED_PATH, load_tokenizer
 
     sft_config = _sft_setup(args)
-    if args.tokenizer == BUNDLED and not args.quiet:
+    switches = logs.options(args)
+    if args.tokenizer == BUNDLED and not switches.quiet:
         print(
             f"note: using the bundled demo tokenizer {BUNDLED_NAME} (pass --tokenizer for your model's)",
             file=sys.stderr,
@@ -341,7 +343,8 @@ def conversion_options(args: argparse.Namespace, **extra):
         unit_size=args.unit_size,
         name=args.name,
         overwrite=args.overwrite,
-        progress=not args.quiet,
+        progress=switches.progress,
+        storage_options=storage_args.client_options(args, [*args.inputs, args.output]),
         **extra,
     )
 
@@ -363,7 +366,7 @@ def run(args: argparse.Namespace) -> int:
         result = convert_with_dask(opts, scheduler=args.scheduler, workers=args.workers or None)
     else:
         result = convert(opts)
-    if not args.quiet:
+    if not logs.options(args).quiet:
         print(result.summary())
     return 0
 

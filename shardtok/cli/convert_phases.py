@@ -12,6 +12,7 @@ import functools
 import json
 import sys
 
+from shardtok.cli import logs, storage_args
 from shardtok.cli.arguments import at_least
 
 PLAN_DESCRIPTION = """\
@@ -91,6 +92,8 @@ def mount(convert_parser: argparse.ArgumentParser, add_arguments, options) -> No
         "status": _status_parser(base),
         "merge": _merge_parser(base),
     }
+    for parser in phases.values():
+        logs.add_global_arguments(parser)
 
     class ConvertParser(base):
         # argparse calls a subcommand's parser with the words after the subcommand's name.
@@ -126,7 +129,6 @@ def _plan_parser(base, add_arguments, options):
     p.add_argument("inputs", nargs="+", metavar="INPUT", help="files, folders or glob patterns")
     _output(p)
     add_arguments(p)
-    p.add_argument("--quiet", "-q", action="store_true", help="no notes and no summary")
     p.set_defaults(run=functools.partial(run_plan, options=options))
     return p
 
@@ -151,7 +153,6 @@ def _run_units_parser(base):
         metavar="N",
         help="tokenizer processes on this machine (default: number of cores)",
     )
-    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar and no summary")
     p.set_defaults(run=run_run_units)
     return p
 
@@ -184,7 +185,6 @@ def _merge_parser(base):
         action="store_true",
         help="keep OUTPUT/.shardtok-work/ (the units and the plan) after the merge",
     )
-    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar and no summary")
     p.set_defaults(run=run_merge)
     return p
 
@@ -193,7 +193,7 @@ def run_plan(args: argparse.Namespace, options) -> int:
     from shardtok.convert.phases import plan
 
     summary = plan(options(args))
-    if not args.quiet:
+    if not logs.options(args).quiet:
         print(summary.summary())
     return 0
 
@@ -207,10 +207,16 @@ def run_run_units(args: argparse.Namespace) -> int:
             f"--rank {args.rank} is outside --world-size {args.world_size} (ranks are 0.."
             f"{args.world_size - 1})"
         )
+    switches = logs.options(args)
     summary = run_units(
-        args.output, args.rank, args.world_size, workers=args.workers, progress=not args.quiet
+        args.output,
+        args.rank,
+        args.world_size,
+        workers=args.workers,
+        progress=switches.progress,
+        storage_options=storage_args.client_options(args, [args.output]),
     )
-    if not args.quiet:
+    if not switches.quiet:
         print(summary.summary())
     if summary.failure is not None:
         raise ShardtokError(summary.failure)
@@ -220,7 +226,7 @@ def run_run_units(args: argparse.Namespace) -> int:
 def run_status(args: argparse.Namespace) -> int:
     from shardtok.convert.unit_status import status
 
-    found = status(args.output)
+    found = status(args.output, storage_args.client_options(args, [args.output]))
     if args.json:
         print(json.dumps(found.to_json(), ensure_ascii=False))
     else:
@@ -231,8 +237,15 @@ def run_status(args: argparse.Namespace) -> int:
 def run_merge(args: argparse.Namespace) -> int:
     from shardtok.convert.phases import merge
 
-    result = merge(args.output, jobs=args.jobs, keep_work=args.keep_work, progress=not args.quiet)
-    if not args.quiet:
+    switches = logs.options(args)
+    result = merge(
+        args.output,
+        jobs=args.jobs,
+        keep_work=args.keep_work,
+        progress=switches.progress,
+        storage_options=storage_args.client_options(args, [args.output]),
+    )
+    if not switches.quiet:
         lines = result.summary().splitlines()
         if not result.already_complete:
             lines[0] = (

@@ -11,8 +11,9 @@ import os
 import sys
 
 from shardtok import __version__
-from shardtok.cli import convert, inspect, megatron, stream, trace, verify
+from shardtok.cli import convert, inspect, logs, megatron, stream, trace, verify
 from shardtok.errors import ShardtokError, UsageError
+from shardtok.storage.endpoints import describe as describe_unreachable
 
 DESCRIPTION = """\
 shardtok turns raw corpora into tokenized, zstd-compressed tar shards whose indices are
@@ -27,6 +28,12 @@ typical session:
   shardtok stream data/ --seq-len 2048 --batch-size 8   # the batches a rank would train on
   shardtok trace data/ --seq-len 2048 --batch-size 8 --step 100   # which documents step 100 holds
   shardtok export-megatron data/ out/corpus_text_document   # a .bin/.idx pair for Megatron-LM
+
+every command takes the options below, before or after its name (shardtok -v stream ... or
+shardtok stream ... -v); see docs/CLI.md.
+
+exit status: 0 success; 1 bad data, a file or the network; 2 an option or argument that cannot
+work; 3 `convert status`: units still to do; 130 interrupted; 141 the reader of the output left.
 """
 
 
@@ -44,15 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"shardtok {__version__}")
-    parser.add_argument(
-        "--traceback",
-        action="store_true",
-        help="on an error, print the full Python traceback (for bug reports); accepted anywhere "
-        "on the command line",
-    )
+    logs.add_global_arguments(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for add in _SUBCOMMANDS:
         add(sub)
+    for command in sub.choices.values():
+        logs.add_global_arguments(command)  # a no-op for those that added the group themselves
     return parser
 
 
@@ -88,7 +92,8 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, bool]:
 def run(argv: list[str] | None = None) -> int:
     """Parse and run one command, letting its errors propagate (``main`` reports them)."""
     args, _ = _parse(argv)
-    return int(args.run(args) or 0)
+    with logs.logging_to_stderr(logs.options(args)):
+        return int(args.run(args) or 0)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     args, traceback_wanted = _parse(argv)
     name = f"shardtok {args.command}"
     try:
-        return int(args.run(args) or 0)
+        with logs.logging_to_stderr(logs.options(args)):
+            return int(args.run(args) or 0)
     except KeyboardInterrupt:
         hint = (
             " (run the same command again to resume: finished work units are kept)"
@@ -121,8 +127,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _one_line(exc: BaseException) -> str:
+    # A storage client's own error for a refused connection or an unknown host (ours would be a
+    # StorageError already): which endpoint, and what to check, rather than "a bug".
+    unreachable = None if isinstance(exc, ShardtokError) else describe_unreachable(exc)
     if isinstance(exc, ShardtokError):
         text = str(exc)
+    elif unreachable is not None:
+        text = unreachable
     elif isinstance(exc, OSError) and exc.strerror:
         where = f"{exc.filename}: " if exc.filename is not None else ""
         text = f"{where}{exc.strerror}"

@@ -67,6 +67,29 @@ def _with_defaults(options: dict, protocol: str, policy: RetryPolicy) -> dict:
     return options
 
 
+def client_options(
+    protocol: str, *, max_attempts: int | None = None, timeout: float | None = None
+) -> dict:
+    """``storage_options`` that give an fsspec client of `protocol` these attempts and this
+    timeout in its own terms, for clients that retry by themselves (conversion's inputs and
+    output folder, which have no RetryPolicy loop): s3 through botocore's ``retries`` and
+    connect/read timeouts, http(s) through aiohttp's connect/read timeouts (fsspec's HTTP
+    client makes each request once). Other protocols: none (their clients keep their own)."""
+    if protocol in ("s3", "s3a"):
+        config: dict[str, Any] = {}
+        if max_attempts is not None:
+            config["retries"] = {"total_max_attempts": max_attempts, "mode": "standard"}
+        if timeout is not None:
+            config["connect_timeout"] = config["read_timeout"] = timeout
+        return {"config_kwargs": config} if config else {}
+    if protocol in ("http", "https") and timeout is not None:
+        import aiohttp
+
+        limits = aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=timeout)
+        return {"client_kwargs": {"timeout": limits}}
+    return {}
+
+
 _CONFIG_ENV = ("AWS_", "GOOGLE_", "GCS", "FSSPEC_")
 _filesystems: dict[tuple, Any] = {}
 _filesystems_lock = threading.Lock()
