@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 
 from shardtok.errors import ResumeStateError
 from shardtok.storage.dataset import DatasetSource
+from shardtok.storage.retry import RetryPolicy
 from shardtok.stream import state as envelope
 from shardtok.stream.batch import Allocator, allocate_arrays
 from shardtok.stream.build import plan_for, resolved
@@ -75,6 +76,22 @@ NODE_CLASSES = {
         RemainderDocuments, SourceSequences, MixedSequences,
     )
 }  # fmt: skip
+
+
+def use_retry(data: DatasetSource | MixSpec | Curriculum, retry: RetryPolicy | None) -> None:
+    """Make every source of `data` (one dataset, a mix, or every stage's mix) read with
+    `retry`; None leaves each source its own. Call it before anything is read: a source's
+    shard reader keeps the policy it was built with."""
+    if retry is None:
+        return
+    if isinstance(data, DatasetSource):
+        sources = [data]
+    elif isinstance(data, MixSpec):
+        sources = list(data.sources)
+    else:  # every stage's own objects: two stages may hold equal sources as two objects
+        sources = [source for stage in data.stages for source in stage.mix.sources]
+    for source in sources:
+        source.retry = retry
 
 
 def check_stream_state(state: object) -> dict:
