@@ -71,9 +71,6 @@ class LineProgress:
     def set_postfix_str(self, text: str, refresh: bool = True) -> None:
         self.postfix = text
 
-    def write(self, text: str, file=None) -> None:
-        print(text, file=file or sys.stderr, flush=True)
-
     def close(self) -> None:
         self._line(time.monotonic())
 
