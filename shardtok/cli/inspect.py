@@ -26,18 +26,22 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    from shardtok.cli.storage_args import retry_policy
     from shardtok.format.inspect import format_summary, inspect_dataset, inspect_shard
     from shardtok.storage import open_source
     from shardtok.storage.dataset import DatasetSource
+    from shardtok.stream.factory import use_retry
 
+    retry = retry_policy(args)  # --max-attempts, --timeout
     chosen, shown = target(args.path)
     if isinstance(chosen, DatasetSource):
+        use_retry(chosen, retry)
         manifest = chosen.manifest  # a subset's view: its shards, its counts
         subset = None if chosen.shards is None else len(chosen.dataset_manifest.shards)
         summary = inspect_dataset(
             manifest, chosen.open_file, shown, chosen.where_of, dataset_shards=subset
         )
     else:
-        summary = inspect_shard(open_source(chosen), shown)
+        summary = inspect_shard(open_source(chosen, retry=retry), shown)
     print(json.dumps(summary, indent=1, sort_keys=True) if args.json else format_summary(summary))
     return 0

@@ -192,6 +192,10 @@ def _preview_mix(args: argparse.Namespace) -> int:
             one_stage(spec, f"stage {args.stage}" if args.config else "mix"),
             spec.options,
         )
+    from shardtok.cli.storage_args import retry_policy
+    from shardtok.stream.factory import use_retry
+
+    use_retry(curriculum, retry_policy(args))  # --max-attempts, --timeout
     options = options_from(args, config)
     preview = mix_preview(
         curriculum, options, max_batches=args.max_batches, world_size=args.world_size,

@@ -154,6 +154,11 @@ def mix_from(args: argparse.Namespace) -> MixSpec | Curriculum | None:
 def setup_from(args: argparse.Namespace) -> StreamSetup:
     """What DATASET, --source or --config (all its stages, or --stage) stream, with the stream
     options (command line over config over defaults)."""
+    from shardtok.cli.storage_args import retry_policy
+    from shardtok.stream.factory import use_retry
+
     mix = mix_from(args)
     options = options_from(args, mix.options if mix is not None else None)
-    return StreamSetup.of(mix if mix is not None else dataset_from(args.dataset), options)
+    data = mix if mix is not None else dataset_from(args.dataset)
+    use_retry(data, retry_policy(args))  # --max-attempts, --timeout: before the first read
+    return StreamSetup.of(data, options)

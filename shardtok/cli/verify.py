@@ -23,24 +23,29 @@ def add_parser(sub) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("path", nargs="+", metavar="PATH", help=TARGET_HELP)
-    p.add_argument("--quiet", action="store_true", help="print only problems")
     p.set_defaults(run=run)
 
 
 def run(args) -> int:
+    from shardtok.cli import logs
+    from shardtok.cli.storage_args import retry_policy
     from shardtok.format.verify import VerifyReport, verify_dataset, verify_shard
     from shardtok.storage import Location, open_source
     from shardtok.storage.dataset import DatasetSource
+    from shardtok.stream.factory import use_retry
+
+    retry = retry_policy(args)  # --max-attempts, --timeout
 
     def opener(where: Location):
         # The stream keeps what it reads from (a file, or the remote source), so the source
         # object itself need not outlive this call.
-        return lambda: open_source(where).open_stream()
+        return lambda: open_source(where, retry=retry).open_stream()
 
     chosen, shown = target(args.path)
     subset = ""
     if isinstance(chosen, DatasetSource):
         dataset = chosen
+        use_retry(dataset, retry)
         if dataset.shards is not None:  # names not in index.json: refused here, one line
             listed = len(dataset.dataset_manifest.shards)
             subset = f" (a subset: {len(dataset.manifest.shards)} of the {listed} shards"
@@ -57,7 +62,7 @@ def run(args) -> int:
     for shard in report.shards:
         if not shard.ok:
             print(f"BAD  {shard.error}")
-        elif not args.quiet:
+        elif not logs.options(args).quiet:  # -q: print only problems
             print(
                 f"ok   {shard.file}: {shard.num_documents:,} documents, {shard.num_tokens:,} tokens"
             )

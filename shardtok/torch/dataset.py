@@ -17,7 +17,8 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from shardtok.errors import ResumeStateError, ShardtokError, UsageError
 from shardtok.storage.dataset import DatasetSource
-from shardtok.stream.factory import StreamSetup
+from shardtok.storage.retry import RetryPolicy
+from shardtok.stream.factory import StreamSetup, use_retry
 from shardtok.stream.mix.spec import MixSpec, mix_spec
 from shardtok.stream.mix.stages import Curriculum, load_curriculum, load_stage
 from shardtok.stream.nodes.base import PlacedStream
@@ -66,6 +67,7 @@ class ShardStreamDataset(IterableDataset):
         rank: int | None = None,
         world_size: int | None = None,
         storage_options: dict[str, Any] | None = None,
+        retry: RetryPolicy | None = None,
         shared_memory: bool = True,
         num_batches: int | None = None,
         num_workers: int | None = None,
@@ -76,6 +78,10 @@ class ShardStreamDataset(IterableDataset):
     ):
         """`stream_options` are ``StreamOptions`` fields (``seq_len`` and ``batch_size`` are
         required, ``packing``, ``seed``, ``shuffle_buffer``...), or pass `options` whole.
+
+        `retry`: how every source's remote reads are retried (``RetryPolicy(max_attempts=...,
+        timeout=...)``); None leaves each source its own (the default policy unless a
+        ``DatasetSource`` was given with one).
 
         Every source's manifest is read here, so a missing or damaged dataset fails at
         construction rather than in a DataLoader worker. A mix of datasets tokenized
@@ -101,6 +107,7 @@ class ShardStreamDataset(IterableDataset):
             dataset = mix_spec(dataset, storage_options)
         elif not isinstance(dataset, (MixSpec, Curriculum, DatasetSource)):
             dataset = DatasetSource.of(dataset, storage_options)  # a list: shards, never a mix
+        use_retry(dataset, retry)  # before the first read below
         check_num_batches(dataset, num_batches)
         if isinstance(dataset, Curriculum):
             for stage in dataset.stages:
