@@ -172,7 +172,9 @@ def _special(
     """(id, string, where the choice came from) of the tokenizer's EOS or BOS (`kind`)."""
     if explicit is not None:
         if explicit not in vocab:
-            raise TokenizerLoadError(f"token {explicit!r} is not in the tokenizer's vocabulary")
+            raise TokenizerLoadError(
+                f"--{kind}-token {explicit!r} is not in the tokenizer's vocabulary"
+            )
         return int(vocab[explicit]), explicit, f"from --{kind}-token"
     token = getattr(tok, f"{kind}_token", None)
     token_id = getattr(tok, f"{kind}_token_id", None)
