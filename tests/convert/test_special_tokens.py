@@ -140,3 +140,24 @@ def test_help_says_eos_and_bos_token_override(capsys):
     assert "overriding the tokenizer's eos_token" in text
     assert "overriding the tokenizer's bos_token" in text
     assert "when the tokenizer names none" not in text
+
+
+def test_a_finished_dataset_of_another_eos_is_not_taken_for_this_conversion(corpus, tmp_path):
+    from shardtok.convert import ConvertOptions, convert
+    from shardtok.convert.output_dir import OutputDirError
+
+    def run(**tokens):
+        spec = load_tokenizer("bundled", **tokens)
+        opts = ConvertOptions(inputs=(str(corpus),), output=str(tmp_path / "out"),
+                              tokenizer=spec, workers=1, progress=False)  # fmt: skip
+        return convert(opts)
+
+    assert not run().already_complete
+    assert run().already_complete
+    with pytest.raises(
+        OutputDirError,
+        match=r"another tokenizer or EOS/BOS \(shardtok-bpe-8k, "
+        r"eos_id 0, bos_id 1; this run: shardtok-bpe-8k, eos_id 1, bos_id 1\)",
+    ):
+        run(eos_token="<|bos|>")
+    assert load_manifest(tmp_path / "out").tokenizer["eos_id"] == 0
