@@ -35,12 +35,14 @@ When the two give the same ids (what :func:`check` verifies from the serialized 
 One case is outside the proof: two different merges that make the same token (`AM A` and `A MA`
 both make `AMA`) have one rank in tiktoken, and when both are possible at once they are ordered
 by merge priority in HF and by position in tiktoken. GPT-2 and the bundled tokenizer have no
-token made by two merges, so for them the gate proves equivalence; Llama 3 has 90,639 such
+token made by two merges, so for them the merge steps are proven equal; Llama 3 has 90,639 such
 tokens, and no text was found that reaches that state (3,213 overlapping pairs; 36k
-adversarial strings and a 16 MB corpus encode identically), so it is left to the probe below and
-the convert canary, which re-encode text with HF and stop on any difference.
+adversarial strings and a 16 MB corpus encode identically). Nor does the proof cover the regex:
+the same pattern runs in Oniguruma (HF) and fancy-regex (tiktoken), whose Unicode tables may
+differ on recently assigned characters. Both are left to the probe below and the convert
+canary, which re-encode text with HF and stop on any difference.
 
-The merge checks cost ~1 s for a 128k vocabulary, so their verdict can be cached on disk by
+The merge checks cost ~2 s for a 128k vocabulary (0.6 s for GPT-2), so their verdict can be cached on disk by
 tokenizer fingerprint, in a cache folder the caller names (nothing is cached without one). The
 gate runs once, in the main process; forked workers inherit the
 built encoding.
