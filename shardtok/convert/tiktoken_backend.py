@@ -20,8 +20,9 @@ When the two give the same ids (what :func:`check` verifies from the serialized 
   BPE picks merges by rank alone, so HF's merges inside t happened in the order HF's BPE of t's
   bytes alone takes: that run reaches [l, r] too. If (l, r) is not a merge, the run stops there
   with two pieces; so when no vocabulary token's bytes BPE-merge (HF) to exactly two pieces, l, r
-  is a merge, and by the sort order it is HF's lowest merge too (ties: the same merge, leftmost
-  first in both). Both stop when no pair joins, and a merge is a pair tiktoken can join;
+  is a merge, and by the sort order it is HF's lowest merge too (a tie is two pairs making the
+  same token: when each token has one merge, the same merge, leftmost first in both). Both stop
+  when no pair joins, and a merge is a pair tiktoken can join;
 - tiktoken looks a whole regex piece up in the vocabulary before merging; HF does the same with
   `ignore_merges=true`. Without it (GPT-2, Qwen), a token whose bytes BPE-merge to something
   else is one HF never outputs (by the argument above it cannot end up as one piece), so it is
@@ -42,10 +43,10 @@ the same pattern runs in Oniguruma (HF) and fancy-regex (tiktoken), whose Unicod
 differ on recently assigned characters. Both are left to the probe below and the convert
 canary, which re-encode text with HF and stop on any difference.
 
-The merge checks cost ~2 s for a 128k vocabulary (0.6 s for GPT-2), so their verdict can be cached on disk by
-tokenizer fingerprint, in a cache folder the caller names (nothing is cached without one). The
-gate runs once, in the main process; forked workers inherit the
-built encoding.
+The merge checks cost ~2 s for a 128k vocabulary (0.6 s for GPT-2), so their verdict can be
+cached on disk by tokenizer fingerprint, in a cache folder the caller names (nothing is cached
+without one). The gate runs once, in the main process; forked workers inherit the built
+encoding.
 """
 
 from __future__ import annotations
