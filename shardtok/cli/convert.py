@@ -192,21 +192,30 @@ def add_conversion_arguments(p: argparse.ArgumentParser) -> None:
         "--append-eos",
         action=_given(argparse.BooleanOptionalAction),
         default=True,
-        help="append the tokenizer's EOS token to every document (default on; refused with "
-        "--sft, where the chat template decides)",
+        help="append the EOS token (the tokenizer's eos_token, or --eos-token) to every document "
+        "(default on; refused with --sft, where the chat template decides)",
     )
     p.add_argument(
         "--prepend-bos",
         action=_given(argparse._StoreTrueAction),
-        help="put the tokenizer's BOS token before every document (refused with --sft)",
+        help="put the BOS token (the tokenizer's bos_token, or --bos-token) before every "
+        "document (default off; refused with --sft)",
     )
     p.add_argument(
         "--eos-token",
         metavar="TOKEN",
-        help="EOS token to use when the tokenizer names none (e.g. a bare tokenizer.json)",
+        help="the EOS token to append, overriding the tokenizer's eos_token (default: "
+        "eos_token from tokenizer_config.json or special_tokens_map.json; a bare "
+        "tokenizer.json: its first special token named <|endoftext|>, <|end_of_text|>, </s>, "
+        "<eos>, ...); e.g. --eos-token '<|endoftext|>' for a Qwen chat tokenizer, whose "
+        "eos_token <|im_end|> ends a chat turn. The summary names the token used",
     )
     p.add_argument(
-        "--bos-token", metavar="TOKEN", help="BOS token to use when the tokenizer names none"
+        "--bos-token",
+        metavar="TOKEN",
+        help="the BOS token for --prepend-bos, overriding the tokenizer's bos_token (default: "
+        "bos_token from the tokenizer's configuration; a bare tokenizer.json: its first "
+        "special token named <|begin_of_text|>, <s>, <bos>, ...)",
     )
     p.add_argument(
         "--name", default="shard", help="shard file prefix: NAME-000000.tar ... (default shard)"
@@ -320,6 +329,8 @@ def conversion_options(args: argparse.Namespace, **extra):
         backend=args.tokenizer_backend if sft_config is None else "hf",
         cache_dir=args.cache_dir,
     )
+    if spec.eos_note and not args.quiet:
+        print(spec.eos_note, file=sys.stderr)
     sft = None
     if sft_config is not None:
         from shardtok.convert.sft.setup import prepare_sft
@@ -368,6 +379,8 @@ def run(args: argparse.Namespace) -> int:
         result = convert(opts)
     if not logs.options(args).quiet:
         print(result.summary())
+        if opts.sft is None:  # with --sft the chat template places BOS/EOS
+            print(opts.tokenizer.special_tokens_summary())
     return 0
 
 

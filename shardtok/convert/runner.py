@@ -42,6 +42,7 @@ from shardtok.convert.job import (
 )
 from shardtok.convert.output_dir import (
     REJECTS_NAME,
+    OutputDirError,
     make_output_folder,
     output_folder,
     prepare_output,
@@ -176,6 +177,16 @@ def plan_job(
         workdir.write_plan(doc)
     workdir, done = prepare_output(folder, opts.name, doc, job_settings, opts.overwrite)
     if done is not None:
+        if done.tokenizer != opts.tokenizer.as_metadata():
+            # The settings compared above leave the tokenizer out: without this, a dataset of
+            # another tokenizer or EOS/BOS would pass for this job's, and the summary would name
+            # ids that are not in it.
+            raise OutputDirError(
+                f"{folder.display} already holds a dataset converted with another tokenizer or "
+                f"EOS/BOS ({_tokenizer_text(done.tokenizer)}; this run: "
+                f"{_tokenizer_text(opts.tokenizer.as_metadata())}); pass --overwrite to replace "
+                "it, or choose another --output"
+            )
         return Planned(opts, files, [], unit_size, job_settings, workdir, done)
     # After plan.json (which starts a fresh work folder): a plan whose tokenizer.json is missing
     # is refused by the phases, and planning again writes it.
@@ -183,6 +194,10 @@ def plan_job(
     if _read_or_none(workdir, TOKENIZER_NAME) != backend:
         workdir.write_file(TOKENIZER_NAME, backend)
     return Planned(opts, files, units, unit_size, job_settings, workdir)
+
+
+def _tokenizer_text(meta: dict) -> str:
+    return f"{meta.get('name')}, eos_id {meta.get('eos_id')}, bos_id {meta.get('bos_id')}"
 
 
 def reusable_unit(

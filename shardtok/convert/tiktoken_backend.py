@@ -13,28 +13,40 @@ When the two give the same ids (what :func:`check` verifies from the serialized 
   tiktoken does with the same regex;
 - the model is a BPE without dropout, continuing-subword prefix, end-of-word suffix or byte
   fallback, whose vocabulary holds all 256 byte symbols and only byte-level symbols;
-- HF merges by merge priority, tiktoken by the rank (here: the id) of the merged token. These
-  agree when the merges are sorted by the id of the token they make and contain every split
-  (l, r) of every vocabulary token with l and r both in the vocabulary (else tiktoken would make
-  a token that HF cannot);
+- HF merges the adjacent pair of lowest merge priority, tiktoken the adjacent pair whose merged
+  bytes have the lowest rank (here: the id). Proof that they take the same steps, given that the
+  merges are sorted by the id of the token they make: while both agree, suppose tiktoken joins
+  pieces l, r into a token t = l + r. The bytes of t were never merged with their neighbours, and
+  BPE picks merges by rank alone, so HF's merges inside t happened in the order HF's BPE of t's
+  bytes alone takes: that run reaches [l, r] too. If (l, r) is not a merge, the run stops there
+  with two pieces; so when no vocabulary token's bytes BPE-merge (HF) to exactly two pieces, l, r
+  is a merge, and by the sort order it is HF's lowest merge too (a tie is two pairs making the
+  same token: when each token has one merge, the same merge, leftmost first in both). Both stop
+  when no pair joins, and a merge is a pair tiktoken can join;
 - tiktoken looks a whole regex piece up in the vocabulary before merging; HF does the same with
-  `ignore_merges=true`. Without it, every vocabulary token must BPE-encode to itself;
+  `ignore_merges=true`. Without it (GPT-2, Qwen), a token whose bytes BPE-merge to something
+  else is one HF never outputs (by the argument above it cannot end up as one piece), so it is
+  left out of tiktoken's ranks; every other token BPE-merges to itself, as the lookup returns;
 - added tokens are matched in the text exactly as HF does with `add_special_tokens=False`: HF
   still cuts documents at added-token text, so all added tokens are passed to tiktoken as
   allowed specials. That is equivalent only when no added token has lstrip/rstrip/single_word,
   none is a substring of another (HF takes the longest match, tiktoken the first alternative),
   and no normalized token can overlap a non-normalized one (HF matches those in two passes).
 
-One residual case is not excluded by these conditions: two different merges that make the same
-token and overlap (`AM A` and `A MA` both make `AMA`) are ordered by merge priority in HF and by
-position in tiktoken. No text was found where that state is reached (Llama 3 has 3,213 such
-pairs; 36k adversarial strings and a 16 MB corpus encode identically), so it is left to the
-probe below and the convert canary, which re-encode text with HF and stop on any difference.
+One case is outside the proof: two different merges that make the same token (`AM A` and `A MA`
+both make `AMA`) have one rank in tiktoken, and when both are possible at once they are ordered
+by merge priority in HF and by position in tiktoken. GPT-2 and the bundled tokenizer have no
+token made by two merges, so for them the merge steps are proven equal; Llama 3 has 90,639 such
+tokens, and no text was found that reaches that state (3,213 overlapping pairs; 36k
+adversarial strings and a 16 MB corpus encode identically). Nor does the proof cover the regex:
+the same pattern runs in Oniguruma (HF) and fancy-regex (tiktoken), whose Unicode tables may
+differ on recently assigned characters. Both are left to the probe below and the convert
+canary, which re-encode text with HF and stop on any difference.
 
-The merge checks cost ~1 s for a 128k vocabulary, so their verdict can be cached on disk by
-tokenizer fingerprint, in a cache folder the caller names (nothing is cached without one). The
-gate runs once, in the main process; forked workers inherit the
-built encoding.
+The merge checks cost ~2 s for a 128k vocabulary (0.6 s for GPT-2), so their verdict can be
+cached on disk by tokenizer fingerprint, in a cache folder the caller names (nothing is cached
+without one). The gate runs once, in the main process; forked workers inherit the built
+encoding.
 """
 
 from __future__ import annotations
@@ -45,7 +57,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # Bump when the conditions change: cached verdicts of an older gate are then ignored.
-GATE_VERSION = 1
+# 2: "every split of a token is a merge" became "no token BPE-merges to two pieces", and tokens
+# HF never outputs are left out of the ranks (GPT-2 and the bundled tokenizer qualify).
+GATE_VERSION = 2
 
 # tokenizers' ByteLevel pre-tokenizer regex (use_regex=true), as in its byte_level.rs.
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
@@ -134,8 +148,8 @@ def _merges(model: dict) -> list[tuple[str, str]]:
 _TO_LATIN1 = {ord(ch): b for b, ch in bytes_to_unicode().items()}
 
 
-def _ranks(vocab: dict[str, int]) -> dict[bytes, int]:
-    """{token bytes: id} of a byte-level vocabulary."""
+def _ranks(vocab: dict[str, int], leave_out: tuple[int, ...] = ()) -> dict[bytes, int]:
+    """{token bytes: id} of a byte-level vocabulary, without the ids in `leave_out`."""
     ranks: dict[bytes, int] = {}
     for token, token_id in vocab.items():
         try:
@@ -146,15 +160,30 @@ def _ranks(vocab: dict[str, int]) -> dict[bytes, int]:
             ) from None
     if len(ranks) != len(vocab):
         raise NotEquivalent("two vocabulary tokens stand for the same bytes")
+    if leave_out:
+        drop = set(leave_out)
+        ranks = {b: i for b, i in ranks.items() if i not in drop}
     return ranks
 
 
-def _check_merges(model: dict, vocab: dict[str, int]) -> None:
-    """Merge order equals rank order, and every split of a token is a merge (the slow part)."""
-    merges = _merges(model)
-    merge_set = set(merges)
+@dataclass(frozen=True)
+class MergeVerdict:
+    """What the slow merge checks found (cached by fingerprint)."""
+
+    ok: bool
+    reason: str | None = None
+    # Ids HF's BPE never outputs (ignore_merges=false, the token's bytes BPE-merge to other
+    # pieces): left out of tiktoken's ranks, whose whole-piece lookup would return them.
+    unbuildable: tuple[int, ...] = ()
+    # Tokens made by more than one merge: the one case the proof leaves to the canary.
+    shared_merges: int = 0
+
+
+def _check_merge_order(model: dict, vocab: dict[str, int]) -> int:
+    """Merge order equals rank order; returns how many tokens more than one merge makes."""
+    made: dict[int, int] = {}
     last = -1
-    for left, right in merges:
+    for left, right in _merges(model):
         merged = vocab.get(left + right)
         if merged is None or left not in vocab or right not in vocab:
             raise NotEquivalent(
@@ -166,28 +195,49 @@ def _check_merges(model: dict, vocab: dict[str, int]) -> None:
                 f"id {merged}, comes after id {last})"
             )
         last = merged
-    for token in vocab:
-        for cut in range(1, len(token)):
-            left, right = token[:cut], token[cut:]
-            if left in vocab and right in vocab and (left, right) not in merge_set:
-                raise NotEquivalent(
-                    f"token {token!r} = {left!r} + {right!r} is not a merge (tiktoken would build it)"
-                )
+        made[merged] = made.get(merged, 0) + 1
+    return sum(1 for n in made.values() if n > 1)
 
 
-def _check_self_encoding(backend_json: str, vocab: dict[str, int]) -> None:
-    """Without ignore_merges, tiktoken's whole-piece lookup is right only if every token
-    BPE-encodes to itself."""
+def _merge_results(backend_json: str, vocab: dict[str, int]):
+    """(token, id, pieces) for every vocabulary token: HF's BPE of its bytes by merges alone
+    (ignore_merges off, so the whole-token lookup does not answer)."""
     from tokenizers import Tokenizer
 
-    model = Tokenizer.from_str(backend_json).model
+    model = Tokenizer.from_str(backend_json).model  # a model of its own: changed below
+    if model.ignore_merges:
+        model.ignore_merges = False
+    tokenize = model.tokenize
     for token, token_id in vocab.items():
-        ids = [t.id for t in model.tokenize(token)]
-        if ids != [token_id]:
-            raise NotEquivalent(
-                f"ignore_merges is false and token {token!r} (id {token_id}) BPE-encodes to "
-                f"{ids}, not to itself"
-            )
+        yield token, token_id, tokenize(token)
+
+
+def _unbuildable(backend_json: str, vocab: dict[str, int]) -> tuple[int, ...]:
+    """Ids whose token's bytes BPE-merge to anything but that token (ignore_merges=false)."""
+    return tuple(
+        sorted(i for _, i, pieces in _merge_results(backend_json, vocab) if _other(pieces, i))
+    )
+
+
+def _other(pieces, token_id: int) -> bool:
+    return len(pieces) != 1 or pieces[0].id != token_id
+
+
+def _merge_verdict(backend_json: str, model: dict, vocab: dict[str, int]) -> MergeVerdict:
+    try:
+        shared = _check_merge_order(model, vocab)
+        if not model.get("ignore_merges", False):
+            return MergeVerdict(True, None, _unbuildable(backend_json, vocab), shared)
+        for token, token_id, pieces in _merge_results(backend_json, vocab):
+            if len(pieces) == 2:
+                left, right = (p.value for p in pieces)
+                raise NotEquivalent(
+                    f"token {token!r} (id {token_id}) BPE-merges to {left!r} + {right!r}, "
+                    "which is not a merge, and tiktoken would join them"
+                )
+        return MergeVerdict(True, None, (), shared)
+    except NotEquivalent as exc:
+        return MergeVerdict(False, str(exc))
 
 
 def _added_tokens(spec: dict) -> dict[str, int]:
@@ -220,18 +270,28 @@ def _cache_path(cache_dir: str | os.PathLike, fingerprint: str) -> Path:
     return Path(cache_dir) / "tiktoken-gate" / (fingerprint.replace(":", "-") + ".json")
 
 
-def _cached_merge_verdict(path: Path, fingerprint: str) -> tuple[bool, str | None] | None:
+def _cached_merge_verdict(path: Path, fingerprint: str) -> MergeVerdict | None:
     try:
         data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        if data.get("gate_version") != GATE_VERSION or data.get("fingerprint") != fingerprint:
+            return None
+        return MergeVerdict(
+            bool(data["ok"]), data.get("reason"), tuple(int(i) for i in data["unbuildable"]),
+            int(data["shared_merges"]),
+        )  # fmt: skip
+    except (OSError, ValueError, KeyError, TypeError):
         return None
-    if data.get("gate_version") != GATE_VERSION or data.get("fingerprint") != fingerprint:
-        return None
-    return data["ok"], data.get("reason")
 
 
-def _store_merge_verdict(path: Path, fingerprint: str, ok: bool, reason: str | None) -> None:
-    record = {"gate_version": GATE_VERSION, "fingerprint": fingerprint, "ok": ok, "reason": reason}
+def _store_merge_verdict(path: Path, fingerprint: str, verdict: MergeVerdict) -> None:
+    record = {
+        "gate_version": GATE_VERSION,
+        "fingerprint": fingerprint,
+        "ok": verdict.ok,
+        "reason": verdict.reason,
+        "unbuildable": list(verdict.unbuildable),
+        "shared_merges": verdict.shared_merges,
+    }
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -281,26 +341,21 @@ def check(
     cache = _cache_path(cache_dir, fingerprint) if fingerprint and cache_dir else None
     verdict = _cached_merge_verdict(cache, fingerprint) if cache else None
     if verdict is None:
-        try:
-            _check_merges(model, vocab)
-            if not model.get("ignore_merges", False):
-                _check_self_encoding(backend_json, vocab)
-            verdict = (True, None)
-        except NotEquivalent as exc:
-            verdict = (False, str(exc))
+        verdict = _merge_verdict(backend_json, model, vocab)
         if cache:
-            _store_merge_verdict(cache, fingerprint, *verdict)
-    if not verdict[0]:
-        raise NotEquivalent(verdict[1])
-    return TiktokenParts(pattern, ranks, specials)
+            _store_merge_verdict(cache, fingerprint, verdict)
+    if not verdict.ok:
+        raise NotEquivalent(verdict.reason)
+    return TiktokenParts(pattern, _ranks(vocab, verdict.unbuildable), specials)
 
 
 def parts_unchecked(backend_json: str) -> TiktokenParts:
     """The construction without the checks, for a spawned worker whose parent already ran them."""
     spec = json.loads(backend_json)
-    ranks = _ranks(spec["model"]["vocab"])
+    vocab = spec["model"]["vocab"]
+    unbuildable = () if spec["model"].get("ignore_merges") else _unbuildable(backend_json, vocab)
     specials = {t["content"]: int(t["id"]) for t in spec.get("added_tokens") or []}
-    return TiktokenParts(_pattern(spec.get("pre_tokenizer")), ranks, specials)
+    return TiktokenParts(_pattern(spec.get("pre_tokenizer")), _ranks(vocab, unbuildable), specials)
 
 
 # A fixed text that exercises what differs between regex engines and BPE orders: scripts,

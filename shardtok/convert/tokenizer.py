@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,13 @@ BUNDLED_NAME = "shardtok-bpe-8k"
 # Tried in order when a bare tokenizer.json names no EOS/BOS (it has no tokenizer_config.json).
 _CONVENTIONAL_EOS = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eot_id|>", "[SEP]")
 _CONVENTIONAL_BOS = ("<|begin_of_text|>", "<s>", "<bos>", "<|bos|>", "[CLS]")
+# The eos_token of a chat model's tokenizer ends a turn, not a document: Qwen's instruct
+# tokenizers name <|im_end|>, Llama 3 Instruct's <|eot_id|>, while their pretraining separated
+# documents with <|endoftext|> / <|end_of_text|>. Appending the turn end to every pretraining
+# document is rarely what was meant, but it is what this tokenizer says, so it stays the rule
+# (changing it would change existing users' bytes) and a note names the alternative.
+_CHAT_TURN_ENDS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>", "<|end|>")
+_DOCUMENT_ENDS = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>")
 
 
 # Rust tokenizers already built in this process, by fingerprint. Forked workers inherit them and
@@ -61,10 +69,30 @@ class TokenizerSpec:
     # tiktoken_backend.py). Not part of as_metadata(): the shards do not depend on it.
     backend: str = "hf"
     backend_note: str = ""  # why this backend (say, which condition tiktoken failed)
+    # The strings of eos_id/bos_id and where each choice came from (say, "--eos-token"), for
+    # the summary; not stored (the ids are). A spec rebuilt from a plan file has none.
+    eos_token: str | None = None
+    bos_token: str | None = None
+    eos_source: str = ""
+    bos_source: str = ""
+    # A note for the user about the EOS choice (a chat-turn end where the tokenizer also has a
+    # document end), or "".
+    eos_note: str = ""
 
     @property
     def dtype(self) -> np.dtype:
         return dtype_for_vocab(self.vocab_size)
+
+    def special_tokens_summary(self) -> str:
+        """Two summary lines: which EOS and BOS ids this spec adds, their strings, and why."""
+        return "\n".join(
+            (
+                _special_line("eos", "after", self.append_eos, "--no-append-eos", self.eos_id,
+                              self.eos_token, self.eos_source),
+                _special_line("bos", "before", self.prepend_bos, "--prepend-bos is off",
+                              self.bos_id, self.bos_token, self.bos_source),
+            )
+        )  # fmt: skip
 
     def as_metadata(self) -> dict:
         """The tokenizer description stored in every shard and in the manifest."""
@@ -101,24 +129,82 @@ def _load_transformers_tokenizer(path: Path):
     return tok
 
 
-def _special_id(
-    tok, vocab: dict[str, int], attr: str, conventional: tuple[str, ...], explicit: str | None
-) -> int | None:
+def _special_line(
+    kind: str,
+    where: str,
+    added: bool,
+    off: str,
+    token_id: int | None,
+    token: str | None,
+    source: str,
+) -> str:
+    named = "none" if token_id is None else f"{token!r} (id {token_id})"
+    if added:
+        return f"  {kind}         {named} {where} every document ({source})"
+    if token_id is None:
+        return f"  {kind}         not added ({off}); the tokenizer names none"
+    return f"  {kind}         not added ({off}); the tokenizer's is {named[:-1]}, {source})"
+
+
+def _configured_in(path: Path, key: str, token: str) -> str:
+    """Which of the folder's files names `token` as `key` (transformers merges them)."""
+    if path.is_dir():
+        for name in ("tokenizer_config.json", "special_tokens_map.json"):
+            try:
+                value = json.loads((path / name).read_text(encoding="utf-8")).get(key)
+            except (OSError, ValueError, AttributeError):
+                continue
+            if isinstance(value, dict):  # a serialized AddedToken
+                value = value.get("content")
+            if value == token:
+                return f"from {key} in {name}"
+    return f"from the tokenizer class's default {key}"
+
+
+def _special(
+    tok,
+    path: Path,
+    vocab: dict[str, int],
+    kind: str,
+    conventional: tuple[str, ...],
+    explicit: str | None,
+) -> tuple[int | None, str | None, str]:
+    """(id, string, where the choice came from) of the tokenizer's EOS or BOS (`kind`)."""
     if explicit is not None:
         if explicit not in vocab:
-            raise TokenizerLoadError(f"token {explicit!r} is not in the tokenizer's vocabulary")
-        return int(vocab[explicit])
-    token_id = getattr(tok, attr, None)
+            raise TokenizerLoadError(
+                f"--{kind}-token {explicit!r} is not in the tokenizer's vocabulary"
+            )
+        return int(vocab[explicit]), explicit, f"from --{kind}-token"
+    token = getattr(tok, f"{kind}_token", None)
+    token_id = getattr(tok, f"{kind}_token_id", None)
     if token_id is not None:
-        return int(token_id)
+        return int(token_id), str(token), _configured_in(path, f"{kind}_token", str(token))
     # A bare tokenizer.json carries no eos/bos configuration; its added special tokens do.
     added = {
         t.content for t in tok.backend_tokenizer.get_added_tokens_decoder().values() if t.special
     }
     for candidate in conventional:
         if candidate in added:
-            return int(vocab[candidate])
-    return None
+            return (
+                int(vocab[candidate]), candidate,
+                f"no {kind}_token configured: the first special token of "
+                f"{', '.join(conventional)}",
+            )  # fmt: skip
+    return None, None, f"no {kind}_token configured and no special token named like one"
+
+
+def _eos_note(vocab: dict[str, int], eos_token: str | None, source: str) -> str:
+    if eos_token not in _CHAT_TURN_ENDS or source.startswith("from --"):
+        return ""
+    document_end = next((t for t in _DOCUMENT_ENDS if t in vocab), None)
+    if document_end is None:
+        return ""
+    return (
+        f"note: EOS is {eos_token!r} (id {vocab[eos_token]}, {source}), which ends a chat "
+        f"turn; pretraining text usually ends documents with {document_end!r} "
+        f"(id {vocab[document_end]}): pass --eos-token '{document_end}' for that"
+    )
 
 
 def load_tokenizer(
@@ -147,8 +233,8 @@ def load_tokenizer(
         )
     tok = _load_transformers_tokenizer(path)
     vocab = tok.get_vocab()  # 0.13 s for a 128k vocabulary: asked once
-    eos_id = _special_id(tok, vocab, "eos_token_id", _CONVENTIONAL_EOS, eos_token)
-    bos_id = _special_id(tok, vocab, "bos_token_id", _CONVENTIONAL_BOS, bos_token)
+    eos_id, eos_string, eos_source = _special(tok, path, vocab, "eos", _CONVENTIONAL_EOS, eos_token)
+    bos_id, bos_string, bos_source = _special(tok, path, vocab, "bos", _CONVENTIONAL_BOS, bos_token)
     if append_eos and eos_id is None:
         raise TokenizerLoadError(
             f"tokenizer {source!r} has no EOS token, so --append-eos cannot work: "
@@ -181,6 +267,11 @@ def load_tokenizer(
         prepend_bos=prepend_bos,
         backend=chosen,
         backend_note=note,
+        eos_token=eos_string,
+        bos_token=bos_string,
+        eos_source=eos_source,
+        bos_source=bos_source,
+        eos_note=_eos_note(vocab, eos_string, eos_source) if append_eos else "",
     )
 
 

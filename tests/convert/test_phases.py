@@ -246,10 +246,10 @@ def test_a_work_folder_of_the_old_format_starts_over(corpus, reference, tmp_path
 # -- markers are someone else's files too ----------------------------------------------------
 
 
-def _run_out(planned: Path, tmp_path: Path) -> tuple[Path, Path, str]:
-    """A copy of the planned output with every unit run: (output, work folder, the failure
-    status names: the corpus's bad record, with its file and line)."""
-    out = _tampered(planned, tmp_path, lambda doc: None)
+def _run_out(planned: Path, tmp_path: Path, edit=lambda doc: None) -> tuple[Path, Path, str]:
+    """A copy of the planned output (its plan changed by `edit`) with every unit run: (output,
+    work folder, the failure status names: the corpus's bad record, with its file and line)."""
+    out = _tampered(planned, tmp_path, edit)
     assert phases.run_units(str(out), 0, 1, progress=False).failed
     found = unit_status.status(str(out))
     assert found.exit_code == 1 and "part-b.jsonl" in found.failure
@@ -287,8 +287,8 @@ def test_merge_and_status_agree_on_a_mismatch_the_job_no_longer_has(planned, tmp
     """A tiktoken mismatch recorded before the plan switched to the tokenizers backend (the
     same units): status counts the unit as to do, and the merge says so too, instead of
     raising the mismatch and advising the backend already in use."""
-    out, work, _ = _run_out(planned, tmp_path)
-    assert load_tokenizer("bundled").backend != "tiktoken"
+    # The bundled tokenizer qualifies for tiktoken: the plan is switched to tokenizers.
+    out, work, _ = _run_out(planned, tmp_path, _set(["job", "tokenizer", "backend"], "hf"))
     (work / "unit-000000.json").unlink()
     mismatch = {
         "format": "shardtok.unit-failure", "version": 1, "kind": "encoder_mismatch",
