@@ -329,7 +329,7 @@ def conversion_options(args: argparse.Namespace, **extra):
         backend=args.tokenizer_backend if sft_config is None else "hf",
         cache_dir=args.cache_dir,
     )
-    if spec.eos_note and not args.quiet:
+    if spec.eos_note and not switches.quiet:
         print(spec.eos_note, file=sys.stderr)
     sft = None
     if sft_config is not None:

@@ -192,9 +192,12 @@ def _merge_parser(base):
 def run_plan(args: argparse.Namespace, options) -> int:
     from shardtok.convert.phases import plan
 
-    summary = plan(options(args))
+    opts = options(args)
+    summary = plan(opts)
     if not logs.options(args).quiet:
         print(summary.summary())
+        if opts.sft is None:  # the plan fixes the special tokens: say which, as convert does
+            print(opts.tokenizer.special_tokens_summary())
     return 0
 
 

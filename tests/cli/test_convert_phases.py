@@ -67,7 +67,9 @@ def reference(corpus, tmp_path_factory) -> dict[str, str]:
 
 
 def plan(corpus: Path, out: Path, *extra: str) -> None:
-    run("plan", str(corpus), "-o", str(out), "--on-bad-record", "skip", *UNIT, *SHARD, *extra)
+    stdout, _ = run("plan", str(corpus), "-o", str(out), "--on-bad-record", "skip", *UNIT, *SHARD, *extra)  # fmt: skip
+    # the plan fixes the special tokens, and says which, as the one-command convert does
+    assert "  eos         '<|endoftext|>' (id 0) after every document" in stdout, stdout
 
 
 def test_three_ranks_then_merge_equal_the_one_command_run(corpus, reference, tmp_path):
