@@ -171,6 +171,14 @@ def scan(f, size: int, path: str) -> ArrowLayout:
     while True:
         found = _message(f, offset, limit, path)
         if found is None:
+            if start == 0:
+                # Writers end a stream with the marker; without it, a file cut between two
+                # batches would lose the rows after the cut unseen. (The file format has its
+                # footer for that.)
+                raise DamagedInputError(
+                    path, offset, "the Arrow IPC stream ends without its end-of-stream marker "
+                    "(cut short?)"
+                )  # fmt: skip
             break
         kind, rows, end = found
         if kind == 0:

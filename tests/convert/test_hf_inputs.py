@@ -213,10 +213,15 @@ def test_a_data_file_linking_outside_the_folder_is_not_read(tmp_path):
 
 def test_a_cut_or_foreign_arrow_file_is_one_line(spec, tmp_path):
     data = (DATASET / "data-00000-of-00002.arrow").read_bytes()
-    cut, foreign = tmp_path / "cut.arrow", tmp_path / "foreign.arrow"
+    cut, between, foreign = (tmp_path / f"{n}.arrow" for n in ("cut", "between", "foreign"))
     cut.write_bytes(data[: len(data) // 2])
+    between.write_bytes(data[:8784])  # where the second record batch starts
     foreign.write_bytes(b'{"text": "not arrow"}\n' * 10)
-    for path, message in ((cut, "cut short"), (foreign, "not an Arrow IPC message")):
+    for path, message in (
+        (cut, "cut short"),
+        (between, "ends without its end-of-stream marker"),
+        (foreign, "not an Arrow IPC message"),
+    ):
         with pytest.raises(DamagedInputError) as error:
             run(spec, [path], tmp_path / path.stem)
         text = str(error.value)
