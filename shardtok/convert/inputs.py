@@ -6,6 +6,9 @@ also be an object-store URL (``s3://bucket/data/x.jsonl``, any fsspec protocol):
 prefix ending in ``/`` or naming a "folder", or a glob. A remote file is known by its size and
 ETag (object stores have no trustworthy mtime), and is checked against them whenever it is
 opened, so a worker never tokenizes other bytes than the plan measured.
+
+A Hugging Face `datasets` save_to_disk folder (see hf_folder.py), given or met while expanding a
+folder, stands for its data files in the order its state.json lists them.
 """
 
 from __future__ import annotations
@@ -13,15 +16,18 @@ from __future__ import annotations
 import glob
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from shardtok.convert import hf_folder
 from shardtok.errors import ShardtokError
 from shardtok.storage.location import display_url, is_local, protocol_of
 
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 TXT_SUFFIXES = (".txt",)
 PARQUET_SUFFIXES = (".parquet",)
+ARROW_SUFFIXES = (".arrow",)
 COMPRESSION_SUFFIXES = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 
 
@@ -32,7 +38,7 @@ class InputError(ShardtokError):
 @dataclass(frozen=True)
 class InputFile:
     path: str  # as the user named it (or as the folder/glob expansion produced it)
-    kind: str  # "jsonl", "txt" or "parquet"
+    kind: str  # "jsonl", "txt", "parquet" or "arrow" (Arrow IPC, stream or file format)
     compression: str | None  # None, "gzip" or "zstd"
     size: int
     mtime_ns: int  # 0 for a remote file
@@ -56,12 +62,11 @@ def classify(path: str) -> tuple[str, str | None] | None:
         ("jsonl", JSONL_SUFFIXES),
         ("txt", TXT_SUFFIXES),
         ("parquet", PARQUET_SUFFIXES),
+        ("arrow", ARROW_SUFFIXES),
     ):
         if name.endswith(suffixes):
-            if kind == "parquet" and compression is not None:
-                return (
-                    None  # Parquet compresses internally; a .parquet.gz cannot be read by row group
-                )
+            if kind in ("parquet", "arrow") and compression is not None:
+                return None  # compressed inside; a .parquet.gz cannot be read by row group
             return kind, compression
     return None
 
@@ -71,13 +76,88 @@ def _stat(path: str, kind: str, compression: str | None) -> InputFile:
     return InputFile(path, kind, compression, st.st_size, st.st_mtime_ns)
 
 
+FORMATS = (
+    "expected .jsonl, .json, .ndjson or .txt, optionally .gz/.zst, .parquet, .arrow, or a "
+    "datasets save_to_disk folder"
+)
+NO_INPUTS = "holds no .jsonl/.json/.txt/.parquet/.arrow files"
+
+
+def _below(name: str, folder: str) -> bool:
+    return not folder or name.startswith(folder + "/")
+
+
+def _folder_inputs(
+    shown: str, names: list[str], read: Callable[[str], bytes]
+) -> list[tuple[str, str | None]]:
+    """The inputs among `names` (every non-hidden file below a folder, relative, "/"-separated),
+    in order, each with the save_to_disk folder it belongs to (None for a plain file): files
+    sorted by name, and a save_to_disk folder's data files where that folder sorts, in its
+    state.json's order (other files in it are not inputs). `read(name)` gives a file's bytes;
+    `shown` names the folder in messages."""
+    by_dir: dict[str, set[str]] = {}
+    for name in names:
+        parent, _, base = name.rpartition("/")
+        by_dir.setdefault(parent, set()).add(base)
+    datasets: dict[str, list[str]] = {}
+    for parent in sorted(by_dir):
+        if any(_below(parent, d) for d in datasets):
+            continue
+        kind = hf_folder.folder_kind(by_dir[parent])
+        where = hf_folder.join_name(shown, parent)
+        if kind == "dataset_dict":
+            dataset_dict = read(hf_folder.join_name(parent, hf_folder.DATASET_DICT))
+            splits = [
+                d.rpartition("/")[2]
+                for d in by_dir
+                if d.rpartition("/")[0] == parent and d != parent
+                and hf_folder.STATE in by_dir[d]
+            ]  # fmt: skip
+            raise hf_folder.dataset_dict_error(where, dataset_dict, splits)
+        if kind == "cache":
+            raise hf_folder.cache_error(where)
+        if kind == "dataset":
+            listed = hf_folder.data_files(where, read(hf_folder.join_name(parent, hf_folder.STATE)))
+            for name in listed:
+                if name not in by_dir[parent]:
+                    raise hf_folder.missing_file_error(where, name)
+            datasets[parent] = listed
+    entries = [
+        (name, [(name, None)])
+        for name in names
+        if classify(name) is not None
+        and not any(_below(name, d) for d in datasets)
+    ]  # fmt: skip
+    for folder, listed in datasets.items():
+        # Where the folder's own files would sort among the others: just before them.
+        key = folder + "/" if folder else ""
+        entries.append((key, [(hf_folder.join_name(folder, n), folder) for n in listed]))
+    entries.sort(key=lambda entry: entry[0])
+    return [item for _, items in entries for item in items]
+
+
 def _expand_folder(folder: str) -> list[str]:
     found = []
     for dirpath, dirnames, filenames in os.walk(folder):
         # Hidden folders (.git, our own .shardtok-work) are never input.
         dirnames[:] = [d for d in dirnames if not d.startswith(".")]
         found.extend(os.path.join(dirpath, f) for f in filenames if not f.startswith("."))
-    return sorted((p for p in found if classify(p) is not None), key=lambda p: Path(p).as_posix())
+    names = [Path(os.path.relpath(p, folder)).as_posix() for p in found]
+
+    def read(name: str) -> bytes:
+        with open(os.path.join(folder, name), "rb") as f:
+            return f.read()
+
+    shown = folder.rstrip("/") if folder != "/" else folder
+    expanded = []
+    for name, dataset in _folder_inputs(shown, names, read):
+        path = os.path.join(folder, *name.split("/"))
+        if dataset is not None and not _inside(path, os.path.join(folder, dataset)):
+            raise hf_folder.outside_error(
+                hf_folder.join_name(shown, dataset), name.rpartition("/")[2]
+            )
+        expanded.append(path)
+    return expanded
 
 
 def _inside(path: str, folder: str | None) -> bool:
@@ -124,23 +204,24 @@ def _expand_remote(given: str, storage_options: dict | None) -> list[tuple[str, 
             found = fs.find(root, detail=True)
         except FileNotFoundError:
             found = {}
-        expanded = sorted(
-            (prefix + name[len(root) :], entry)
+        entries = {
+            name[len(root) :]: entry
             for name, entry in found.items()
             if entry.get("type") == "file"
             and name.startswith(root)
             and not _hidden_below(name, root)
-            and classify(name) is not None
-        )
-        if not expanded:
-            raise InputError(f"folder {shown!r} holds no .jsonl/.json/.txt/.parquet files")
-        return expanded
+        }
+
+        def read(name: str) -> bytes:
+            return fs.cat_file(root + name)
+
+        selected = _folder_inputs(shown.rstrip("/"), sorted(entries), read)
+        if not selected:
+            raise InputError(f"folder {shown!r} {NO_INPUTS}")
+        return [(prefix + name, entries[name]) for name, _ in selected]
     if info is not None:
         if classify(stripped) is None:
-            raise InputError(
-                f"{shown!r}: unknown input format (expected .jsonl, .json, .ndjson or .txt, "
-                "optionally .gz/.zst, or .parquet)"
-            )
+            raise InputError(f"{shown!r}: unknown input format ({FORMATS})")
         return [(given, info)]
     if glob.has_magic(stripped):
         # Like a local glob, wildcards do not match hidden names.
@@ -198,13 +279,10 @@ def discover(
         if os.path.isdir(given):
             expanded = _expand_folder(given)
             if not expanded:
-                raise InputError(f"folder {given!r} holds no .jsonl/.json/.txt/.parquet files")
+                raise InputError(f"folder {given!r} {NO_INPUTS}")
         elif os.path.exists(given):
             if classify(given) is None:
-                raise InputError(
-                    f"{given!r}: unknown input format (expected .jsonl, .json, .ndjson or .txt, "
-                    "optionally .gz/.zst, or .parquet)"
-                )
+                raise InputError(f"{given!r}: unknown input format ({FORMATS})")
             expanded = [given]
         elif glob.has_magic(given):
             expanded = sorted(
@@ -236,6 +314,8 @@ def discover(
 # Remote reads: exact ranges go without a cache (one request each); streams read ahead.
 STREAM_BLOCK = 8 << 20
 PARQUET_BLOCK = 1 << 20
+# Walking an Arrow file's message headers: one small request per message, bodies skipped.
+ARROW_SCAN_BLOCK = 64 << 10
 
 
 def open_input(file: InputFile, storage_options: dict | None = None, block_size: int = 0):

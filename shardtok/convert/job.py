@@ -2,7 +2,7 @@
 
 ``OUT/.shardtok-work/plan.json`` holds::
 
-    {"format": "shardtok.convert-plan", "version": 1,
+    {"format": "shardtok.convert-plan", "version": 2,
      "fingerprint": {...everything that decides a unit's content...},
      "job": {...the options, the input files, the work units, the tokenizer, the SFT setup...}}
 
@@ -30,7 +30,9 @@ from shardtok.convert.units import Unit, auto_unit_size
 from shardtok.storage.location import is_local
 
 PLAN_FORMAT = "shardtok.convert-plan"
-PLAN_VERSION = 1
+# 2: a piece is [input, start, end, row group, rows] (rows: null, or [first, stop] of a row group
+# or record batch cut into row ranges); 1 (shardtok 0.2): [input, start, end, row group].
+PLAN_VERSION = 2
 TOKENIZER_NAME = "tokenizer.json"
 # The fingerprint's own format (the whole plan.json of shardtok 0.2 carried it): bump it when a
 # unit's persisted content changes for the same inputs and options.
@@ -191,14 +193,35 @@ def plan_document(opts, files: list[InputFile], units: list[Unit], unit_size: in
     }
 
 
+def units_as_version_1(units: list) -> list | None:
+    """A plan's units (as in plan.json) as version 1 wrote them, or None when a piece is a row
+    range (which version 1 could not express)."""
+    old = []
+    for index, nbytes, pieces in units:
+        if any(piece[4] is not None for piece in pieces):
+            return None
+        old.append([index, nbytes, [piece[:4] for piece in pieces]])
+    return old
+
+
 def same_units(existing: object, doc: dict) -> bool:
     """Whether the plan `existing` (plan.json as found, anything) may keep its finished units
-    under the plan `doc`: both in this format, with equal fingerprints."""
-    return (
+    under the plan `doc`: both in this format, with equal fingerprints. A version 1 plan (the
+    previous release) keeps them too when its units are exactly `doc`'s: a unit's files are the
+    same in both versions, only the plan's way of writing pieces changed."""
+    if not (
         isinstance(existing, dict)
         and existing.get("format") == PLAN_FORMAT
-        and existing.get("version") == PLAN_VERSION
         and existing.get("fingerprint") == doc["fingerprint"]
+    ):
+        return False
+    if existing.get("version") == PLAN_VERSION:
+        return True
+    job = existing.get("job")
+    return (
+        existing.get("version") == 1
+        and isinstance(job, dict)
+        and job.get("units") == units_as_version_1(doc["job"]["units"])
     )
 
 

@@ -4,7 +4,8 @@ A plan is read as someone else's file: JSON only, every field checked for type a
 fingerprint recomputed from the job and compared, the chat template checked against the hash the
 fingerprint records. Chat templates run in a sandboxed Jinja environment
 (:mod:`shardtok.convert.sft.jinja_env`), so a template from a plan is data, not code. A plan
-written by a newer shardtok is refused, naming both versions. Anything amiss is a one-line
+written by a newer shardtok is refused, naming both versions; one of version 1 (shardtok 0.2,
+whose pieces have no row ranges) is read as it was written. Anything amiss is a one-line
 PlanError naming plan.json and the field.
 """
 
@@ -29,7 +30,7 @@ from shardtok.convert.units import InputRange, Unit
 from shardtok.convert.workdir import PLAN_NAME, WorkDir
 from shardtok.errors import ShardtokError, UsageError
 
-_KINDS = ("jsonl", "txt", "parquet")
+_KINDS = ("jsonl", "txt", "parquet", "arrow")
 _COMPRESSIONS = (None, "gzip", "zstd")
 _TXT_MODES = ("file", "lines")
 _BAD_RECORD_MODES = ("error", "skip")
@@ -169,7 +170,34 @@ def _read_inputs(check: _Check, job: dict) -> tuple[InputFile, ...]:
     return tuple(files)
 
 
-def _read_units(check: _Check, job: dict, files: tuple[InputFile, ...]) -> tuple[Unit, ...]:
+def _read_piece(check: _Check, piece, where: str, files, version: int) -> InputRange:
+    fields = 4 if version == 1 else 5
+    if not (isinstance(piece, list) and len(piece) == fields):
+        shape = "[input, start, end, row group" + ("]" if version == 1 else ", rows]")
+        check.fail(where, f"must be {shape}")
+    index = check.integer(piece, 0, 0, len(files) - 1, f"{where} input")
+    file = files[index]
+    start = check.integer(piece, 1, 0, file.size, f"{where} start")
+    end = check.integer(piece, 2, start, file.size, f"{where} end")
+    group = check.integer(piece, 3, 0, path=f"{where} row group", optional=True)
+    if (group is not None) != (file.kind == "parquet"):
+        check.fail(where, "has a row group for a file that is not Parquet, or none for one")
+    rows = None
+    if version > 1 and piece[4] is not None:
+        pair = piece[4]
+        if not (isinstance(pair, list) and len(pair) == 2):
+            check.fail(f"{where} rows", "must be null or [first, stop]")
+        first = check.integer(pair, 0, 0, path=f"{where} rows first")
+        check.integer(pair, 1, first + 1, path=f"{where} rows stop")
+        if file.kind not in ("parquet", "arrow"):
+            check.fail(where, "has rows for a file that is neither Parquet nor Arrow")
+        rows = (pair[0], pair[1])
+    return InputRange(index, start, end, group, rows)
+
+
+def _read_units(
+    check: _Check, job: dict, files: tuple[InputFile, ...], version: int
+) -> tuple[Unit, ...]:
     rows = check.of(job, "units", list, "a list", "job.units")
     units = []
     for i, row in enumerate(rows):
@@ -180,19 +208,10 @@ def _read_units(check: _Check, job: dict, files: tuple[InputFile, ...]) -> tuple
         nbytes = check.integer(row, 1, 0, path=f"{at} bytes")
         if not row[2]:
             check.fail(at, "has no pieces")
-        pieces = []
-        for j, piece in enumerate(row[2]):
-            where = f"{at} piece {j}"
-            if not (isinstance(piece, list) and len(piece) == 4):
-                check.fail(where, "must be [input, start, end, row group]")
-            index = check.integer(piece, 0, 0, len(files) - 1, f"{where} input")
-            size = files[index].size
-            start = check.integer(piece, 1, 0, size, f"{where} start")
-            end = check.integer(piece, 2, start, size, f"{where} end")
-            group = check.integer(piece, 3, 0, path=f"{where} row group", optional=True)
-            if (group is not None) != (files[index].kind == "parquet"):
-                check.fail(where, "has a row group for a file that is not Parquet, or none for one")
-            pieces.append(InputRange(index, start, end, group))
+        pieces = [
+            _read_piece(check, piece, f"{at} piece {j}", files, version)
+            for j, piece in enumerate(row[2])
+        ]
         units.append(Unit(i, tuple(pieces), nbytes))
     if not units:
         check.fail("job.units", "is empty")
@@ -338,7 +357,7 @@ def parse_plan(data: bytes, backend_json: bytes | None, where: str) -> Job:
         frame_size=check.integer(job, "frame_size", 1, path="job.frame_size"),
         unit_size=check.integer(job, "unit_size", 1, path="job.unit_size"),
         files=files,
-        units=_read_units(check, job, files),
+        units=_read_units(check, job, files, version),
         tokenizer=_read_tokenizer(check, job, backend_json),
         sft=_read_sft(check, job),
         fingerprint=stored_fingerprint,

@@ -1,8 +1,13 @@
 """Reading the records of one piece: text documents, or the reason a record is rejected.
 
-Record numbers count from 1 within the piece: lines for JSONL and txt, rows for Parquet, and 1
-for a whole-file txt document. The assembler adds the records of earlier pieces of the same file
-to turn them into file line/row numbers. Blank lines are separators, not records.
+Record numbers count from 1 within the piece: lines for JSONL and txt, rows for Parquet and
+Arrow, and 1 for a whole-file txt document. The assembler adds the records of earlier pieces of
+the same file to turn them into file line/row numbers. Blank lines are separators, not records.
+
+Parquet and Arrow pieces are tables: a row group, a run of record batches, or a row range of
+one of them. pyarrow reads no less than a whole row group (or record batch), so a block cut into
+row ranges is decoded once per worker and kept for its next range (:class:`BlockCache`), not once
+per unit.
 """
 
 from __future__ import annotations
@@ -13,8 +18,10 @@ from dataclasses import dataclass
 
 from shardtok.convert.compressed import DamagedInputError, open_decompressed, open_parquet
 from shardtok.convert.inputs import (
+    ARROW_SCAN_BLOCK,
     PARQUET_BLOCK,
     STREAM_BLOCK,
+    InputError,
     InputFile,
     open_input,
     read_input_range,
@@ -101,11 +108,109 @@ def _lookup(obj, key_path: tuple[str, ...]):
     return True, obj
 
 
+class BlockCache:
+    """The last row group or record batch a worker decoded for a row range, kept while a later
+    range of it may come to the same worker. At most one block is held, and a new one is only
+    loaded after the old one is let go."""
+
+    def __init__(self):
+        self.key = None
+        self.table = None
+
+    def get(self, key, load):
+        if key != self.key:
+            self.clear()
+            self.table, self.key = load(), key
+        return self.table
+
+    def clear(self) -> None:
+        self.key = self.table = None
+
+
+def _identity(file: InputFile) -> tuple:
+    return (file.path, file.size, file.mtime_ns, file.etag)
+
+
+class _ParquetPiece:
+    """A piece of a Parquet file: a row group, or a row range of one."""
+
+    def __init__(self, parquet, file: InputFile, piece: InputRange, cache: BlockCache | None):
+        self.parquet, self.file, self.piece, self.cache = parquet, file, piece, cache
+        self.names = parquet.schema_arrow.names
+        meta = parquet.metadata
+        group = piece.row_group
+        if group is None or not 0 <= group < meta.num_row_groups:
+            raise InputError(
+                f"{file.path}: the plan names row group {group}, the file has "
+                f"{meta.num_row_groups}: it changed since the conversion was planned"
+            )
+        self.block_rows = meta.row_group(group).num_rows
+        self.first, self.stop = piece.rows or (0, self.block_rows)
+        if self.stop > self.block_rows:
+            raise InputError(
+                f"{file.path}: the plan names rows {self.first}..{self.stop} of row group {group}, "
+                f"which has {self.block_rows}: it changed since the conversion was planned"
+            )
+        self.num_rows = self.stop - self.first
+
+    def read(self, columns: list[str] | None):
+        group = self.piece.row_group
+        if self.piece.rows is None:
+            return self.parquet.read_row_group(group, columns=columns)
+        key = (_identity(self.file), group, None if columns is None else tuple(columns))
+        if self.cache is None:
+            table = self.parquet.read_row_group(group, columns=columns)
+        else:
+            table = self.cache.get(key, lambda: self.parquet.read_row_group(group, columns=columns))
+        return table.slice(self.first, self.num_rows)
+
+
+class _ArrowPiece:
+    """A piece of an Arrow IPC file: a run of record batches, or a row range of one batch."""
+
+    def __init__(self, f, file: InputFile, piece: InputRange, cache: BlockCache | None):
+        from shardtok.convert.arrow_ipc import decode, head_of
+
+        self.file, self.piece = file, piece
+
+        def load():
+            head_start, head_end = head_of(f, file.size, file.path)
+            f.seek(head_start)
+            head = f.read(head_end - head_start)
+            f.seek(piece.start)
+            body = f.read(piece.end - piece.start)
+            if len(head) < head_end - head_start or len(body) < piece.end - piece.start:
+                raise DamagedInputError(
+                    file.path, None, "the file ends early: it shrank during the run"
+                )
+            return decode(head, body)
+
+        if piece.rows is None or cache is None:
+            self.table = load()
+        else:
+            self.table = cache.get((_identity(file), piece.start, piece.end), load)
+        self.names = self.table.schema.names
+        self.block_rows = self.table.num_rows
+        self.first, self.stop = piece.rows or (0, self.block_rows)
+        if self.stop > self.block_rows:
+            raise InputError(
+                f"{file.path}: the plan names rows {self.first}..{self.stop} of the record batch "
+                f"at byte {piece.start}, which has {self.block_rows}: it changed since the "
+                "conversion was planned"
+            )
+        self.num_rows = self.stop - self.first
+
+    def read(self, columns: list[str] | None):
+        table = self.table if columns is None else self.table.select(columns)
+        return table if self.piece.rows is None else table.slice(self.first, self.num_rows)
+
+
 class RangeReader:
     """Iterates (record number, text or Reject) over one piece; `.records` spans the piece.
 
-    With `objects=True` (fine-tuning records) it yields each parsed JSON value or Parquet row
-    (a dict) instead of a text field; `fields` then limits the Parquet columns read (None: all).
+    With `objects=True` (fine-tuning records) it yields each parsed JSON value or Parquet/Arrow
+    row (a dict) instead of a text field; `fields` then limits the table columns read (None:
+    all). `cache`: a worker's BlockCache, for pieces that are row ranges of a larger block.
     """
 
     def __init__(
@@ -118,6 +223,7 @@ class RangeReader:
         objects: bool = False,
         fields: tuple[str, ...] | None = None,
         storage_options: dict | None = None,
+        cache: BlockCache | None = None,
     ):
         self.storage_options = storage_options
         self.objects = objects
@@ -127,11 +233,14 @@ class RangeReader:
         self.text_key = text_key
         self.key_path = tuple(text_key.split("."))
         self.txt_mode = txt_mode
+        self.cache = cache
         self.records = 0  # lines/rows covered, blank lines included; valid after iteration
 
     def __iter__(self) -> Iterator[tuple[int, str | Reject]]:
         if self.file.kind == "parquet":
             yield from self._parquet()
+        elif self.file.kind == "arrow":
+            yield from self._arrow()
         elif self.file.kind == "txt" and self.txt_mode == "file":
             yield from self._txt_file()
         else:
@@ -185,30 +294,42 @@ class RangeReader:
 
     def _parquet(self) -> Iterator[tuple[int, str | Reject]]:
         if is_local(self.file.path):
-            yield from self._parquet_of(open_parquet(self.file.path))
+            parquet = open_parquet(self.file.path)
+            yield from self._table_records(
+                _ParquetPiece(parquet, self.file, self.piece, self.cache)
+            )
             return
         with open_input(self.file, self.storage_options, PARQUET_BLOCK) as raw:
-            yield from self._parquet_of(open_parquet(self.file.path, raw))
+            parquet = open_parquet(self.file.path, raw)
+            yield from self._table_records(
+                _ParquetPiece(parquet, self.file, self.piece, self.cache)
+            )
 
-    def _parquet_of(self, parquet) -> Iterator[tuple[int, str | Reject]]:
-        names = parquet.schema_arrow.names
+    def _arrow(self) -> Iterator[tuple[int, str | Reject]]:
+        with open_input(self.file, self.storage_options, ARROW_SCAN_BLOCK) as f:
+            table = _ArrowPiece(f, self.file, self.piece, self.cache)
+        yield from self._table_records(table)
+
+    def _table_records(self, table) -> Iterator[tuple[int, str | Reject]]:
+        self.records = table.num_rows
         if self.objects:
-            yield from self._parquet_rows(parquet, names)
+            columns = None if self.fields is None else [n for n in table.names if n in self.fields]
+            rows = table.read(columns).to_pylist()
+            self._release(table)
+            yield from enumerate(rows, start=1)
             return
         # A column literally named "a.b" wins over the nested path a -> b.
-        if self.text_key in names:
+        if self.text_key in table.names:
             column, rest = self.text_key, ()
         else:
             column, rest = self.key_path[0], self.key_path[1:]
-        rows = parquet.metadata.row_group(self.piece.row_group).num_rows
-        self.records = rows
-        if column not in names:
-            for number in range(1, rows + 1):
+        if column not in table.names:
+            self._release(table)
+            for number in range(1, table.num_rows + 1):
                 yield number, Reject(number, MISSING_FIELD, f"no column {column!r}")
             return
-        values = (
-            parquet.read_row_group(self.piece.row_group, columns=[column]).column(0).to_pylist()
-        )
+        values = table.read([column]).column(0).to_pylist()
+        self._release(table)
         for number, value in enumerate(values, start=1):
             found, value = _lookup(value, rest) if rest else (True, value)
             if not found:
@@ -216,8 +337,7 @@ class RangeReader:
             else:
                 yield number, _check_text(number, value, self.text_key)
 
-    def _parquet_rows(self, parquet, names: list[str]) -> Iterator[tuple[int, dict]]:
-        columns = None if self.fields is None else [n for n in names if n in self.fields]
-        table = parquet.read_row_group(self.piece.row_group, columns=columns)
-        self.records = table.num_rows
-        yield from enumerate(table.to_pylist(), start=1)
+    def _release(self, table) -> None:
+        """Keep a decoded block only while a later row range of it is still to come."""
+        if self.cache is not None and not (self.piece.rows and table.stop < table.block_rows):
+            self.cache.clear()

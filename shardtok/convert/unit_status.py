@@ -209,10 +209,14 @@ def _piece_text(job: Job, unit: Unit, failure: UnitFailure | EncoderMismatch) ->
     file = job.files[piece.input_index]
     if piece.row_group is not None:
         where = f"row group {piece.row_group}"
+    elif file.kind == "arrow":
+        where = f"the record batches from byte {piece.start:,}"
     elif piece.start or piece.end < file.size:
         where = f"the part from byte {piece.start:,}"
     else:
         where = "the file"
+    if piece.rows is not None:
+        where += f" (its rows from {piece.rows[0]:,})"  # records count from the range's start
     what = (
         f"{failure.reason}: {failure.detail}"
         if isinstance(failure, UnitFailure)

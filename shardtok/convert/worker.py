@@ -24,7 +24,7 @@ import numpy as np
 
 from shardtok.convert.failures import EncoderMismatch, UnitFailure
 from shardtok.convert.inputs import InputError, InputFile
-from shardtok.convert.records import RangeReader, Reject
+from shardtok.convert.records import BlockCache, RangeReader, Reject
 from shardtok.convert.sft.conversation import SFTBad
 from shardtok.convert.sft.setup import SFTSetup
 from shardtok.convert.tokenizer import BatchEncoder, TokenizerSpec
@@ -61,6 +61,8 @@ class WorkerConfig:
 _config: WorkerConfig | None = None
 _encoder: BatchEncoder | None = None
 _sft: _SFTRecords | None = None
+# A row group or record batch cut into row ranges, decoded once per worker (see records.py).
+_blocks = BlockCache()
 
 
 def _exit_with_main(alive: Connection) -> None:
@@ -262,7 +264,7 @@ def _tokenize(
             reader = RangeReader(
                 file, piece, config.text_key, config.txt_mode,
                 objects=sft is not None, fields=sft.fields if sft is not None else None,
-                storage_options=config.storage_options,
+                storage_options=config.storage_options, cache=_blocks,
             )  # fmt: skip
             for record, item in _guarded(reader, file.path):
                 records_read += 1

@@ -146,7 +146,7 @@ def _failing_unit(out: Path, file: str, offset: int) -> int:
     doc = json.loads((out / WORK_DIR_NAME / "plan.json").read_text())
     paths = [f["path"] for f in doc["job"]["inputs"]]
     for index, _, pieces in doc["job"]["units"]:
-        for input_index, start, end, _ in pieces:
+        for input_index, start, end, *_ in pieces:
             if paths[input_index].endswith(file) and start <= offset < end:
                 return index
     raise AssertionError("no unit holds the offset")

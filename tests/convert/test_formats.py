@@ -136,7 +136,8 @@ def test_parquet_row_groups_and_nested_column(tmp_path, spec, decode):
     pq.write_table(table, tmp_path / "c.parquet", row_group_size=7)
     result = run(spec, [tmp_path / "c.parquet"], tmp_path / "flat")
     assert decoded_texts(tmp_path / "flat", decode, spec.eos_id) == TEXTS
-    assert result.units_total == -(-len(TEXTS) // 7)  # one row group per unit at this unit size
+    # At this unit size every row group is larger than a unit, so it is cut into row ranges.
+    assert result.units_total > -(-len(TEXTS) // 7)
     run(spec, [tmp_path / "c.parquet"], tmp_path / "nested", text_key="nested.inner")
     assert decoded_texts(tmp_path / "nested", decode, spec.eos_id) == TEXTS
 

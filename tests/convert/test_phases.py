@@ -107,8 +107,8 @@ def _set(path: list, value):
     "edit, message",
     [
         (
-            _set(["version"], 2),
-            "plan version 2 was written by a newer shardtok; this one reads version 1",
+            _set(["version"], 3),
+            "plan version 3 was written by a newer shardtok; this one reads version 2",
         ),  # fmt: skip
         (_set(["job", "shard_size"], -1), "job.shard_size must be >= 1, got -1"),
         (_set(["job", "shard_size"], True), "job.shard_size must be an integer, got true"),
@@ -238,7 +238,7 @@ def test_a_work_folder_of_the_old_format_starts_over(corpus, reference, tmp_path
     assert "held unfinished work of other inputs or options; starting over" in caplog.text
     assert result.units_reused == 0
     doc = json.loads((work / "plan.json").read_text())
-    assert (doc["format"], doc["version"]) == ("shardtok.convert-plan", 1)
+    assert (doc["format"], doc["version"]) == ("shardtok.convert-plan", 2)
     shutil.rmtree(work)
     assert tree_digest(out) == reference
 
