@@ -22,6 +22,7 @@ from pathlib import Path
 
 from shardtok.convert import hf_folder
 from shardtok.errors import ShardtokError
+from shardtok.storage.endpoints import contact
 from shardtok.storage.location import display_url, is_local, protocol_of
 
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
@@ -261,7 +262,10 @@ def discover(
     seen: dict[str, str] = {}
     for given in inputs:
         if not is_local(given):
-            for url, info in _expand_remote(given, storage_options):
+            # a refused first connection fails here, naming the endpoint, not after retries
+            with contact(given, storage_options):
+                expanded = _expand_remote(given, storage_options)
+            for url, info in expanded:
                 if _under(url, exclude_dir):
                     continue
                 scheme, _, rest = url.partition("://")

@@ -148,3 +148,12 @@ def test_the_command_line_names_the_endpoint_in_one_line(
     assert err.count("\n") == 0 and "bug" not in err, err
     assert f"s3 endpoint {endpoint} refused the connection" in err
     assert SECRET not in err and out.out == ""
+
+
+def test_convert_inputs_on_a_refusing_endpoint_fail_at_once(closed_port):
+    """convert lists its inputs through fsspec: the refusal is named before botocore retries."""
+    from shardtok.convert.inputs import discover
+
+    endpoint = f"http://127.0.0.1:{closed_port}"
+    with pytest.raises(EndpointUnreachableError, match=f"s3 endpoint {endpoint} refused"):
+        discover(["s3://bucket/in/x.jsonl"], storage_options=s3_options(endpoint))
