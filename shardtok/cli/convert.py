@@ -20,8 +20,9 @@ Tokenize raw text into a shardtok dataset: tar shards with Megatron-compatible i
 zstd-compressed tokens, plus index.json.
 
 Inputs are JSONL (.jsonl/.json/.ndjson, one object per line, optionally .gz or .zst), Parquet
-(.parquet) and plain text (.txt: one document per file, or per line with --txt-mode lines), given
-as files, folders or glob patterns, in any mix. The input is cut into work units that --workers
+(.parquet), Arrow (.arrow, and the folders Hugging Face datasets' save_to_disk writes: convert
+saved/train) and plain text (.txt: one document per file, or per line with --txt-mode lines),
+given as files, folders or glob patterns, in any mix. The input is cut into work units that --workers
 processes tokenize in parallel; the output bytes are the same for any worker count.
 
 If the run is interrupted (Ctrl-C, kill, crash), run the same command again: finished work units
@@ -152,7 +153,7 @@ def add_conversion_arguments(p: argparse.ArgumentParser) -> None:
         default="text",
         action=_given(argparse._StoreAction),
         metavar="KEY",
-        help="JSON/Parquet field holding the text; a.b.c reaches nested fields (default text; "
+        help="JSON/Parquet/Arrow field holding the text; a.b.c reaches nested fields (default text; "
         "with --sft the YAML's column_map names the fields)",
     )
     p.add_argument(

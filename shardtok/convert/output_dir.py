@@ -159,9 +159,14 @@ def prepare_output(
     if existing_plan is not None:
         # Typically: a run stopped at a bad record, the input was fixed, and this is the rerun.
         # The unfinished work is only our own cache, so it is discarded rather than refused.
-        logger.warning(
-            "%s held unfinished work of other inputs or options; starting over", folder.display
+        found = existing_plan.get("version") if isinstance(existing_plan, dict) else None
+        ours = plan.get("version")
+        why = (
+            f"of plan version {found} (this release plans version {ours})"
+            if isinstance(found, int) and found != ours
+            else "of other inputs or options"
         )
+        logger.warning("%s held unfinished work %s; starting over", folder.display, why)
         workdir.start(plan)
         return workdir, None
     manifest = finished_manifest(folder)

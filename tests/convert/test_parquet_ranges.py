@@ -160,7 +160,8 @@ def test_a_version_1_plan_of_a_whole_row_group(spec, corpus, tmp_path, capsys, c
     plan.write_text(json.dumps(doc))
     result = convert(options(spec, [one], out))
     assert result.units_reused == 0 and result.units_total > 5
-    assert "starting over" in capsys.readouterr().err + caplog.text
+    said = capsys.readouterr().err + caplog.text
+    assert "of plan version 1 (this release plans version 2); starting over" in said
 
 
 @pytest.mark.parametrize(
