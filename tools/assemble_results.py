@@ -12,7 +12,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
-SECTIONS = ["convert", "distributed", "stream", "trace", "s3", "compare"]
+SECTIONS = [
+    "convert", "parquet_ranges", "distributed", "stream", "webdataset", "trace", "s3", "compare"
+]  # fmt: skip
 
 
 def nest(text: str) -> str:
