@@ -131,6 +131,23 @@ def _identity(file: InputFile) -> tuple:
     return (file.path, file.size, file.mtime_ns, file.etag)
 
 
+def _checked(path: str, offset: int | None, problem: str, load):
+    """The table `load()` decodes, fully validated: pyarrow trusts a block's offsets and UTF-8,
+    and turning a damaged one into Python strings fails in odd ways or crashes the worker."""
+    import pyarrow as pa  # optional dependency: only needed for Parquet and Arrow inputs
+
+    try:
+        table = load()
+        table.validate(full=True)
+    except OSError as exc:
+        if exc.errno is not None:  # a real I/O error (permissions...), not pyarrow's verdict
+            raise
+        raise DamagedInputError(path, offset, f"{problem}: {exc}") from None
+    except pa.ArrowException as exc:
+        raise DamagedInputError(path, offset, f"{problem}: {exc}") from None
+    return table
+
+
 class _ParquetPiece:
     """A piece of a Parquet file: a row group, or a row range of one."""
 
@@ -155,13 +172,15 @@ class _ParquetPiece:
 
     def read(self, columns: list[str] | None):
         group = self.piece.row_group
+
+        def load():
+            read = lambda: self.parquet.read_row_group(group, columns=columns)  # noqa: E731
+            return _checked(self.file.path, None, f"row group {group} does not decode", read)
+
         if self.piece.rows is None:
-            return self.parquet.read_row_group(group, columns=columns)
+            return load()
         key = (_identity(self.file), group, None if columns is None else tuple(columns))
-        if self.cache is None:
-            table = self.parquet.read_row_group(group, columns=columns)
-        else:
-            table = self.cache.get(key, lambda: self.parquet.read_row_group(group, columns=columns))
+        table = load() if self.cache is None else self.cache.get(key, load)
         return table.slice(self.first, self.num_rows)
 
 
@@ -183,7 +202,8 @@ class _ArrowPiece:
                 raise DamagedInputError(
                     file.path, None, "the file ends early: it shrank during the run"
                 )
-            return decode(head, body)
+            problem = "the record batches from here do not decode"
+            return _checked(file.path, piece.start, problem, lambda: decode(head, body))
 
         if piece.rows is None or cache is None:
             self.table = load()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import uuid
@@ -227,6 +228,30 @@ def test_a_cut_or_foreign_arrow_file_is_one_line(spec, tmp_path):
         text = str(error.value)
         assert text.startswith(f"{path}, byte offset ") and message in text
         assert "\n" not in text
+
+
+@pytest.mark.parametrize(
+    "old, new, message",
+    [
+        (b"aaaabbbb", b"\xffaaabbbb", "Invalid UTF8"),
+        (struct.pack("<3i", 0, 4, 8), struct.pack("<3i", 0, -(2**31), 8), "non-monotonic offset"),
+    ],
+    ids=["utf8", "offset"],
+)
+def test_a_record_batch_with_damaged_body_is_one_line(tmp_path, old, new, message):
+    """The scanner reads headers only: a body's bad string offsets or UTF-8 would reach
+    to_pylist (a SystemError, or a worker killed reading outside the buffer) unless the decoded
+    batch is validated."""
+    path = write_arrow(tmp_path / "d.arrow", pa.table({"text": ["aaaa", "bbbb"]}), batch_rows=2)
+    data = path.read_bytes()
+    assert data.count(old) == 1
+    path.write_bytes(data.replace(old, new))
+    (file,) = discover([str(path)])
+    (unit,) = plan_units([file], 1 << 20, "file")
+    with pytest.raises(DamagedInputError) as error:
+        list(RangeReader(file, unit.pieces[0], "text", "file"))
+    text = str(error.value)
+    assert text.startswith(f"{path}, byte offset ") and "do not decode" in text and message in text
 
 
 def test_a_save_to_disk_prefix_on_an_object_store(s3_server):  # noqa: F811
