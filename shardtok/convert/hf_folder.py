@@ -65,6 +65,7 @@ def data_files(folder: str, state: bytes) -> list[str]:
     if not entries:
         raise HFDatasetError(f"{where}: an empty dataset (_data_files lists no data file)")
     names: list[str] = []
+    seen: set[str] = set()  # a list someone else wrote may be long: no quadratic search
     for i, entry in enumerate(entries):
         name = entry.get("filename") if isinstance(entry, dict) else None
         if not isinstance(name, str):
@@ -79,8 +80,9 @@ def data_files(folder: str, state: bytes) -> list[str]:
                 f"{where}: _data_files[{i}] names {name!r}, not an .arrow file of this folder "
                 "(only plain file names are read, never a path)"
             )
-        if name in names:
+        if name in seen:
             raise HFDatasetError(f"{where}: _data_files names {name!r} twice")
+        seen.add(name)
         names.append(name)
     return names
 
