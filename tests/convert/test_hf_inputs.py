@@ -162,6 +162,12 @@ def test_dataset_dict_is_refused_naming_its_splits(tmp_path):
         assert "DatasetDict (splits: train, test)" in text and "\n" not in text
         assert f"e.g. {FIXTURE / 'dataset_dict' / 'train'}" in text
     assert len(discover([str(FIXTURE / "dataset_dict" / "train")])) == 1
+    # Splits dataset_dict.json names but the folder lacks are not suggested as paths.
+    hostile = tmp_path / "dict"
+    shutil.copytree(FIXTURE / "dataset_dict", hostile)
+    (hostile / "dataset_dict.json").write_text('{"splits": ["../../etc", "test", "x\\ny"]}')
+    with pytest.raises(HFDatasetError, match=r"\(splits: test\), not one dataset: .*e\.g\. "):
+        discover([str(hostile)])
     proc = subprocess.run(
         [sys.executable, "-m", "shardtok", "convert", str(FIXTURE / "dataset_dict"), "-o",
          str(tmp_path / "out")],
@@ -186,7 +192,9 @@ def _state(files: list[str]) -> str:
         (_state(["../dataset_dict/train/data-00000-of-00001.arrow"]), "never a path"),
         (_state(["/etc/x.arrow"]), "never a path"),
         (_state(["data-00000-of-00002.arrow"] * 2), "twice"),
-        (_state(["data-00002-of-00002.arrow"]), "lists data-00002-of-00002.arrow, which is not"),
+        (_state(["data-00002-of-00002.arrow"]), "lists 'data-00002-of-00002.arrow', which is not"),
+        # a zero-width space: shown, or the "missing" file looks present
+        (_state(["data-00000-of-00002\u200b.arrow"]), r"lists 'data-00000-of-00002\u200b.arrow'"),
         (_state([]), "an empty dataset"),
         ('{"_data_files": [], "_indices_data_files": [{"filename": "i.arrow"}]}', "indices"),
     ],
