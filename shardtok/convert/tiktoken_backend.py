@@ -273,6 +273,8 @@ def _cache_path(cache_dir: str | os.PathLike, fingerprint: str) -> Path:
 def _cached_merge_verdict(path: Path, fingerprint: str) -> MergeVerdict | None:
     try:
         data = json.loads(path.read_text())
+        if not isinstance(data, dict):  # a damaged or foreign file: check again
+            return None
         if data.get("gate_version") != GATE_VERSION or data.get("fingerprint") != fingerprint:
             return None
         return MergeVerdict(
