@@ -12,6 +12,7 @@ per unit.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -148,6 +149,17 @@ def _checked(path: str, offset: int | None, problem: str, load):
     return table
 
 
+def _row_range(file: InputFile, piece: InputRange, block_rows: int, block: str) -> tuple[int, int]:
+    """The rows [first, stop) `piece` takes of a block of `block_rows` rows (all without rows)."""
+    first, stop = piece.rows or (0, block_rows)
+    if stop > block_rows:
+        raise InputError(
+            f"{file.path}: the plan names rows {first}..{stop} of {block}, which has "
+            f"{block_rows}: it changed since the conversion was planned"
+        )
+    return first, stop
+
+
 class _ParquetPiece:
     """A piece of a Parquet file: a row group, or a row range of one."""
 
@@ -162,12 +174,7 @@ class _ParquetPiece:
                 f"{meta.num_row_groups}: it changed since the conversion was planned"
             )
         self.block_rows = meta.row_group(group).num_rows
-        self.first, self.stop = piece.rows or (0, self.block_rows)
-        if self.stop > self.block_rows:
-            raise InputError(
-                f"{file.path}: the plan names rows {self.first}..{self.stop} of row group {group}, "
-                f"which has {self.block_rows}: it changed since the conversion was planned"
-            )
+        self.first, self.stop = _row_range(file, piece, self.block_rows, f"row group {group}")
         self.num_rows = self.stop - self.first
 
     def read(self, columns: list[str] | None):
@@ -211,13 +218,8 @@ class _ArrowPiece:
             self.table = cache.get((_identity(file), piece.start, piece.end), load)
         self.names = self.table.schema.names
         self.block_rows = self.table.num_rows
-        self.first, self.stop = piece.rows or (0, self.block_rows)
-        if self.stop > self.block_rows:
-            raise InputError(
-                f"{file.path}: the plan names rows {self.first}..{self.stop} of the record batch "
-                f"at byte {piece.start}, which has {self.block_rows}: it changed since the "
-                "conversion was planned"
-            )
+        block = f"the record batch at byte {piece.start}"
+        self.first, self.stop = _row_range(file, piece, self.block_rows, block)
         self.num_rows = self.stop - self.first
 
     def read(self, columns: list[str] | None):
@@ -313,13 +315,12 @@ class RangeReader:
         yield 1, _check_text(1, text, "file")
 
     def _parquet(self) -> Iterator[tuple[int, str | Reject]]:
-        if is_local(self.file.path):
-            parquet = open_parquet(self.file.path)
-            yield from self._table_records(
-                _ParquetPiece(parquet, self.file, self.piece, self.cache)
-            )
-            return
-        with open_input(self.file, self.storage_options, PARQUET_BLOCK) as raw:
+        local = is_local(self.file.path)
+        opened = (
+            contextlib.nullcontext() if local
+            else open_input(self.file, self.storage_options, PARQUET_BLOCK)
+        )  # fmt: skip
+        with opened as raw:
             parquet = open_parquet(self.file.path, raw)
             yield from self._table_records(
                 _ParquetPiece(parquet, self.file, self.piece, self.cache)
