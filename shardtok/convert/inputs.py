@@ -145,11 +145,17 @@ def _expand_folder(folder: str) -> list[str]:
         found.extend(os.path.join(dirpath, f) for f in filenames if not f.startswith("."))
     names = [Path(os.path.relpath(p, folder)).as_posix() for p in found]
 
+    shown = folder.rstrip("/") if folder != "/" else folder
+
     def read(name: str) -> bytes:
-        with open(os.path.join(folder, name), "rb") as f:
+        """A datasets folder's state.json or dataset_dict.json: never through a link out."""
+        path = os.path.join(folder, *name.split("/"))
+        parent, _, base = name.rpartition("/")
+        if not _inside(path, os.path.dirname(path)):
+            raise hf_folder.outside_error(hf_folder.join_name(shown, parent), base)
+        with open(path, "rb") as f:
             return f.read()
 
-    shown = folder.rstrip("/") if folder != "/" else folder
     expanded = []
     for name, dataset in _folder_inputs(shown, names, read):
         path = os.path.join(folder, *name.split("/"))

@@ -242,6 +242,13 @@ def test_a_data_file_linking_outside_the_folder_is_not_read(tmp_path):
     os.symlink(outside, folder / "data-00001-of-00002.arrow")
     with pytest.raises(HFDatasetError, match="a link to a file outside the dataset folder"):
         discover([str(folder)])
+    # Nor is a state.json that links out (it would be read to name the data files).
+    (folder / "data-00001-of-00002.arrow").unlink()
+    shutil.copy(outside, folder / "data-00001-of-00002.arrow")
+    shutil.move(folder / "state.json", tmp_path / "state.json")
+    os.symlink(tmp_path / "state.json", folder / "state.json")
+    with pytest.raises(HFDatasetError, match=r"ds/state\.json: a link to a file outside"):
+        discover([str(folder)])
 
 
 def test_a_cut_or_foreign_arrow_file_is_one_line(spec, tmp_path):
