@@ -255,6 +255,19 @@ def _under(url: str, folder: str | None) -> bool:
     return url.startswith(root)
 
 
+def _refuse_metadata(path: str) -> None:
+    """A datasets folder's JSON metadata named as an input (`saved/*`) would be read as JSONL and
+    fail on its first line: say what it is instead."""
+    folder, name = os.path.split(path)
+    if name not in (hf_folder.STATE, hf_folder.INFO, hf_folder.DATASET_DICT):
+        return
+    if hf_folder.folder_kind(os.listdir(folder or ".")) is not None:
+        raise hf_folder.HFDatasetError(
+            f"{path}: metadata of a Hugging Face datasets folder, not data: convert the folder "
+            f"({folder or '.'}) or its .arrow files"
+        )
+
+
 def discover(
     inputs: list[str], exclude_dir: str | None = None, storage_options: dict | None = None
 ) -> list[InputFile]:
@@ -310,6 +323,7 @@ def discover(
         for path in expanded:
             if _inside(path, exclude_dir):
                 continue
+            _refuse_metadata(path)
             real = os.path.realpath(path)
             if real in seen:
                 raise InputError(f"input file {path!r} is given twice (also as {seen[real]!r})")

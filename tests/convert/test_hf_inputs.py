@@ -178,6 +178,14 @@ def test_dataset_dict_is_refused_naming_its_splits(tmp_path):
     assert error.startswith("shardtok convert: error: ") and "DatasetDict" in error
 
 
+def test_a_pattern_naming_a_datasets_folders_metadata_says_what_it_is():
+    """`saved/*` read dataset_info.json as JSONL: "line 1: invalid_json" (the issue's symptom)."""
+    for given in (DATASET / "*", FIXTURE / "dataset_dict" / "dataset_dict.json"):
+        with pytest.raises(HFDatasetError, match="metadata of a Hugging Face datasets folder"):
+            discover([str(given)])
+    assert len(discover([str(DATASET / "*.arrow")])) == 2
+
+
 def _state(files: list[str]) -> str:
     return json.dumps({"_data_files": [{"filename": f} for f in files], "_split": None})
 
