@@ -15,6 +15,8 @@ import uuid
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from shardtok.convert import ConvertOptions, convert, load_tokenizer
 from shardtok.convert.compressed import DamagedInputError
@@ -22,7 +24,7 @@ from shardtok.convert.hf_folder import HFDatasetError
 from shardtok.convert.inputs import discover
 from shardtok.convert.records import BlockCache, RangeReader
 from shardtok.convert.units import plan_units
-from shardtok.errors import BadRecordError
+from shardtok.errors import BadRecordError, ShardtokError
 from shardtok.format.manifest import load_manifest
 from shardtok.format.shard_reader import ShardReader
 from shardtok.storage import open_source
@@ -155,9 +157,9 @@ def test_rejects_name_the_arrow_file_and_row(spec, tmp_path):
 
 
 def test_dataset_dict_is_refused_naming_its_splits(tmp_path):
-    for given in (FIXTURE / "dataset_dict", FIXTURE):  # given, or met in a folder's walk
+    for named in (FIXTURE / "dataset_dict", FIXTURE):  # given directly, or met in a folder's walk
         with pytest.raises(HFDatasetError) as error:
-            discover([str(given)])
+            discover([str(named)])
         text = str(error.value)
         assert "DatasetDict (splits: train, test)" in text and "\n" not in text
         assert f"e.g. {FIXTURE / 'dataset_dict' / 'train'}" in text
@@ -180,9 +182,9 @@ def test_dataset_dict_is_refused_naming_its_splits(tmp_path):
 
 def test_a_pattern_naming_a_datasets_folders_metadata_says_what_it_is():
     """`saved/*` read dataset_info.json as JSONL: "line 1: invalid_json" (the issue's symptom)."""
-    for given in (DATASET / "*", FIXTURE / "dataset_dict" / "dataset_dict.json"):
+    for named in (DATASET / "*", FIXTURE / "dataset_dict" / "dataset_dict.json"):
         with pytest.raises(HFDatasetError, match="metadata of a Hugging Face datasets folder"):
-            discover([str(given)])
+            discover([str(named)])
     assert len(discover([str(DATASET / "*.arrow")])) == 2
 
 
@@ -299,6 +301,41 @@ def test_a_record_batch_with_damaged_body_is_one_line(tmp_path, old, new, messag
         list(RangeReader(file, unit.pieces[0], "text", "file"))
     text = str(error.value)
     assert text.startswith(f"{path}, byte offset ") and "do not decode" in text and message in text
+
+
+@pytest.fixture(scope="module")
+def small_arrow(tmp_path_factory) -> bytes:
+    table = pa.table({"text": texts(12, seed=2), "meta": [{"n": i} for i in range(12)]})
+    return write_arrow(tmp_path_factory.mktemp("fuzz") / "s.arrow", table, 4).read_bytes()
+
+
+@settings(max_examples=150, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
+@given(st.data())
+def test_a_damaged_arrow_file_is_one_line_or_reads(small_arrow, tmp_path, data):
+    """Someone else's bytes: changed bytes, extreme lengths or offsets, a cut. Planning and
+    reading either work or stop with one ShardtokError line: never another exception, a
+    crash or a huge allocation (a worker's MemoryError was one before validation)."""
+    damaged = bytearray(small_arrow)
+    where = data.draw(st.integers(0, len(damaged) - 8))
+    how = data.draw(st.sampled_from(["bytes", "int32", "int64", "cut"]))
+    if how == "bytes":
+        damaged[where : where + 2] = data.draw(st.binary(min_size=2, max_size=2))
+    elif how == "cut":
+        del damaged[where:]
+    else:
+        fmt, bits = ("<i", 31) if how == "int32" else ("<q", 63)
+        value = data.draw(st.sampled_from([-1, -8, 2**bits - 1, -(2**bits), 1 << 30]))
+        struct.pack_into(fmt, damaged, where & ~3, value)
+    path = tmp_path / f"d{data.draw(st.integers(0, 10**9))}.arrow"
+    path.write_bytes(bytes(damaged))
+    try:
+        (file,) = discover([str(path)])
+        for unit in plan_units([file], 600, "file"):
+            for piece in unit.pieces:
+                list(RangeReader(file, piece, "text", "file"))
+    except ShardtokError as error:
+        assert "\n" not in str(error) and str(path) in str(error)
 
 
 def test_a_save_to_disk_prefix_on_an_object_store(s3_server):  # noqa: F811
