@@ -144,7 +144,7 @@ def _checked(path: str, offset: int | None, problem: str, load):
         if exc.errno is not None:  # a real I/O error (permissions...), not pyarrow's verdict
             raise
         raise DamagedInputError(path, offset, f"{problem}: {exc}") from None
-    except pa.ArrowException as exc:
+    except (pa.ArrowException, UnicodeDecodeError) as exc:  # the latter: a field's name
         raise DamagedInputError(path, offset, f"{problem}: {exc}") from None
     return table
 

@@ -284,13 +284,14 @@ def test_a_cut_or_foreign_arrow_file_is_one_line(spec, tmp_path):
     [
         (b"aaaabbbb", b"\xffaaabbbb", "Invalid UTF8"),
         (struct.pack("<3i", 0, 4, 8), struct.pack("<3i", 0, -(2**31), 8), "non-monotonic offset"),
+        (b"text", b"\x80ext", "can't decode byte 0x80"),  # the schema's field name
     ],
-    ids=["utf8", "offset"],
+    ids=["utf8", "offset", "field-name"],
 )
-def test_a_record_batch_with_damaged_body_is_one_line(tmp_path, old, new, message):
+def test_a_record_batch_with_damaged_bytes_is_one_line(tmp_path, old, new, message):
     """The scanner reads headers only: a body's bad string offsets or UTF-8 would reach
     to_pylist (a SystemError, or a worker killed reading outside the buffer) unless the decoded
-    batch is validated."""
+    batch is validated; a field name that is not UTF-8 fails in pyarrow's Python layer."""
     path = write_arrow(tmp_path / "d.arrow", pa.table({"text": ["aaaa", "bbbb"]}), batch_rows=2)
     data = path.read_bytes()
     assert data.count(old) == 1
