@@ -38,7 +38,6 @@ class Batch:
 
 @dataclass(frozen=True)
 class ArrowLayout:
-    head_start: int  # where the stream starts: 0, or 8 after the file format's magic
     head_end: int  # where the first record batch starts (schema and dictionaries lie before)
     batches: tuple[Batch, ...]
     splittable: bool  # False when a dictionary message follows the first record batch
@@ -203,7 +202,7 @@ def scan(f, size: int, path: str) -> ArrowLayout:
         offset = end
     if offset == start:
         raise DamagedInputError(path, offset, "not an Arrow IPC stream (no schema)")
-    return ArrowLayout(start, offset if head_end is None else head_end, tuple(batches), splittable)
+    return ArrowLayout(offset if head_end is None else head_end, tuple(batches), splittable)
 
 
 def head_of(f, size: int, path: str) -> tuple[int, int]:

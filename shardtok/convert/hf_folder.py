@@ -65,6 +65,7 @@ def data_files(folder: str, state: bytes) -> list[str]:
     if not entries:
         raise HFDatasetError(f"{where}: an empty dataset (_data_files lists no data file)")
     names: list[str] = []
+    seen: set[str] = set()  # a list someone else wrote may be long: no quadratic search
     for i, entry in enumerate(entries):
         name = entry.get("filename") if isinstance(entry, dict) else None
         if not isinstance(name, str):
@@ -76,17 +77,21 @@ def data_files(folder: str, state: bytes) -> list[str]:
             or not name.endswith(".arrow")
         ):
             raise HFDatasetError(
-                f"{where}: _data_files[{i}] names {name!r}, not an .arrow file of this folder "
+                f"{where}: _data_files[{i}] names {ascii(name)}, not an .arrow file of this folder "
                 "(only plain file names are read, never a path)"
             )
-        if name in names:
-            raise HFDatasetError(f"{where}: _data_files names {name!r} twice")
+        if name in seen:
+            raise HFDatasetError(f"{where}: _data_files names {ascii(name)} twice")
+        seen.add(name)
         names.append(name)
     return names
 
 
 def missing_file_error(folder: str, name: str) -> HFDatasetError:
-    return HFDatasetError(f"{join_name(folder, STATE)} lists {name}, which is not in the folder")
+    # ascii(): a look-alike or invisible character is what makes a listed name "missing"
+    return HFDatasetError(
+        f"{join_name(folder, STATE)} lists {ascii(name)}, which is not in the folder"
+    )
 
 
 def outside_error(folder: str, name: str) -> HFDatasetError:
@@ -102,7 +107,8 @@ def dataset_dict_error(folder: str, dataset_dict: bytes | None, subfolders: list
     try:
         doc = json.loads(dataset_dict) if dataset_dict is not None else None
         if isinstance(doc, dict) and isinstance(doc.get("splits"), list):
-            splits = [s for s in doc["splits"] if isinstance(s, str)]
+            # its order, but only real splits: the message suggests one as a path to convert
+            splits = [s for s in doc["splits"] if isinstance(s, str) and s in subfolders]
     except (UnicodeDecodeError, ValueError):
         pass
     splits = splits or sorted(subfolders)

@@ -145,11 +145,17 @@ def _expand_folder(folder: str) -> list[str]:
         found.extend(os.path.join(dirpath, f) for f in filenames if not f.startswith("."))
     names = [Path(os.path.relpath(p, folder)).as_posix() for p in found]
 
+    shown = folder.rstrip("/") if folder != "/" else folder
+
     def read(name: str) -> bytes:
-        with open(os.path.join(folder, name), "rb") as f:
+        """A datasets folder's state.json or dataset_dict.json: never through a link out."""
+        path = os.path.join(folder, *name.split("/"))
+        parent, _, base = name.rpartition("/")
+        if not _inside(path, os.path.dirname(path)):
+            raise hf_folder.outside_error(hf_folder.join_name(shown, parent), base)
+        with open(path, "rb") as f:
             return f.read()
 
-    shown = folder.rstrip("/") if folder != "/" else folder
     expanded = []
     for name, dataset in _folder_inputs(shown, names, read):
         path = os.path.join(folder, *name.split("/"))
@@ -249,6 +255,19 @@ def _under(url: str, folder: str | None) -> bool:
     return url.startswith(root)
 
 
+def _refuse_metadata(path: str) -> None:
+    """A datasets folder's JSON metadata named as an input (`saved/*`) would be read as JSONL and
+    fail on its first line: say what it is instead."""
+    folder, name = os.path.split(path)
+    if name not in (hf_folder.STATE, hf_folder.INFO, hf_folder.DATASET_DICT):
+        return
+    if hf_folder.folder_kind(os.listdir(folder or ".")) is not None:
+        raise hf_folder.HFDatasetError(
+            f"{path}: metadata of a Hugging Face datasets folder, not data: convert the folder "
+            f"({folder or '.'}) or its .arrow files"
+        )
+
+
 def discover(
     inputs: list[str], exclude_dir: str | None = None, storage_options: dict | None = None
 ) -> list[InputFile]:
@@ -304,6 +323,7 @@ def discover(
         for path in expanded:
             if _inside(path, exclude_dir):
                 continue
+            _refuse_metadata(path)
             real = os.path.realpath(path)
             if real in seen:
                 raise InputError(f"input file {path!r} is given twice (also as {seen[real]!r})")

@@ -12,6 +12,7 @@ per unit.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -131,6 +132,34 @@ def _identity(file: InputFile) -> tuple:
     return (file.path, file.size, file.mtime_ns, file.etag)
 
 
+def _checked(path: str, offset: int | None, problem: str, load):
+    """The table `load()` decodes, fully validated: pyarrow trusts a block's offsets and UTF-8,
+    and turning a damaged one into Python strings fails in odd ways or crashes the worker."""
+    import pyarrow as pa  # optional dependency: only needed for Parquet and Arrow inputs
+
+    try:
+        table = load()
+        table.validate(full=True)
+    except OSError as exc:
+        if exc.errno is not None:  # a real I/O error (permissions...), not pyarrow's verdict
+            raise
+        raise DamagedInputError(path, offset, f"{problem}: {exc}") from None
+    except (pa.ArrowException, UnicodeDecodeError) as exc:  # the latter: a field's name
+        raise DamagedInputError(path, offset, f"{problem}: {exc}") from None
+    return table
+
+
+def _row_range(file: InputFile, piece: InputRange, block_rows: int, block: str) -> tuple[int, int]:
+    """The rows [first, stop) `piece` takes of a block of `block_rows` rows (all without rows)."""
+    first, stop = piece.rows or (0, block_rows)
+    if stop > block_rows:
+        raise InputError(
+            f"{file.path}: the plan names rows {first}..{stop} of {block}, which has "
+            f"{block_rows}: it changed since the conversion was planned"
+        )
+    return first, stop
+
+
 class _ParquetPiece:
     """A piece of a Parquet file: a row group, or a row range of one."""
 
@@ -145,23 +174,20 @@ class _ParquetPiece:
                 f"{meta.num_row_groups}: it changed since the conversion was planned"
             )
         self.block_rows = meta.row_group(group).num_rows
-        self.first, self.stop = piece.rows or (0, self.block_rows)
-        if self.stop > self.block_rows:
-            raise InputError(
-                f"{file.path}: the plan names rows {self.first}..{self.stop} of row group {group}, "
-                f"which has {self.block_rows}: it changed since the conversion was planned"
-            )
+        self.first, self.stop = _row_range(file, piece, self.block_rows, f"row group {group}")
         self.num_rows = self.stop - self.first
 
     def read(self, columns: list[str] | None):
         group = self.piece.row_group
+
+        def load():
+            read = lambda: self.parquet.read_row_group(group, columns=columns)  # noqa: E731
+            return _checked(self.file.path, None, f"row group {group} does not decode", read)
+
         if self.piece.rows is None:
-            return self.parquet.read_row_group(group, columns=columns)
+            return load()
         key = (_identity(self.file), group, None if columns is None else tuple(columns))
-        if self.cache is None:
-            table = self.parquet.read_row_group(group, columns=columns)
-        else:
-            table = self.cache.get(key, lambda: self.parquet.read_row_group(group, columns=columns))
+        table = load() if self.cache is None else self.cache.get(key, load)
         return table.slice(self.first, self.num_rows)
 
 
@@ -183,7 +209,8 @@ class _ArrowPiece:
                 raise DamagedInputError(
                     file.path, None, "the file ends early: it shrank during the run"
                 )
-            return decode(head, body)
+            problem = "the record batches from here do not decode"
+            return _checked(file.path, piece.start, problem, lambda: decode(head, body))
 
         if piece.rows is None or cache is None:
             self.table = load()
@@ -191,13 +218,8 @@ class _ArrowPiece:
             self.table = cache.get((_identity(file), piece.start, piece.end), load)
         self.names = self.table.schema.names
         self.block_rows = self.table.num_rows
-        self.first, self.stop = piece.rows or (0, self.block_rows)
-        if self.stop > self.block_rows:
-            raise InputError(
-                f"{file.path}: the plan names rows {self.first}..{self.stop} of the record batch "
-                f"at byte {piece.start}, which has {self.block_rows}: it changed since the "
-                "conversion was planned"
-            )
+        block = f"the record batch at byte {piece.start}"
+        self.first, self.stop = _row_range(file, piece, self.block_rows, block)
         self.num_rows = self.stop - self.first
 
     def read(self, columns: list[str] | None):
@@ -293,13 +315,12 @@ class RangeReader:
         yield 1, _check_text(1, text, "file")
 
     def _parquet(self) -> Iterator[tuple[int, str | Reject]]:
-        if is_local(self.file.path):
-            parquet = open_parquet(self.file.path)
-            yield from self._table_records(
-                _ParquetPiece(parquet, self.file, self.piece, self.cache)
-            )
-            return
-        with open_input(self.file, self.storage_options, PARQUET_BLOCK) as raw:
+        local = is_local(self.file.path)
+        opened = (
+            contextlib.nullcontext() if local
+            else open_input(self.file, self.storage_options, PARQUET_BLOCK)
+        )  # fmt: skip
+        with opened as raw:
             parquet = open_parquet(self.file.path, raw)
             yield from self._table_records(
                 _ParquetPiece(parquet, self.file, self.piece, self.cache)

@@ -175,13 +175,10 @@ class MergeVerdict:
     # Ids HF's BPE never outputs (ignore_merges=false, the token's bytes BPE-merge to other
     # pieces): left out of tiktoken's ranks, whose whole-piece lookup would return them.
     unbuildable: tuple[int, ...] = ()
-    # Tokens made by more than one merge: the one case the proof leaves to the canary.
-    shared_merges: int = 0
 
 
-def _check_merge_order(model: dict, vocab: dict[str, int]) -> int:
-    """Merge order equals rank order; returns how many tokens more than one merge makes."""
-    made: dict[int, int] = {}
+def _check_merge_order(model: dict, vocab: dict[str, int]) -> None:
+    """Merge order equals rank order."""
     last = -1
     for left, right in _merges(model):
         merged = vocab.get(left + right)
@@ -195,8 +192,6 @@ def _check_merge_order(model: dict, vocab: dict[str, int]) -> int:
                 f"id {merged}, comes after id {last})"
             )
         last = merged
-        made[merged] = made.get(merged, 0) + 1
-    return sum(1 for n in made.values() if n > 1)
 
 
 def _merge_results(backend_json: str, vocab: dict[str, int]):
@@ -225,9 +220,9 @@ def _other(pieces, token_id: int) -> bool:
 
 def _merge_verdict(backend_json: str, model: dict, vocab: dict[str, int]) -> MergeVerdict:
     try:
-        shared = _check_merge_order(model, vocab)
+        _check_merge_order(model, vocab)
         if not model.get("ignore_merges", False):
-            return MergeVerdict(True, None, _unbuildable(backend_json, vocab), shared)
+            return MergeVerdict(True, None, _unbuildable(backend_json, vocab))
         for token, token_id, pieces in _merge_results(backend_json, vocab):
             if len(pieces) == 2:
                 left, right = (p.value for p in pieces)
@@ -235,7 +230,7 @@ def _merge_verdict(backend_json: str, model: dict, vocab: dict[str, int]) -> Mer
                     f"token {token!r} (id {token_id}) BPE-merges to {left!r} + {right!r}, "
                     "which is not a merge, and tiktoken would join them"
                 )
-        return MergeVerdict(True, None, (), shared)
+        return MergeVerdict(True, None, ())
     except NotEquivalent as exc:
         return MergeVerdict(False, str(exc))
 
@@ -273,12 +268,12 @@ def _cache_path(cache_dir: str | os.PathLike, fingerprint: str) -> Path:
 def _cached_merge_verdict(path: Path, fingerprint: str) -> MergeVerdict | None:
     try:
         data = json.loads(path.read_text())
+        if not isinstance(data, dict):  # a damaged or foreign file: check again
+            return None
         if data.get("gate_version") != GATE_VERSION or data.get("fingerprint") != fingerprint:
             return None
-        return MergeVerdict(
-            bool(data["ok"]), data.get("reason"), tuple(int(i) for i in data["unbuildable"]),
-            int(data["shared_merges"]),
-        )  # fmt: skip
+        unbuildable = tuple(int(i) for i in data["unbuildable"])
+        return MergeVerdict(bool(data["ok"]), data.get("reason"), unbuildable)
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -290,7 +285,6 @@ def _store_merge_verdict(path: Path, fingerprint: str, verdict: MergeVerdict) ->
         "ok": verdict.ok,
         "reason": verdict.reason,
         "unbuildable": list(verdict.unbuildable),
-        "shared_merges": verdict.shared_merges,
     }
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -194,6 +194,12 @@ def test_merge_verdict_is_cached_by_fingerprint(tt_path, tmp_path):
     # ...but not one written by another gate version.
     cached.write_text(json.dumps(dict(record, ok=False, reason="old", gate_version=0)))
     tb.check(text, "sha256:abc", cache_dir=cache)
+    # A version 1 verdict (no unbuildable ids) or a file that is not a record: checked again.
+    version_1 = {"gate_version": 1, "fingerprint": "sha256:abc", "ok": False, "reason": "v1"}
+    for stale in (json.dumps(version_1), "[1, 2]", "null"):
+        cached.write_text(stale)
+        tb.check(text, "sha256:abc", cache_dir=cache)
+        assert json.loads(cached.read_text())["gate_version"] == tb.GATE_VERSION
 
 
 def test_load_tokenizer_passes_the_cache_dir_to_the_gate(tt_path, tmp_path):

