@@ -10,7 +10,8 @@ failure is a server restarting or a network hiccup, and is retried like any tran
 An endpoint is what a client's configuration points at: an HTTP(S) URL's origin (scheme, host,
 port), and for object stores the protocol with its configured ``endpoint_url`` (empty when the
 client's own configuration picks it, as botocore does from ``AWS_ENDPOINT_URL`` or a profile).
-The set is per process; a forked worker inherits its parent's, a spawned one starts empty.
+The set is per process; a forked worker inherits its parent's, a spawned one starts empty
+but for the endpoints of the ``DatasetSource`` objects sent to it (they carry theirs).
 A DNS answer of "try again" (``EAI_AGAIN``) and connect timeouts are not final and stay retried.
 """
 
