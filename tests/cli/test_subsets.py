@@ -107,6 +107,7 @@ def test_refusals_are_one_line(dataset, tmp_path, capsys):
         (f"{path}/shard-{{000000..000099}}.tar",): "index.json lists",
         ("https://127.0.0.1:9/ds/shard-*.tar",): "globs are for local paths only",
         (f"{path}/none-*.tar",): "matches no file",
+        (f"{path}/index.json",): "name the dataset by its folder",
     }
     for name in ("stream", "inspect", "verify"):
         for given, message in cases.items():
