@@ -8,7 +8,7 @@ from pathlib import Path
 from shardtok.errors import ShardtokError
 from shardtok.storage.dataset import DatasetSource
 from shardtok.storage.location import Location
-from shardtok.storage.shard_names import is_pattern
+from shardtok.storage.shard_names import check_not_manifest, is_pattern
 
 TARGET_HELP = (
     "a dataset folder or URL prefix (with index.json); one .tar shard, read alone; or some "
@@ -24,6 +24,7 @@ def target(paths: list[str]) -> tuple[DatasetSource | Location, str]:
     (``is_dataset``); a pattern, a glob or several paths name shards of the dataset beside
     them."""
     if len(paths) == 1 and not is_pattern(paths[0]):
+        check_not_manifest(paths[0])
         where = locate(paths[0])
         return (DatasetSource(where.url) if is_dataset(where) else where), label(where)
     dataset = DatasetSource.of(paths[0] if len(paths) == 1 else list(paths))

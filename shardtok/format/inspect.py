@@ -167,6 +167,8 @@ def format_summary(summary: dict) -> str:
     pct = "  ".join(f"p{p} {lengths[f'p{p}']:,}" for p in PERCENTILES)
     lines.append(f"  doc length      mean {lengths['mean']:,}  {pct}")
     extra = summary.get("extra") or {}
+    if extra and "subset_of" in summary:  # convert's record counts every shard, not the subset
+        lines.append("  of the whole dataset, as convert recorded it in index.json:")
     for key, value in sorted(extra.items()):
         text = value if isinstance(value, (int, float, str)) else json.dumps(value, sort_keys=True)
         text = str(text)

@@ -24,6 +24,7 @@ from shardtok.format.manifest import MANIFEST_NAME, Manifest, ShardEntry
 from shardtok.format.shard_reader import ShardReader, ShardStreamReader
 from shardtok.storage.base import ByteSource, ObjectNotFoundError
 from shardtok.storage.cache import LocalCache
+from shardtok.storage.endpoints import endpoint_of, note_reached, was_reached
 from shardtok.storage.location import Location
 from shardtok.storage.prefetch import Prefetcher
 from shardtok.storage.shard_names import SHARD_SUFFIX, select_shards
@@ -100,12 +101,25 @@ class DatasetSource:
             "cache_dir": self.cache_dir,
             "cache_bytes": self.cache_bytes,
         }
-        return state if self.shards is None else {**state, "shards": self.shards}
+        if self.shards is not None:
+            state["shards"] = self.shards
+        # A spawned worker starts with no endpoint reached: without this, a server restarting
+        # just as it starts would be taken for a wrong port and fail the run (endpoints).
+        if not self.is_local and was_reached(self._endpoint()):
+            state["reached"] = True
+        return state
 
     def __setstate__(self, state: dict) -> None:
+        state = dict(state)
+        reached = state.pop("reached", False)
         self.__dict__.update({"shards": None, **state})
         self.root = Location(self.location)
         self._reset()
+        if reached:
+            note_reached(self._endpoint())
+
+    def _endpoint(self):
+        return endpoint_of(self.location, self.storage_options)
 
     @property
     def key(self) -> str | tuple[str, frozenset[str]]:

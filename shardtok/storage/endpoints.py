@@ -10,7 +10,8 @@ failure is a server restarting or a network hiccup, and is retried like any tran
 An endpoint is what a client's configuration points at: an HTTP(S) URL's origin (scheme, host,
 port), and for object stores the protocol with its configured ``endpoint_url`` (empty when the
 client's own configuration picks it, as botocore does from ``AWS_ENDPOINT_URL`` or a profile).
-The set is per process; a forked worker inherits its parent's, a spawned one starts empty.
+The set is per process; a forked worker inherits its parent's, a spawned one starts empty
+but for the endpoints of the ``DatasetSource`` objects sent to it (they carry theirs).
 A DNS answer of "try again" (``EAI_AGAIN``) and connect timeouts are not final and stay retried.
 """
 
@@ -24,6 +25,7 @@ from collections.abc import Iterator
 
 from shardtok.errors import StorageError
 from shardtok.storage.location import display_url, origin_of, protocol_of
+from shardtok.storage.retry import exception_chain
 
 Endpoint = tuple
 
@@ -72,22 +74,9 @@ def forget_reached() -> None:
         _reached.clear()
 
 
-def _chain(exc: BaseException) -> Iterator[BaseException]:
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        yield current
-        nested = getattr(current, "os_error", None)  # aiohttp.ClientConnectorError
-        if isinstance(nested, BaseException) and id(nested) not in seen:
-            seen.add(id(nested))
-            yield nested
-        current = current.__cause__ or current.__context__
-
-
 def _what(exc: BaseException) -> str | None:
     """What `exc` says about the endpoint: "refused", "no such host", or None (neither)."""
-    for link in _chain(exc):
+    for link in exception_chain(exc):
         if isinstance(link, ConnectionRefusedError):
             return "refused"
         if isinstance(link, socket.gaierror) and link.errno in _NAME_NOT_FOUND:
@@ -97,7 +86,7 @@ def _what(exc: BaseException) -> str | None:
 
 def _connection_target(exc: BaseException) -> tuple[str, str] | None:
     """(scheme://host:port, host) of the connection that failed, when the client says."""
-    for link in _chain(exc):
+    for link in exception_chain(exc):
         host, port = getattr(link, "host", None), getattr(link, "port", None)
         if isinstance(host, str) and isinstance(port, int):  # aiohttp.ClientConnectorError
             key = getattr(link, "_conn_key", None)
@@ -119,7 +108,7 @@ def describe(exc: BaseException, url: str | os.PathLike | None = None) -> str | 
     if what is None:
         return None
     if url is None:
-        botocore = any(type(e).__module__.startswith("botocore") for e in _chain(exc))
+        botocore = any(type(e).__module__.startswith("botocore") for e in exception_chain(exc))
         url = "s3://" if botocore else "http://"
     protocol = protocol_of(url)
     store = _OBJECT_STORES.get(protocol)
@@ -174,7 +163,7 @@ def _answered(exc: BaseException) -> bool:
     """Whether `exc` carries a server's answer (a status or an error code): then it was there."""
     if isinstance(exc, FileNotFoundError | PermissionError):
         return True
-    for link in _chain(exc):
+    for link in exception_chain(exc):
         if isinstance(getattr(link, "status", None), int):
             return True
         if isinstance(getattr(link, "response", None), dict):

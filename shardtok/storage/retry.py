@@ -93,12 +93,18 @@ def _status_of(exc: BaseException) -> int | None:
     return None
 
 
-def _chain(exc: BaseException) -> Iterator[BaseException]:
+def exception_chain(exc: BaseException) -> Iterator[BaseException]:
+    """`exc` and what caused it, each once: causes and contexts, and the ``os_error`` an
+    aiohttp connection error wraps (the refusal itself, for ``endpoints``)."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
         yield current
+        nested = getattr(current, "os_error", None)  # aiohttp.ClientConnectorError
+        if isinstance(nested, BaseException) and id(nested) not in seen:
+            seen.add(id(nested))
+            yield nested
         current = current.__cause__ or current.__context__
 
 
@@ -155,11 +161,11 @@ def classify(exc: BaseException) -> str | None:
     if isinstance(exc, FatalStorageIssue):
         return f"fatal: {exc}"
     config_errors = _configuration_errors()
-    for link in _chain(exc):
+    for link in exception_chain(exc):
         for cls in type(link).__mro__:
             if cls.__name__ in config_errors and cls.__module__.startswith("botocore"):
                 return "fatal: " + config_errors[cls.__name__]
-    for link in _chain(exc):
+    for link in exception_chain(exc):
         status = _status_of(link)
         if status is not None:
             if status in _STATUS_REASONS:

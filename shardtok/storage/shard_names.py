@@ -346,6 +346,17 @@ def _check_name(entry: str, name: str) -> None:
         )
 
 
+def check_not_manifest(text: str) -> None:
+    """Refuse a dataset's ``index.json`` given for the dataset (read as a folder, it would be
+    looked for at ``.../index.json/index.json``): the dataset is its folder or URL prefix."""
+    if Location(text).name == MANIFEST_NAME:
+        folder = text.rsplit(MANIFEST_NAME, 1)[0].rstrip("/") or "."
+        raise UsageError(
+            f"{_shown(text)} is the dataset's {MANIFEST_NAME}: name the dataset by its folder "
+            f"or URL prefix, {_shown(folder)}"
+        )
+
+
 def select_shards(
     what: str | os.PathLike | Sequence[str | os.PathLike], *, base: Path | None = None
 ) -> ShardSelection:
@@ -358,6 +369,12 @@ def select_shards(
             raise UsageError(f"dataset location {what!r} is not text")
         if not names_shards(text, base):
             where = _based(text, base)
+            check_not_manifest(text)
+            if where.is_local and os.path.isfile(where.local_path):
+                raise UsageError(
+                    f"{_shown(text)} is a file, not a dataset folder (with {MANIFEST_NAME}) or "
+                    f"a {SHARD_SUFFIX} shard of one"
+                )
             return ShardSelection(text if where.url == text else str(where))
         entries = _expanded(text, base)
     elif isinstance(what, Sequence) and not isinstance(what, (bytes, bytearray)):
@@ -391,6 +408,7 @@ def select_shards(
 __all__ = [
     "MAX_NAMES",
     "ShardSelection",
+    "check_not_manifest",
     "expand_braces",
     "expand_urls",
     "is_pattern",

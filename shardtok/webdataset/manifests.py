@@ -17,6 +17,7 @@ from typing import Any
 from shardtok.errors import UsageError
 from shardtok.storage.dataset import DatasetSource
 from shardtok.storage.location import Location, display_url
+from shardtok.storage.origins import options_by_origin
 
 # `pipe:cmd`, `ais:...`, `hf:...`: a scheme without `//`, which only WebDataset's gopen opens.
 _GOPEN_ONLY = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*:(?!//)")
@@ -57,12 +58,14 @@ class Manifests:
         storage_options: dict[str, Any] | None = None,
         retry: Any = None,
     ):
-        self.storage_options = storage_options
+        # A URL list may be someone else's: options go to one origin only (flat), or each
+        # origin its own (keyed by origin), never along the list to another host.
+        self.options_for = options_by_origin(storage_options)
         self.retry = retry
         if dataset is None or isinstance(dataset, DatasetSource):
             self.fixed = dataset
         else:
-            self.fixed = DatasetSource(dataset, storage_options, retry=retry)
+            self.fixed = self._source(str(dataset))
         self._beside: dict[str, DatasetSource] = {}
 
     def locate(self, url: str, key: str) -> tuple[DatasetSource, str]:
@@ -83,9 +86,11 @@ class Manifests:
     def beside(self, folder: str) -> DatasetSource:
         dataset = self._beside.get(folder)
         if dataset is None:
-            dataset = DatasetSource(folder, self.storage_options, retry=self.retry)
-            self._beside[folder] = dataset
+            dataset = self._beside[folder] = self._source(folder)
         return dataset
+
+    def _source(self, location: str) -> DatasetSource:
+        return DatasetSource(location, self.options_for(Location(location)), retry=self.retry)
 
 
 __all__ = ["Manifests", "shard_folder", "shard_name"]

@@ -12,6 +12,7 @@ import pytest
 
 from shardtok.cli.main import main as command
 from shardtok.cli.main import run as main
+from shardtok.format.inspect import format_summary
 from shardtok.storage.dataset import DatasetSource
 from shardtok.storage.shard_names import MIX_HINT
 from shardtok.stream.nodes.base import take
@@ -64,6 +65,10 @@ def test_inspect_and_verify_read_the_subset_only(dataset, tmp_path, capsys):
     assert summary["num_tokens"] == sum(e.num_tokens for e in chosen)
     assert main(["inspect", pattern]) == 0
     assert f"2 of its {len(manifest.shards)} shards" in capsys.readouterr().out
+    # convert's record in index.json counts the whole dataset: said so, not shown as the subset's
+    text = format_summary(summary | {"extra": {"documents_written": 10_997}})
+    whole, written = text.splitlines()[-2:]
+    assert "whole dataset" in whole and written.split() == ["documents_written", "10997"]
     # A damaged shard outside the subset is not read; inside it, it is found.
     copy = tmp_path / "ds"
     shutil.copytree(path, copy)
@@ -102,6 +107,7 @@ def test_refusals_are_one_line(dataset, tmp_path, capsys):
         (f"{path}/shard-{{000000..000099}}.tar",): "index.json lists",
         ("https://127.0.0.1:9/ds/shard-*.tar",): "globs are for local paths only",
         (f"{path}/none-*.tar",): "matches no file",
+        (f"{path}/index.json",): "name the dataset by its folder",
     }
     for name in ("stream", "inspect", "verify"):
         for given, message in cases.items():

@@ -10,6 +10,7 @@ slow test), never as a pass.
 from __future__ import annotations
 
 import logging
+import pickle
 import socket
 
 import pytest
@@ -17,7 +18,8 @@ import pytest
 from shardtok.cli.main import main
 from shardtok.errors import StorageError
 from shardtok.storage import RetryPolicy, open_source
-from shardtok.storage.endpoints import EndpointUnreachableError
+from shardtok.storage.dataset import DatasetSource
+from shardtok.storage.endpoints import EndpointUnreachableError, forget_reached
 from shardtok.storage.folder import Folder
 from tests.helpers.servers import Nginx
 
@@ -111,6 +113,30 @@ def test_a_refusal_after_the_endpoint_answered_is_retried(tmp_path, caplog):
     assert not isinstance(info.value, EndpointUnreachableError)
     (retry,) = retries(caplog)
     assert url in retry and "attempt 1/2 failed" in retry
+
+
+def test_a_source_pickled_to_a_spawned_worker_keeps_its_endpoint_reached(tmp_path, caplog):
+    """A spawned DataLoader worker starts with no endpoint reached; the source it is sent
+    carries that its endpoint answered the parent, so a server restarting as the worker starts
+    is retried there, not taken for a wrong port."""
+    caplog.set_level(logging.WARNING, logger="shardtok")
+    server = Nginx(tmp_path)
+    server.start()
+    try:
+        url = server.put("ds/x.bin", b"0123456789")
+        policy = RetryPolicy(max_attempts=2, initial_delay=0.01)
+        source = DatasetSource(url.rpartition("/")[0], retry=policy)
+        assert source.open_file("x.bin").size == 10  # the HEAD: the endpoint answered
+        sent = pickle.dumps(source)
+    finally:
+        server.stop()
+    forget_reached()  # what a spawned process starts with
+    worker = pickle.loads(sent)
+    with pytest.raises(StorageError, match="gave up after 2 attempts") as info:
+        worker.open_file("x.bin").read_range(0, 10)
+    assert not isinstance(info.value, EndpointUnreachableError)
+    (retry,) = retries(caplog)
+    assert "attempt 1/2 failed" in retry
 
 
 def test_an_output_folder_on_a_refusing_endpoint_fails_at_once(closed_port):

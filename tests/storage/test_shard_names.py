@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 
@@ -124,6 +125,16 @@ def test_anything_but_shards_of_one_dataset_is_refused(tmp_path):
         with pytest.raises(UsageError, match=message) as caught:
             select_shards(given)
         assert "secret" not in str(caught.value) and "\n" not in str(caught.value)
+    # A dataset is named by its folder: its index.json, or any other file, is a one-line error.
+    (data / "index.json").write_bytes(b"{}")
+    (data / "c.jsonl").write_bytes(b"")
+    for given, message in {
+        f"{data}/index.json": f"name the dataset by its folder or URL prefix, '{data}'",
+        "https://host/ds/index.json": "name the dataset by its folder or URL prefix, 'https://host/ds'",
+        f"{data}/c.jsonl": "is a file, not a dataset folder",
+    }.items():
+        with pytest.raises(UsageError, match=re.escape(message)):
+            select_shards(given)
     with pytest.raises(UsageError, match=MIX_HINT):
         select_shards([str(data), str(other)])
     with pytest.raises(UsageError, match="empty list"):

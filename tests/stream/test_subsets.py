@@ -156,6 +156,9 @@ def test_fingerprints_name_the_subset_and_stay_as_they_were_without_one(data):
         check_fingerprint(fingerprint(subset), fingerprint(DatasetSource.of(pattern(folder)))) == []
     )
     assert check_fingerprint(fingerprint(whole), fingerprint(DatasetSource(folder))) == []
+    # A pattern naming every shard streams what the folder does: it resumes the folder's state.
+    every = DatasetSource.of(f"{folder}/shard-*.tar")
+    assert len(every.shards) == 6 and source_fingerprint(every) == source_fingerprint(whole)
 
 
 def test_names_index_json_does_not_list_are_refused(data):

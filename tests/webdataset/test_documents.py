@@ -13,7 +13,7 @@ import webdataset as wds
 import shardtok.webdataset as sw
 from shardtok.errors import CorruptShardError, UsageError
 from shardtok.format import ShardReader
-from shardtok.webdataset.manifests import shard_folder, shard_name
+from shardtok.webdataset.manifests import Manifests, shard_folder, shard_name
 from tests.webdataset.conftest import native_documents, shard_paths
 
 
@@ -81,6 +81,18 @@ def test_where_a_shard_url_says_its_dataset_is():
     ]:
         assert (shard_folder(url), shard_name(url)) == (folder, "shard-000001.tar")
     assert shard_folder("pipe:cat ds/shard-000001.tar") is shard_name("pipe:curl -s x.tar") is None
+
+
+def test_storage_options_never_follow_a_url_list_to_a_second_origin():
+    # A URL list may be someone else's: a flat Authorization header serves one origin only.
+    secret = {"headers": {"Authorization": "Bearer s"}}
+    manifests = Manifests(None, secret)
+    assert manifests.beside("https://a.example/ds").storage_options == secret
+    with pytest.raises(UsageError, match=r"sent to 2 origins .*https://b\.example/ds"):
+        manifests.beside("https://b.example/ds")
+    keyed = Manifests(None, {"https://a.example": secret})
+    assert keyed.beside("https://a.example/ds").storage_options == secret
+    assert keyed.beside("https://b.example/ds").storage_options == {}
 
 
 def test_pipe_urls_need_the_dataset_named(sft_dataset):

@@ -30,7 +30,8 @@ from typing import Any
 
 from shardtok.errors import ShardtokError, UsageError
 from shardtok.storage.dataset import DatasetSource
-from shardtok.storage.location import Location, origin_of
+from shardtok.storage.location import Location
+from shardtok.storage.origins import options_by_origin
 from shardtok.storage.shard_names import select_shards
 from shardtok.stream.options import OPTION_NAMES
 
@@ -66,7 +67,7 @@ def mix_spec(
     config's ``dataset_path``; ``--source`` without weights), each entry one dataset.
     `storage_options` go to one origin only (``options_for``): a flat dict when every remote
     source shares one, else a dict keyed by origin (``{"https://host": {...}, ...}``)."""
-    options_for = _options_by_origin(storage_options)
+    options_for = options_by_origin(storage_options)
 
     def source(what: Any) -> DatasetSource:
         # Relative paths in a config file are relative to that file (`base`); URLs never are.
@@ -174,38 +175,6 @@ def read_config(config: str | Path | Mapping[str, Any]) -> tuple[Mapping, Path |
     if not isinstance(data, Mapping):
         raise ShardtokError(f"{where}: expected a mapping at the top level")
     return data, base, where
-
-
-def _origin(where: Location) -> tuple:
-    # Object stores reach their endpoint (from the options) whatever the bucket; HTTP reaches
-    # the host the URL names, so there the host and port are the origin.
-    scheme, host, port = origin_of(where.url)
-    return (scheme, host, port) if scheme in ("http", "https") else (scheme,)
-
-
-def _options_by_origin(storage_options: Mapping[str, Any] | None):
-    """A function giving each source's options, such that they never reach another origin."""
-    if not storage_options:
-        return lambda where: None
-    if all("://" in str(key) for key in storage_options):  # keyed by origin
-        by_origin = {_origin(Location(str(k))): v for k, v in storage_options.items()}
-        return lambda where: None if where.is_local else by_origin.get(_origin(where))
-    seen: dict[tuple, str] = {}
-
-    def flat(where: Location) -> dict | None:
-        if where.is_local:
-            return None
-        origin = _origin(where)
-        seen.setdefault(origin, where.display)
-        if len(seen) > 1:
-            shown = ", ".join(sorted(seen.values()))
-            raise UsageError(
-                f"storage_options would be sent to {len(seen)} origins ({shown}); key them by "
-                'origin instead: {"https://host": {...}, "s3://": {...}}'
-            )
-        return dict(storage_options)
-
-    return flat
 
 
 def _tokenizer_of(source: DatasetSource) -> str:

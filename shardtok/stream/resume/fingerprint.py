@@ -6,7 +6,8 @@ message but not compared, so a dataset copied to another folder or bucket still 
 source that streams a subset of its dataset's shards adds ``shards``: the subset as runs of
 consecutive index.json entries (``"shard-000000.tar..shard-000003.tar"``, or one name), which
 with the manifest's sha256 names it exactly; ``num_tokens`` is then the subset's. A source
-without a subset has no ``shards`` key, so its fingerprint is what it always was.
+without a subset (or with one naming every shard) has no ``shards`` key, so its fingerprint is
+what it always was.
 
 Curriculum stages (``staged_fingerprint``) add ``stages``: per stage its name, ``start_step``
 (1-based), effective seed (its own, else the shared one) and sources with weights. A state of
@@ -57,7 +58,8 @@ def source_fingerprint(source: DatasetSource) -> dict:
         "tokenizer": manifest.tokenizer_fingerprint,
         "num_tokens": source.manifest.num_tokens,
     }
-    if source.shards is not None:
+    # A subset naming every shard streams what the whole dataset does, so it resumes its states.
+    if source.shards is not None and len(source.manifest.shards) < len(manifest.shards):
         entry["shards"] = shard_runs(source)
     return entry
 
