@@ -138,6 +138,13 @@ class EpochPlan:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=1)
 
+    def _shard_names(self) -> list[str]:
+        """The shard order as printed: positions in the manifest, which are the shard numbers of
+        a whole dataset; for a subset, whose positions are not its files' numbers, the files."""
+        files = {p.shard: p.file for s in self.slices for p in s.pieces}
+        numbered = all(f.endswith(f"-{i:06d}.tar") for i, f in files.items())
+        return [str(i) if numbered else files.get(i, f"#{i}") for i in self.shard_order]
+
     def summary(self) -> str:
         counts = [s.num_tokens for s in self.slices]
         seqs = [s.num_sequences for s in self.slices]
@@ -146,9 +153,7 @@ class EpochPlan:
         exact = (
             "" if self.packing == "concat" else f" at least ({self.packing} padding reads fewer)"
         )
-        order = ", ".join(map(str, self.shard_order[:8])) + (
-            ", ..." if len(self.shard_order) > 8 else ""
-        )
+        order = ", ".join(self._shard_names()[:8]) + (", ..." if len(self.shard_order) > 8 else "")
         return "\n".join(
             [
                 f"epoch {self.epoch} plan (seed {self.seed}): {len(self.shard_order)} shards, "

@@ -66,6 +66,9 @@ def test_an_epoch_reads_every_token_of_the_subset_once(data):
     setup = StreamSetup.single(source, OPTIONS)
     plan = setup.plan(epoch=0, world_size=2, num_workers=2)
     assert plan.total_tokens == len(want) == source.manifest.num_tokens
+    # the summary's shard order names the subset's files: its positions 0-2 are not shards 0-2
+    order = plan.summary().splitlines()[0].split("shard order [")[1].rstrip("]").split(", ")
+    assert sorted(order) == list(names)
     read = [d for s in plan.slices for d in take(document_stream(source, s, OPTIONS, 0))]
     assert np.array_equal(np.sort(np.concatenate(read)), want)  # each token once, no other
     # The batches hold subset tokens only, as many batches as the subset's plan says.
