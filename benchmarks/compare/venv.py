@@ -127,7 +127,7 @@ def ensure(log=print) -> Path:
         if is_ready():
             return python()
         start = time.perf_counter()
-        log(f"building the peers' virtual environment in {VENV} (once; about a minute, torch comes from outside)")
+        log(f"building the peers' virtual environment in {VENV} (once; torch comes from outside)")
         create = [sys.executable, "-m", "venv", "--system-site-packages"]
         if VENV.exists():
             create.append("--clear")

@@ -148,7 +148,8 @@ def test_phases_report_the_same_way(corpus, tmp_path, capsys):
     out = str(tmp_path / "phased")
     assert main(["convert", "plan", str(corpus), "-o", out, "-v"]) == 0
     planned = capsys.readouterr()
-    assert "the unit size was chosen for this corpus (--unit-size sets it" in planned.out  # the note is in the summary
+    # the note is in the summary
+    assert "the unit size was chosen for this corpus (--unit-size sets it" in planned.out
     assert "info: planned " in planned.err
     common = ["-o", out, "--workers", "1", "--progress"]
     assert main(["convert", "run-units", *common, "--rank", "0", "--world-size", "1"]) == 0
