@@ -131,7 +131,13 @@ def mix_from(args: argparse.Namespace) -> MixSpec | Curriculum | None:
     more ``data_stages`` and no ``--stage``; a one-stage config is a plain mix)."""
     chosen = [bool(args.dataset), bool(args.source), bool(args.config)]
     if sum(chosen) != 1:
-        raise UsageError("give one of DATASET, --source or --config")
+        # trace takes its config as the positional target: it has no --config to offer
+        offered = (
+            "CONFIG_OR_DATASET or --source"
+            if getattr(args, "command", None) == "trace"
+            else "one of DATASET, --source or --config"
+        )
+        raise UsageError(f"give {offered}")
     if args.rank >= args.world_size:
         raise UsageError(f"--rank {args.rank} is outside --world-size {args.world_size}")
     if args.source:

@@ -103,6 +103,8 @@ def test_errors_are_one_line(datasets, tmp_path, capsys):
     assert "past the end of epoch 0" in err and "steps per epoch" in err and "\n" not in err
     assert main(["trace", path, "--step", "1"]) == 2
     assert "--seq-len is required" in capsys.readouterr().err
+    assert main(["trace", *SHAPE, "--step", "1"]) == 2  # nothing to trace: no --config offered
+    assert "error: give CONFIG_OR_DATASET or --source" in capsys.readouterr().err
     stages = tmp_path / "stages.yaml"
     stages.write_text(f"seq_len: 24\nbatch_size: 2\ndata_stages:\n"
                       f"  - data: {{dataset: {{dataset_path: {path}}}}}\n"
