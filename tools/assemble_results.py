@@ -13,7 +13,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 SECTIONS = [
-    "convert", "parquet_ranges", "distributed", "stream", "webdataset", "trace", "s3", "compare"
+    "convert", "parquet_ranges", "distributed", "stream", "webdataset", "trace", "s3",
+    "job_start", "compare"
 ]  # fmt: skip
 
 
