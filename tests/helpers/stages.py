@@ -18,16 +18,20 @@ OPTIONS = {"seq_len": 15, "batch_size": 2, "shuffle_buffer": 8, "seed": 3}
 STARTS = [1, 4, 7]  # 1-based training steps
 
 
-def write_sources(root: Path) -> list[str]:
+def write_sources(
+    root: Path, sizes=SIZES, *, log_mean=3.0, shard_size=900, shard_step=200, frame_size=500
+) -> list[str]:
+    """Source i (folder ``s{i}``) holds `sizes[i]` tokens whose ids start at ``BASES[i]``, so a
+    token names its source (``source_of``); document lengths are log-normal around `log_mean`."""
     paths = []
-    for i, (base, size) in enumerate(zip(BASES, SIZES)):
+    for i, (base, size) in enumerate(zip(BASES, sizes)):
         rng = np.random.default_rng(i)
-        lengths = np.maximum(1, rng.lognormal(3.0, 1.0, size=size)).astype(int)
+        lengths = np.maximum(1, rng.lognormal(log_mean, 1.0, size=size)).astype(int)
         keep = int(np.searchsorted(np.cumsum(lengths), size))  # documents that fit before size
         lengths = np.append(lengths[:keep], size - lengths[:keep].sum())
         write_synthetic_dataset(
             root / f"s{i}", lengths=lengths.tolist(), vocab_size=3_000_000, unique_tokens=True,
-            first_token=base, shard_size=900 + 200 * i, frame_size=500,
+            first_token=base, shard_size=shard_size + shard_step * i, frame_size=frame_size,
         )  # fmt: skip
         paths.append(str(root / f"s{i}"))
     return paths

@@ -17,35 +17,19 @@ from shardtok.stream.mix.stream import MixedStream
 from shardtok.stream.nodes.base import take
 from shardtok.stream.options import StreamOptions
 from shardtok.testing.save_restore import check_save_restore
-from shardtok.testing.synthetic import write_synthetic_dataset
+from tests.helpers.stages import BASES, source_of, write_sources
 
 OPTIONS = StreamOptions(seq_len=31, batch_size=4, shuffle_buffer=16, seed=3)
 # Token ids are global positions: source i owns ids [BASES[i], BASES[i] + its size).
-BASES = [0, 1_000_000, 2_000_000]
 SIZES = [20_000, 3_000, 9_000]
 
 
 @pytest.fixture(scope="module")
 def sources(tmp_path_factory):
-    root = tmp_path_factory.mktemp("mix")
-    paths = []
-    for i, (base, size) in enumerate(zip(BASES, SIZES)):
-        rng = np.random.default_rng(i)
-        lengths = np.maximum(1, rng.lognormal(3.5, 1.0, size=size)).astype(int)
-        keep = int(np.searchsorted(np.cumsum(lengths), size))  # documents that fit before size
-        lengths = np.append(lengths[:keep], size - lengths[:keep].sum())
-        write_synthetic_dataset(
-            root / f"s{i}", lengths=lengths.tolist(), vocab_size=3_000_000, unique_tokens=True,
-            first_token=base, shard_size=1200 + 500 * i, frame_size=700,
-        )  # fmt: skip
-        paths.append(str(root / f"s{i}"))
-    return paths
-
-
-def source_of(tokens: np.ndarray) -> int:
-    owners = {int(np.searchsorted(BASES, t, side="right")) - 1 for t in np.unique(tokens)}
-    assert len(owners) == 1, f"a sequence mixes sources {owners}"
-    return owners.pop()
+    return write_sources(
+        tmp_path_factory.mktemp("mix"), SIZES, log_mean=3.5, shard_size=1200, shard_step=500,
+        frame_size=700,
+    )  # fmt: skip
 
 
 def test_schedule_is_the_blending_rule_and_its_true_bound():
