@@ -27,7 +27,7 @@ from shardtok.storage.cache import LocalCache
 from shardtok.storage.endpoints import endpoint_of, note_reached, was_reached
 from shardtok.storage.location import Location
 from shardtok.storage.prefetch import Prefetcher
-from shardtok.storage.shard_names import SHARD_SUFFIX, select_shards
+from shardtok.storage.shard_names import check_shard_name, select_shards
 from shardtok.storage.source import read_bytes
 
 PREFETCH_DEPTH = 8  # first blocks of the next shard group kept ready (2 groups of 4)
@@ -282,12 +282,9 @@ def _shard_names(shards: Sequence[str], root: Location) -> tuple[str, ...]:
     names = tuple(shards)
     if not names:
         raise UsageError(f"{root.display}: an empty list of shards names no data")
-    for name in names:
-        root.join(name)  # a LocationError naming the dataset for anything but a plain name
-        if not name.endswith(SHARD_SUFFIX) or name == MANIFEST_NAME:
-            raise UsageError(f"{root.display}: {name!r} is not a shard file name")
     seen: set[str] = set()
     for name in names:
+        check_shard_name(name, name)  # the rule a list or pattern is read with
         if name in seen:
             raise UsageError(f"{root.display}: shard {name} is named twice")
         seen.add(name)

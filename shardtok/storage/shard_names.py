@@ -333,7 +333,8 @@ def _split(entry: str) -> tuple[str, tuple, str]:
     return folder, ("url", folder), name
 
 
-def _check_name(entry: str, name: str) -> None:
+def check_shard_name(entry: str, name: str) -> None:
+    """Refuse `name` (from `entry`, as given) unless it is a plain shard file name."""
     problem = name_problem(name)
     if problem is None and name == MANIFEST_NAME:
         problem = f"the dataset's {MANIFEST_NAME}"
@@ -390,7 +391,7 @@ def select_shards(
     root, key, names, seen = "", (), [], {}
     for entry in entries:
         folder, where, name = _split(entry)
-        _check_name(entry, name)
+        check_shard_name(entry, name)
         if not names:
             root, key = folder, where
         elif where != key:
@@ -409,6 +410,7 @@ __all__ = [
     "MAX_NAMES",
     "ShardSelection",
     "check_not_manifest",
+    "check_shard_name",
     "expand_braces",
     "expand_urls",
     "is_pattern",
