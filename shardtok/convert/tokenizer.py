@@ -143,7 +143,7 @@ def _special_line(
         return f"  {kind}         {named} {where} every document ({source})"
     if token_id is None:
         return f"  {kind}         not added ({off}); the tokenizer names none"
-    return f"  {kind}         not added ({off}); the tokenizer's is {named[:-1]}, {source})"
+    return f"  {kind}         not added ({off}); the tokenizer's is {token!r} (id {token_id}, {source})"
 
 
 def _configured_in(path: Path, key: str, token: str) -> str:
