@@ -122,7 +122,9 @@ def write_report(results: dict, path: Path) -> None:
         f"Linux {m['kernel']}, Python {m['python']}",
         "- versions: " + ", ".join(f"{k} {v}" for k, v in results["versions"].items()),
         f"- batches: {results['read_options']['batch_size']} x {results['read_options']['seq_len']} "
-        f"int64 input ids (windows of seq_len + 1 tokens, concat packing); {plan['warmup_batches']} "
+        "int64 input ids, labels and position ids, what a training step takes (windows of seq_len + 1 "
+        f"tokens, concat packing; a peer's `.long()` and positions are done in the timed loop); "
+        f"{plan['warmup_batches']} "
         f"warm-up batches not timed, then a fixed budget of at most {plan['budget_tokens']:,} "
         f"tokens timed (less where 60% of an epoch is less); {plan['reps']} repetition(s), system "
         f"order rotated per repetition, {_processes(plan)}; figures are medians, ratios are to "
