@@ -34,6 +34,14 @@ class SampleDocuments(NamedTuple):
     lengths: np.ndarray  # int64: tokens taken from each document
 
 
+class SamplePieces(NamedTuple):
+    """The non-empty document pieces of several samples laid end to end, in order."""
+
+    begins: np.ndarray  # int64: where each piece begins in the token array
+    lengths: np.ndarray  # int64, > 0: its tokens
+    offsets: np.ndarray  # int64: where it begins in the samples end to end
+
+
 class GPTSamples:
     """Map-style source of ``seq_length + 1``-token samples (int64), Megatron GPTDataset order.
 
@@ -118,7 +126,7 @@ class GPTSamples:
         """The loss mask (uint8) of sample ``i``'s tokens; needs `masks`."""
         if self.masks is None:
             raise ValueError("these samples have no loss masks")
-        return _zero_or_one(np.asarray(self._sample(self.masks, i), dtype=np.uint8))
+        return zero_or_one(np.asarray(self._sample(self.masks, i), dtype=np.uint8))
 
     def _sample(self, values, i: int):
         pieces = self.document_boundaries(i)
@@ -149,12 +157,16 @@ class GPTSamples:
             raise ValueError("these samples have no loss masks")
         return self._gather(indices, True)  # type: ignore[return-value]
 
-    def _gather(self, indices: Sequence[int], with_masks: bool):
-        rows = len(indices)
+    def pieces(self, indices: Sequence[int] | np.ndarray) -> SamplePieces:
+        """The non-empty document pieces of samples `indices` laid end to end (row ``r`` is
+        sample ``indices[r]``, ``seq_length + 1`` tokens), in order.
+
+        Vectorized over every sample at once: a loader plans many batches with one call.
+        """
         length = len(self)
-        checked = np.asarray(indices, dtype=np.int64)
+        checked = np.array(indices, dtype=np.int64)  # a copy: negative indices are shifted
         if checked.size and (checked.min() < -length or checked.max() >= length):
-            bad = next(i for i in indices if not -length <= i < length)
+            bad = next(int(i) for i in checked.tolist() if not -length <= i < length)
             raise IndexError(f"sample {bad} out of range for {length} samples")
         checked[checked < 0] += length
         ix = self.indices
@@ -172,9 +184,15 @@ class GPTSamples:
         ends[row_begin + counts - 1] = last_offset + 1  # the extra token, as in __getitem__
         lengths = ends - starts
         begins = self.document_starts[document_ids] + starts
-        window = self.seq_length + 1
         offsets = np.cumsum(lengths) - lengths
-        boundaries = offsets[(lengths > 0) & (offsets % window != 0)].tolist()
+        keep = lengths > 0
+        return SamplePieces(begins[keep], lengths[keep], offsets[keep])
+
+    def _gather(self, indices: Sequence[int], with_masks: bool):
+        rows = len(indices)
+        window = self.seq_length + 1
+        begins, lengths, offsets = self.pieces(indices)
+        boundaries = offsets[offsets % window != 0].tolist()
         begins_list, lengths_list = begins.tolist(), lengths.tolist()
         if with_masks:
             pieces, mask_pieces = read_paired_ranges(
@@ -188,7 +206,7 @@ class GPTSamples:
         if not with_masks:
             return tokens, boundaries, None
         mask = np.concatenate(mask_pieces) if len(mask_pieces) != 1 else mask_pieces[0]
-        return tokens, boundaries, _zero_or_one(mask)
+        return tokens, boundaries, zero_or_one(mask)
 
     def _check_index(self, i: int) -> int:
         i = operator.index(i)
@@ -198,7 +216,8 @@ class GPTSamples:
         return i + length if i < 0 else i
 
 
-def _zero_or_one(mask: np.ndarray) -> np.ndarray:
+def zero_or_one(mask: np.ndarray) -> np.ndarray:
+    """`mask` itself, once no value in it is above 1 (a ValueError otherwise)."""
     # Shard masks are checked per frame; a Megatron mask pair has no checksums, and a mask
     # byte above 1 would otherwise be read as "trained" by the batch builder's bool view.
     if mask.size and int(mask.max()) > 1:
@@ -221,4 +240,6 @@ def read_ranges(tokens, begins: list[int], lengths: list[int]) -> list[np.ndarra
     ranges = getattr(tokens, "ranges", None)
     if ranges is not None:
         return ranges(begins, lengths)
+    if isinstance(tokens, np.memmap):  # a Megatron .bin: np.memmap slices cost microseconds
+        tokens = tokens.view(np.ndarray)
     return [tokens[b : b + n] for b, n in zip(begins, lengths) if n]

@@ -20,23 +20,16 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import NamedTuple
+from collections.abc import Sequence
 
 import numpy as np
 from torch.utils.data import Dataset, get_worker_info
 
 from shardtok.memmap.samples import GPTSamples
 from shardtok.memmap.tokens import open_local_data
-from shardtok.stream.batch import (
-    BATCH_KEYS,
-    Allocator,
-    allocate_arrays,
-    assemble_contiguous_batch,
-    build_batch,
-    check_labels_format,
-)
-from shardtok.stream.masked import flag_untrained
+from shardtok.stream.batch import BATCH_KEYS, allocate_arrays, build_batch, check_labels_format
 from shardtok.stream.sequence import PackedSequence
+from shardtok.torch.memmap_plan import BatchPlan
 from shardtok.torch.transport import SlotRing, to_tensors
 
 
@@ -127,30 +120,23 @@ class MemmapTokenDataset(Dataset):
         out["source_ids"] = batch["source_ids"].reshape(())
         return to_tensors(out)
 
-    def __getitems__(self, indices: list[int]) -> GatheredSamples:
-        """The DataLoader's batched fetch: the samples' tokens gathered in one pass."""
-        if self.samples.masks is None:
-            tokens, boundaries = self.samples.gather(indices)
-            return GatheredSamples(tokens, boundaries, len(indices))
-        tokens, boundaries, mask = self.samples.gather_with_masks(indices)
-        return GatheredSamples(tokens, boundaries, len(indices), mask)
+    def __getitems__(self, indices: list[int]) -> BatchPlan:
+        """The DataLoader's batched fetch: the batch of samples `indices`, planned."""
+        return self.plan(indices, [len(indices)])
 
-    def assemble(self, gathered: GatheredSamples, allocate: Allocator = allocate_arrays) -> dict:
-        """The batch of `gathered` samples as numpy arrays from `allocate`."""
-        masked = gathered.mask is not None
-        return assemble_contiguous_batch(
-            flag_untrained(gathered.tokens, gathered.mask) if masked else gathered.tokens,
-            gathered.boundaries,
-            gathered.rows,
+    def plan(self, indices: Sequence[int] | np.ndarray, sizes: Sequence[int]) -> BatchPlan:
+        """Batches of `indices` cut into `sizes`, planned together (``memmap_plan``)."""
+        return BatchPlan(
+            self.samples,
+            indices,
+            sizes,
             mask_boundary_labels=self.mask_boundary_labels,
             labels_format=self.labels_format,
-            allocate=allocate,
-            masked=masked,
         )
 
-    def collate(self, gathered: GatheredSamples) -> dict:
+    def collate(self, planned: BatchPlan) -> dict:
         """The DataLoader collate_fn: a batch with the streaming dataset's keys."""
-        if not isinstance(gathered, GatheredSamples):
+        if not isinstance(planned, BatchPlan) or len(planned) != 1:
             raise TypeError(
                 "MemmapTokenDataset.collate takes what the DataLoader gets from __getitems__; "
                 "pass collate_fn=dataset.collate with batch_size set"
@@ -158,18 +144,9 @@ class MemmapTokenDataset(Dataset):
         ring = None
         if self.shared_memory and SlotRing.supported():
             if self._ring is None:
-                self._ring = SlotRing(gathered.rows, self.seq_len)
+                self._ring = SlotRing(planned.sizes[0], self.seq_len)
             ring = self._ring
-        batch = self.assemble(gathered, ring.allocate if ring is not None else allocate_arrays)
+        batch = planned.batch(0, ring.allocate if ring is not None else allocate_arrays)
         if ring is None:
             return to_tensors(batch)
         return ring.package(batch, local=get_worker_info() is None)
-
-
-class GatheredSamples(NamedTuple):
-    """Samples end to end (``rows * (seq_len + 1)`` tokens) and where documents begin."""
-
-    tokens: np.ndarray
-    boundaries: list[int]
-    rows: int
-    mask: np.ndarray | None = None  # loss masks beside the tokens (masked data only)
