@@ -19,8 +19,8 @@ Megatron prefix with the ``PREFIX_mask`` pair ``export-megatron --mask`` writes)
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 from torch.utils.data import Dataset, get_worker_info
