@@ -37,9 +37,11 @@ class MemmapBatchSource:
 
 
 class MemmapBatches:
-    """One worker's batches of one epoch, from its `taken`-th on, planned `RUN` at a time."""
+    """One worker's batches of one epoch, from its `taken`-th on, planned in runs (BatchPlan)."""
 
-    RUN = 32  # batches planned together: per-batch planning cost ~1/30 of one batch's
+    # Batches planned together: 1, 2, 4, ... up to RUN, so the first batch (which also checks
+    # the crc32 of every frame its plan touches) comes as soon as before.
+    RUN = 32
 
     def __init__(self, source: MemmapBatchSource, order, worker: int, count: int, taken: int):
         self.source, self.order = source, order
@@ -47,6 +49,7 @@ class MemmapBatches:
         self.total = batch_count(len(order), source.batch_size, source.drop_last)
         self._plan: BatchPlan | None = None
         self._planned_from = 0  # the `taken` of the plan's first batch
+        self._run = 1  # batches in the next plan
 
     def __iter__(self):
         return self
@@ -65,7 +68,8 @@ class MemmapBatches:
     def _next_plan(self) -> BatchPlan:
         size = self.source.batch_size
         numbers = range(self.worker + self.taken * self.count, self.total, self.count)
-        picked = [self.order[b * size : (b + 1) * size] for b in numbers[: self.RUN]]
+        run, self._run = min(self._run, self.RUN), min(2 * self._run, self.RUN)
+        picked = [self.order[b * size : (b + 1) * size] for b in numbers[:run]]
         return self.source.dataset.plan(np.concatenate(picked), [len(p) for p in picked])
 
     def state_dict(self) -> dict:
