@@ -117,7 +117,6 @@ class ShardLoader(DataLoader):
         self._resume: tuple[list[dict | None], int] | None = None
         self._ended: LeanIterator | None = None  # the last epoch that ended or was left
         self._inline: MemmapBatches | None = None  # the memmap path's batches, in process
-        self._inline_ring: SlotRing | None = None
 
     def __len__(self) -> int:
         """Batches per epoch: for a ``ShardStreamDataset``, exactly what a rank yields with
@@ -163,15 +162,12 @@ class ShardLoader(DataLoader):
         return self._start(source, self.batch_size, dataset.seq_len, states, first)  # type: ignore[arg-type]
 
     def _memmap_in_process(self, source: MemmapBatchSource, state: dict):
-        ring = None
-        if self.zero_copy:
-            if self._inline_ring is None:  # one per loader, kept across epochs
-                self._inline_ring = SlotRing(self.batch_size, source.dataset.seq_len)  # type: ignore[arg-type]
-            ring = source._ring = self._inline_ring
+        # No slot ring in process: nothing crosses a process, and fresh arrays cost 5-10 µs of
+        # CPU less per batch than a slot's views, finalizer and tensors (bench_memmap.py).
         batches, _ = source._start_stream(state)
         self._inline = batches
         for batch in batches:
-            yield ring.package(batch, local=True) if ring is not None else to_tensors(batch)
+            yield to_tensors(batch)
 
     def _epoch_order(self) -> np.ndarray:
         if isinstance(self.sampler, SequentialSampler):
