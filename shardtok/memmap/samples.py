@@ -193,13 +193,10 @@ class GPTSamples:
         window = self.seq_length + 1
         begins, lengths, offsets = self.pieces(indices)
         boundaries = offsets[offsets % window != 0].tolist()
-        begins_list, lengths_list = begins.tolist(), lengths.tolist()
         if with_masks:
-            pieces, mask_pieces = read_paired_ranges(
-                self.tokens, self.masks, begins_list, lengths_list
-            )
+            pieces, mask_pieces = read_paired_ranges(self.tokens, self.masks, begins, lengths)
         else:
-            pieces = read_ranges(self.tokens, begins_list, lengths_list)
+            pieces = read_ranges(self.tokens, begins, lengths)
         tokens = np.concatenate(pieces) if len(pieces) != 1 else pieces[0]
         if len(tokens) != rows * window:
             raise AssertionError(f"gathered {len(tokens)} tokens for {rows} samples of {window}")
@@ -225,7 +222,7 @@ def zero_or_one(mask: np.ndarray) -> np.ndarray:
     return mask
 
 
-def read_paired_ranges(tokens, masks, begins: list[int], lengths: list[int]):
+def read_paired_ranges(tokens, masks, begins, lengths):
     """`read_ranges` of `tokens` and of the `masks` beside them, in one pass when both are
     shards' ConcatTokens (which share their bounds)."""
     paired = getattr(tokens, "paired_ranges", None)
@@ -234,12 +231,13 @@ def read_paired_ranges(tokens, masks, begins: list[int], lengths: list[int]):
     return read_ranges(tokens, begins, lengths), read_ranges(masks, begins, lengths)
 
 
-def read_ranges(tokens, begins: list[int], lengths: list[int]) -> list[np.ndarray]:
-    """``[tokens[b : b + n] for b, n in zip(begins, lengths) if n]``, fast for either token
-    source (an array, or a ConcatTokens of shard memmaps)."""
+def read_ranges(tokens, begins, lengths) -> list[np.ndarray]:
+    """``[tokens[b : b + n] for b, n in zip(begins, lengths) if n]`` (int sequences or int64
+    arrays), fast for either token source (an array, or a ConcatTokens of shard memmaps)."""
     ranges = getattr(tokens, "ranges", None)
     if ranges is not None:
         return ranges(begins, lengths)
     if isinstance(tokens, np.memmap):  # a Megatron .bin: np.memmap slices cost microseconds
         tokens = tokens.view(np.ndarray)
+    begins, lengths = (v.tolist() if isinstance(v, np.ndarray) else v for v in (begins, lengths))
     return [tokens[b : b + n] for b, n in zip(begins, lengths) if n]

@@ -87,28 +87,35 @@ class ConcatTokens:
             out[mask] = self.arrays[k][positions[mask] - self.bounds[k]]
         return out
 
-    def ranges(self, begins: list[int], lengths: list[int]) -> list[np.ndarray]:
-        """``[self[b : b + n] for b, n in zip(begins, lengths) if n]`` with one searchsorted
-        for all of them (a document never spans two arrays, so a range rarely does)."""
+    def ranges(self, begins, lengths) -> list[np.ndarray]:
+        """``[self[b : b + n] for b, n in zip(begins, lengths) if n]`` (int sequences or
+        arrays) with one searchsorted for all of them and the offsets inside each array
+        computed vectorized: what is left per range is its slice (a document never spans two
+        arrays, so a range rarely does)."""
         if self.check is not None:
             self.check.ranges(begins, lengths)
-        which = (np.searchsorted(self.bounds, begins, side="right") - 1).tolist()
-        bounds = self.bounds.tolist()
-        out = []
-        for k, b, n in zip(which, begins, lengths):
-            if not n:
-                continue
-            if b + n <= bounds[k + 1]:
-                out.append(self.arrays[k][b - bounds[k] : b - bounds[k] + n])
-            else:
-                out.append(self._range(b, b + n))
-        return out
+        starts = np.asarray(begins, dtype=np.int64)
+        sizes = np.asarray(lengths, dtype=np.int64)
+        bounds = self.bounds
+        # (an empty range at the very end would otherwise land past the last array)
+        which = np.minimum(np.searchsorted(bounds, starts, side="right") - 1, len(self.arrays) - 1)
+        local = starts - bounds[which]
+        ends = local + sizes
+        if bool(np.all(ends <= bounds[which + 1] - bounds[which])):
+            arrays = self.arrays
+            return [
+                arrays[k][a:e]
+                for k, a, e in zip(which.tolist(), local.tolist(), ends.tolist())
+                if e > a
+            ]
+        return [self._range(b, b + n) for b, n in zip(starts.tolist(), sizes.tolist()) if n]
 
     def paired_ranges(
-        self, begins: list[int], lengths: list[int], other: ConcatTokens
+        self, begins, lengths, other: ConcatTokens
     ) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """`ranges` of these arrays and of `other` (arrays of the same lengths: a masked
         dataset's masks beside its tokens) in one pass: half the lookups of two calls."""
+        begins, lengths = _ints(begins), _ints(lengths)
         if self.check is not None:
             self.check.ranges(begins, lengths)
         if other.check is not None:
@@ -143,6 +150,10 @@ class ConcatTokens:
                 self.arrays[k][max(start, base) - base : min(stop, int(self.bounds[k + 1])) - base]
             )
         return np.concatenate(parts)
+
+
+def _ints(values) -> list[int]:
+    return values.tolist() if isinstance(values, np.ndarray) else list(values)
 
 
 def open_local_tokens(path: str | Path) -> tuple[np.ndarray | ConcatTokens, np.ndarray]:

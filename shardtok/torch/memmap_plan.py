@@ -74,13 +74,12 @@ class BatchPlan:
         window = seq_len + 1
         rows = len(indices)
         begins, lengths, offsets = samples.pieces(indices)
-        begin_list, length_list = begins.tolist(), lengths.tolist()
         if self.masked:
             self._runs, self._mask_runs = read_paired_ranges(
-                samples.tokens, samples.masks, begin_list, length_list
+                samples.tokens, samples.masks, begins, lengths
             )
         else:
-            self._runs = read_ranges(samples.tokens, begin_list, length_list)
+            self._runs = read_ranges(samples.tokens, begins, lengths)
         if int(lengths.sum()) != rows * window:
             raise AssertionError(f"planned {int(lengths.sum())} tokens for {rows} samples")
         self.dtype = samples.tokens.dtype
