@@ -254,6 +254,22 @@ class DatasetSource:
             )
         return Manifest.from_compact(table)
 
+    def manifests(self) -> dict:
+        """Which manifests the dataset has, their sizes, and whether index.compact agrees with
+        index.json (both read whole): what ``shardtok inspect`` shows."""
+        data = self._json_bytes()
+        out: dict = {MANIFEST_NAME: {"bytes": len(data)}}
+        table = self.compact_table()
+        if table is None:
+            out[COMPACT_NAME] = None
+            return out
+        full = Manifest.from_bytes(data, self.where_of(MANIFEST_NAME))
+        problems = differences(full, data, table)
+        size = table.header.records_at + len(table) * table.header.dtype.itemsize
+        size += 4 * table.header.groups
+        out[COMPACT_NAME] = {"bytes": size, "agrees": not problems, "differences": problems}
+        return out
+
     @property
     def manifest_bytes_read(self) -> int:
         """Bytes of manifest read so far in this process (what starting a job costs)."""
@@ -282,7 +298,10 @@ class DatasetSource:
         if self.shards is None:
             return None
         if self._positions is None:
-            self.manifest  # noqa: B018 - sets the positions with the view
+            view = self.manifest  # sets the positions with the view it makes
+            if self._positions is None:  # a view given from outside (AddressSource's)
+                names = tuple(e.file for e in view.shards)
+                self._positions = _subset_positions(self.dataset_manifest, names, self)
         return self._positions
 
     def entry(self, name: str) -> ShardEntry:
