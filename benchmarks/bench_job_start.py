@@ -256,7 +256,7 @@ def main() -> int:
         "Target (issue 18): <= 1 MB and <= 0.1 s per worker at 10^6 shards.",
     ]
     args.out.write_text("\n".join(lines) + "\n")
-    print(f"wrote {args.out} and {png}")
+    print(f"wrote {args.out} and {figures}")
     return 0
 
 

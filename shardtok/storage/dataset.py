@@ -195,7 +195,9 @@ class DatasetSource:
         return self._manifest
 
     def _json_manifest(self) -> Manifest:
-        return Manifest.from_bytes(self._json_bytes(), self.where_of(MANIFEST_NAME))
+        data = self._json_bytes()
+        self._json_size = len(data)
+        return Manifest.from_bytes(data, self.where_of(MANIFEST_NAME))
 
     def _json_bytes(self) -> bytes:
         target = self.root.join(MANIFEST_NAME)
@@ -276,7 +278,7 @@ class DatasetSource:
         table = self.dataset_manifest.shards
         if isinstance(table, ShardTable):
             return table.bytes_read
-        return len(self.dataset_manifest.to_bytes())
+        return getattr(self, "_json_size", 0)
 
     @property
     def manifest(self) -> Manifest:
