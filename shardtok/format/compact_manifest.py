@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 
 from shardtok.errors import CorruptShardError
+from shardtok.format.shard_entry import ShardEntry
 from shardtok.format.shard_groups import (
     group_count,
     group_major,
@@ -322,8 +323,6 @@ class ShardTable(Sequence):
             at += count * width + 4
 
     def _entry(self, i: int, row):
-        from shardtok.format.manifest import ShardEntry  # the manifest module imports this one
-
         flags = self.header.flags
         if flags & FLAG_NAMES:
             file = bytes(row["name"]).rstrip(b"\0").decode("ascii", "replace")
