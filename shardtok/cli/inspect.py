@@ -12,8 +12,9 @@ def add_parser(sub) -> None:
     p = sub.add_parser(
         "inspect",
         help="summarize a dataset folder, some of its shards, or one shard",
-        description="Print counts, dtype, tokenizer, frames, document-length percentiles and the "
-        "compression ratio. For some shards of a dataset (a pattern, a glob or several files) the "
+        description="Print counts, dtype, tokenizer, frames, document-length percentiles, the "
+        "compression ratio and the dataset's manifests (index.json, and index.compact checked "
+        "against it: exit status 1 when they disagree). For some shards of a dataset (a pattern, a glob or several files) the "
         "counts are those shards'.",
         epilog="examples:\n  shardtok inspect data/\n  shardtok inspect data/shard-000000.tar --json\n"
         "  shardtok inspect 'data/shard-{000000..000003}.tar'   # 4 shards, checked against "
@@ -27,6 +28,7 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from shardtok.cli.storage_args import retry_policy
+    from shardtok.format.compact_manifest import COMPACT_NAME
     from shardtok.format.inspect import format_summary, inspect_dataset, inspect_shard
     from shardtok.storage import open_source
     from shardtok.storage.dataset import DatasetSource
@@ -41,7 +43,9 @@ def run(args) -> int:
         summary = inspect_dataset(
             manifest, chosen.open_file, shown, chosen.where_of, dataset_shards=subset
         )
+        summary["manifests"] = chosen.manifests()  # index.json, and index.compact checked by it
     else:
         summary = inspect_shard(open_source(chosen, retry=retry), shown)
     print(json.dumps(summary, indent=1, sort_keys=True) if args.json else format_summary(summary))
-    return 0
+    compact = summary.get("manifests", {}).get(COMPACT_NAME)
+    return 1 if compact is not None and not compact["agrees"] else 0

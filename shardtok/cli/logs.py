@@ -5,6 +5,7 @@
     --log-level LEVEL   debug, info, warning or error (instead of counting -v and -q)
     --progress / --no-progress   a bar even when stderr is not a terminal / none at all
     --max-attempts N, --timeout SECONDS   storage retries (see shardtok.cli.storage_args)
+    --read-ahead-mb MB  memory one remote shard stream may hold ahead of its reader
     --traceback         the full Python trace on an error (main strips it from the line)
 
 Each may stand before the command (``shardtok -v stream ...``) or among its arguments: every
@@ -29,6 +30,7 @@ from pathlib import Path
 
 from shardtok.cli.arguments import at_least
 from shardtok.errors import UsageError
+from shardtok.storage.retry import MIN_READ_AHEAD
 
 LEVELS = {
     "debug": logging.DEBUG,
@@ -40,6 +42,16 @@ LABELS = {logging.DEBUG: "debug", logging.INFO: "info", logging.WARNING: "warnin
 TOP = "top_"  # the fields of the flags given before the command
 GROUP_TITLE = "options of every command (also before it: shardtok -v COMMAND ...)"
 _PACKAGE = str(Path(__file__).resolve().parent.parent)
+
+
+def _megabytes(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of MB, got {text!r}") from None
+    if not value * (1 << 20) >= MIN_READ_AHEAD:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be at least 0.0625 (64 KiB), got {text}")
+    return value
 
 
 def _seconds(text: str) -> float:
@@ -119,6 +131,15 @@ def add_global_arguments(parser: argparse.ArgumentParser, *, top: bool = False) 
         "(default 60)",
     )
     add(
+        "--read-ahead-mb",
+        type=_megabytes,
+        default=None,
+        metavar="MB",
+        dest=prefix + "read_ahead_mb",
+        help="memory one remote shard stream may hold ahead of its reader; within it, how far "
+        "it reads ahead follows the measured latency and bandwidth (default 64)",
+    )
+    add(
         "--traceback",
         action="store_true",
         dest=prefix + "traceback",
@@ -135,6 +156,7 @@ class GlobalOptions:
     progress: str = "auto"  # "auto" (a bar on a terminal), "always" or "never"
     max_attempts: int | None = None
     timeout: float | None = None
+    read_ahead_mb: float | None = None
 
 
 def options(args: argparse.Namespace) -> GlobalOptions:
@@ -162,7 +184,9 @@ def options(args: argparse.Namespace) -> GlobalOptions:
         level = max(logging.WARNING - 10 * verbose, logging.DEBUG)
     progress = last("progress")
     mode = "always" if progress else "never" if progress is False or quiet else "auto"
-    return GlobalOptions(level, quiet > 0, mode, last("max_attempts"), last("timeout"))
+    return GlobalOptions(
+        level, quiet > 0, mode, last("max_attempts"), last("timeout"), last("read_ahead_mb")
+    )
 
 
 class _Formatter(logging.Formatter):

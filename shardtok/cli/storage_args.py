@@ -1,4 +1,5 @@
-"""The storage switches of every command (--max-attempts, --timeout) in the library's terms.
+"""The storage switches of every command (--max-attempts, --timeout, --read-ahead-mb) in the
+library's terms.
 
 ``retry_policy(args)`` is the ``RetryPolicy`` of the commands that read through
 ``shardtok.storage`` (stream, trace, inspect, verify: pass it as ``DatasetSource(...,
@@ -23,9 +24,12 @@ _FAMILY = {"s3a": "s3", "https": "http"}
 
 
 def retry_policy(args: argparse.Namespace) -> RetryPolicy | None:
-    """The RetryPolicy --max-attempts and --timeout describe (the other fields: defaults)."""
+    """The RetryPolicy --max-attempts, --timeout and --read-ahead-mb describe (the other
+    fields: defaults)."""
     switches = logs.options(args)
     given = {"max_attempts": switches.max_attempts, "timeout": switches.timeout}
+    if switches.read_ahead_mb is not None:
+        given["read_ahead_bytes"] = int(switches.read_ahead_mb * (1 << 20))
     given = {k: v for k, v in given.items() if v is not None}
     return RetryPolicy(**given) if given else None
 

@@ -51,7 +51,7 @@ def run(args) -> int:
             subset = f" (a subset: {len(dataset.manifest.shards)} of the {listed} shards"
             subset += f" {dataset.where_of(MANIFEST_NAME)} lists)"
         report = verify_dataset(
-            lambda: dataset.manifest,
+            dataset.verified_manifest,  # index.json whole, index.compact checked against it
             lambda name: opener(dataset.root.join(name)),
             dataset.where_of,
         )

@@ -357,5 +357,6 @@ def _publish(folder: Folder, manifest: Manifest, rejects: RejectsFile | None) ->
     if folder.is_local:
         manifest.write(Path(folder.location.local_path))  # fsynced
     else:
-        folder.write_bytes(MANIFEST_NAME, manifest.to_bytes())
+        for name, data in manifest.files():  # index.compact, then index.json last
+            folder.write_bytes(name, data)
     return rejects_path

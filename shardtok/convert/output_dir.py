@@ -21,6 +21,7 @@ from pathlib import Path
 from shardtok.convert.output_lock import LOCK_NAME
 from shardtok.convert.workdir import WORK_DIR_NAME, WorkDir
 from shardtok.errors import ShardtokError
+from shardtok.format.compact_manifest import COMPACT_NAME
 from shardtok.format.manifest import MANIFEST_NAME, Manifest
 from shardtok.storage.folder import SCRATCH_PREFIX, Folder, temporary_name
 from shardtok.storage.location import Location
@@ -68,7 +69,8 @@ def _folder(out: Path | str | Folder) -> Folder:
 
 def _ours(name: str, dataset_name: str) -> bool:
     shard = re.fullmatch(rf"\.?{re.escape(dataset_name)}-\d{{6}}\.tar{_TMP}", name)
-    own = re.fullmatch(rf"\.?({re.escape(MANIFEST_NAME)}|{re.escape(REJECTS_NAME)}){_TMP}", name)
+    names = "|".join(map(re.escape, (MANIFEST_NAME, COMPACT_NAME, REJECTS_NAME)))
+    own = re.fullmatch(rf"\.?({names}){_TMP}", name)
     return bool(
         shard
         or own

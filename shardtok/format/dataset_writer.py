@@ -1,4 +1,4 @@
-"""Writes a dataset: documents in, `<name>-NNNNNN.tar` shards and `index.json` out."""
+"""Writes a dataset: documents in, `<name>-NNNNNN.tar` shards, `index.compact` and `index.json` out."""
 
 from __future__ import annotations
 

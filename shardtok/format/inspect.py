@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from shardtok.format.compact_manifest import COMPACT_NAME
 from shardtok.format.manifest import MANIFEST_NAME, Manifest
 from shardtok.format.shard_reader import RangeSource, ShardHead, read_source_head
 
@@ -126,6 +127,21 @@ def _trained(trained: int | None, tokens: int, sft: dict | None = None) -> dict:
     return out if sft is None else out | {"sft": sft}
 
 
+def _manifests_line(manifests: dict) -> str:
+    json_size = manifests[MANIFEST_NAME]["bytes"]
+    compact = manifests.get(COMPACT_NAME)
+    text = f"{MANIFEST_NAME} {json_size:,} bytes; "
+    if compact is None:
+        return (
+            text
+            + f"no {COMPACT_NAME} (a dataset of an earlier release: workers read {MANIFEST_NAME} whole)"
+        )
+    text += f"{COMPACT_NAME} {compact['bytes']:,} bytes, "
+    if compact["agrees"]:
+        return text + "agrees with it"
+    return text + "DOES NOT AGREE with it: " + "; ".join(compact["differences"])
+
+
 def _ratio(raw: int, stored: int) -> float:
     return round(raw / stored, 3) if stored else 1.0
 
@@ -166,6 +182,8 @@ def format_summary(summary: dict) -> str:
     lengths = summary["document_length"]
     pct = "  ".join(f"p{p} {lengths[f'p{p}']:,}" for p in PERCENTILES)
     lines.append(f"  doc length      mean {lengths['mean']:,}  {pct}")
+    if "manifests" in summary:
+        lines.append(f"  manifests       {_manifests_line(summary['manifests'])}")
     extra = summary.get("extra") or {}
     if extra and "subset_of" in summary:  # convert's record counts every shard, not the subset
         lines.append("  of the whole dataset, as convert recorded it in index.json:")

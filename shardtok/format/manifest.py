@@ -1,79 +1,37 @@
-"""`index.json`: the dataset manifest. Planning (epoch plans, equal work per rank) reads only this."""
+"""`index.json`: the dataset manifest. Planning (epoch plans, equal work per rank) reads only this.
+
+``Manifest.write`` also writes its compact form, ``index.compact`` (``compact_manifest``), which
+a worker reads by byte range instead of parsing every shard's entry; a manifest read from it has
+a lazy ``ShardTable`` as ``shards``.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from shardtok.errors import CorruptShardError
+from shardtok.format.compact_manifest import COMPACT_NAME, ShardTable, compact_bytes
 from shardtok.format.mmidx import token_dtype
+from shardtok.format.shard_entry import ShardEntry
+from shardtok.format.shard_groups import group_count, group_sums
 from shardtok.format.validate import (
     check_vocab,
     want_dict,
     want_int,
-    want_plain_name,
-    want_sha256,
     want_str,
 )
 
 MANIFEST_NAME = "index.json"
+FIELDS_AT = 128  # where index.compact's dataset fields (JSON) begin
 DATASET_FORMAT = "shardtok-dataset"
 DATASET_FORMAT_VERSION = 1
-
-
-@dataclass(frozen=True)
-class ShardEntry:
-    file: str
-    bytes: int
-    num_documents: int
-    num_tokens: int
-    sha256: str
-    # The shard json's own meta_sha256 (added in 0.2): lets a reader tie the shard it opened to
-    # this entry from the head alone. None for manifests written before, which then get the
-    # weaker checks (key, counts, dtype, vocabulary, tokenizer).
-    meta_sha256: str | None = None
-    # Tokens whose loss mask is 1 (masked datasets only, added in 0.2); None without masks.
-    trained_tokens: int | None = None
-
-    def to_json(self) -> dict:
-        doc = {
-            "bytes": self.bytes,
-            "file": self.file,
-            "num_documents": self.num_documents,
-            "num_tokens": self.num_tokens,
-            "sha256": self.sha256,
-        }
-        if self.meta_sha256 is not None:
-            doc["meta_sha256"] = self.meta_sha256
-        if self.trained_tokens is not None:
-            doc["trained_tokens"] = self.trained_tokens
-        return doc
-
-    @classmethod
-    def from_json(cls, doc, fail) -> ShardEntry:
-        if not isinstance(doc, dict):
-            raise fail(f"a shard entry is {doc!r}, not an object")
-        file = want_plain_name(doc, "file", fail)
-
-        def fail_here(reason: str) -> CorruptShardError:
-            return fail(f"shard {file}: {reason}")
-
-        entry = cls(
-            file,
-            want_int(doc, "bytes", fail_here),
-            want_int(doc, "num_documents", fail_here),
-            want_int(doc, "num_tokens", fail_here),
-            want_sha256(doc, "sha256", fail_here),
-            want_sha256(doc, "meta_sha256", fail_here) if "meta_sha256" in doc else None,
-            want_int(doc, "trained_tokens", fail_here) if "trained_tokens" in doc else None,
-        )
-        if entry.trained_tokens is not None and entry.trained_tokens > entry.num_tokens:
-            raise fail_here(f"{entry.trained_tokens} trained tokens of {entry.num_tokens}")
-        return entry
 
 
 @dataclass(frozen=True)
@@ -82,7 +40,8 @@ class Manifest:
     dtype: np.dtype
     vocab_size: int
     tokenizer: dict
-    shards: tuple[ShardEntry, ...]
+    # A tuple from index.json; a ShardTable (rows read on demand) from index.compact.
+    shards: Sequence[ShardEntry]
     extra: dict = field(default_factory=dict)
     # The SFT settings the writer's caller gave (free-form); None for datasets without masks.
     sft: dict | None = None
@@ -91,21 +50,48 @@ class Manifest:
     def masked(self) -> bool:
         return self.sft is not None
 
+    def _sum(self, key: str) -> int:
+        known = getattr(self.shards, "sums", None)  # a ShardTable's header has the totals
+        if known is not None:
+            return known[key]
+        return sum(getattr(s, key) for s in self.shards)
+
     @property
     def trained_tokens(self) -> int | None:
-        return sum(s.trained_tokens for s in self.shards) if self.masked else None
+        return self._sum("trained_tokens") if self.masked else None
 
     @property
     def num_documents(self) -> int:
-        return sum(s.num_documents for s in self.shards)
+        return self._sum("num_documents")
 
     @property
     def num_tokens(self) -> int:
-        return sum(s.num_tokens for s in self.shards)
+        return self._sum("num_tokens")
 
     @property
     def num_bytes(self) -> int:
-        return sum(s.bytes for s in self.shards)
+        return self._sum("bytes")
+
+    @property
+    def sha256(self) -> str:
+        """The sha256 of index.json (this manifest's canonical bytes): what names the dataset in
+        resume fingerprints. A compact manifest records it, so no row is read for it."""
+        known = getattr(self.shards, "index_sha256", None)
+        return known if known is not None else hashlib.sha256(self.to_bytes()).hexdigest()
+
+    def group_tokens(self) -> np.ndarray:
+        """Tokens per shard group (``shard_groups``), what the epoch plan permutes."""
+        known = getattr(self.shards, "group_tokens", None)
+        if known is not None:
+            return known
+        n = len(self.shards)
+        tokens = np.fromiter((s.num_tokens for s in self.shards), dtype=np.int64, count=n)
+        return group_sums(tokens, group_count(n))
+
+    def file_of(self, i: int) -> str:
+        """Shard i's file name (a compact manifest's pattern gives it without a read)."""
+        table = self.shards
+        return table.file(i) if isinstance(table, ShardTable) else table[i].file
 
     @property
     def tokenizer_fingerprint(self) -> str | None:
@@ -178,20 +164,58 @@ class Manifest:
                 raise fail(f"{key} is {doc[key]} but the shards add up to {value}")
         if len({s.file for s in shards}) != len(shards):
             raise fail("a shard is listed twice")
-        if MANIFEST_NAME in {s.file for s in shards}:
-            raise fail(f"{MANIFEST_NAME} is listed as a shard")
+        for own in (MANIFEST_NAME, COMPACT_NAME):
+            if own in {s.file for s in shards}:
+                raise fail(f"{own} is listed as a shard")
         return manifest
 
+    def files(self) -> list[tuple[str, bytes]]:
+        """What a dataset folder gets, in the order to publish it: index.compact, then
+        index.json last (a folder with an index.json is complete)."""
+        data = self.to_bytes()
+        return [(COMPACT_NAME, compact_bytes(self, data)), (MANIFEST_NAME, data)]
+
     def write(self, folder: str | Path) -> Path:
-        """Write atomically: readers never see a half-written manifest."""
+        """Write both manifests atomically (readers never see a half-written one), index.json
+        last; returns index.json's path."""
         path = Path(folder) / MANIFEST_NAME
-        tmp = path.with_name(f".{MANIFEST_NAME}.tmp-{os.getpid()}")
-        with open(tmp, "wb") as out:
-            out.write(self.to_bytes())
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
+        for name, data in self.files():
+            path = Path(folder) / name
+            tmp = path.with_name(f".{name}.tmp-{os.getpid()}")
+            with open(tmp, "wb") as out:
+                out.write(data)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, path)
         return path
+
+    @classmethod
+    def from_compact(cls, table: ShardTable) -> Manifest:
+        """The manifest of a compact manifest's header (rows stay unread until used)."""
+        h = table.header
+
+        def fail(reason: str) -> CorruptShardError:
+            return h.fail(FIELDS_AT, f"dataset fields: {reason}")
+
+        doc = h.meta
+        try:
+            dtype = token_dtype(want_str(doc, "dtype", fail))
+        except (TypeError, ValueError) as exc:
+            raise fail(f"field 'dtype': {exc}") from None
+        vocab_size = want_int(doc, "vocab_size", fail, minimum=1)
+        check_vocab(vocab_size, dtype, fail)
+        masked = "sft" in doc
+        if masked != (h.trained_tokens is not None):
+            raise fail("sft and the trained_tokens column must be both present or both absent")
+        return cls(
+            name=want_str(doc, "name", fail),
+            dtype=dtype,
+            vocab_size=vocab_size,
+            tokenizer=want_dict(doc, "tokenizer", fail),
+            shards=table,
+            extra=want_dict(doc, "extra", fail),
+            sft=want_dict(doc, "sft", fail) if masked else None,
+        )
 
 
 def load_manifest(folder: str | Path) -> Manifest:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,15 +32,20 @@ class ObjectInfo:
 
 
 class Progress:
-    """The body chunks the current request delivered; kept when the request fails."""
+    """The body chunks the current request delivered; kept when the request fails. Also when
+    the first one arrived (``time.monotonic()``): with the request's start, its latency."""
 
-    __slots__ = ("chunks", "done")
+    __slots__ = ("chunks", "done", "first_at", "info")
 
     def __init__(self) -> None:
         self.chunks: list[bytes] = []
         self.done = 0
+        self.first_at: float | None = None
+        self.info: ObjectInfo | None = None  # a GET of the head: what its headers said
 
     def add(self, chunk: bytes) -> None:
+        if self.first_at is None:
+            self.first_at = time.monotonic()
         self.chunks.append(chunk)
         self.done += len(chunk)
 
@@ -51,6 +57,9 @@ def _with_defaults(options: dict, protocol: str, policy: RetryPolicy) -> dict:
         config.setdefault("connect_timeout", policy.timeout)
         config.setdefault("read_timeout", policy.timeout)
         config["retries"] = {"total_max_attempts": 1}
+        # Each stream keeps several ranged GETs in flight (readahead): botocore's default pool
+        # of 10 connections would queue them behind one another.
+        config.setdefault("max_pool_connections", 64)
         options["config_kwargs"] = config
     elif protocol in ("http", "https"):
         import aiohttp
@@ -149,6 +158,23 @@ class Backend:
         )
         return ObjectInfo(int(info["size"]), etag)
 
+    def read_head(self, length: int, progress: Progress) -> ObjectInfo | None:
+        """Size and ETag from a GET of the object's first `length` bytes (into ``progress``):
+        one round trip where a HEAD and then a GET would take two. None where that cannot be
+        had (an empty object answers 416; a protocol without ranged GETs of ours): ask ``head``.
+        A body cut short raises ``TruncatedBody`` with ``progress.info`` already set, so the
+        caller can ask for the rest of the head by an ordinary ranged read."""
+        fs = self.fs
+        if self.protocol in ("s3", "s3a"):
+            info = _sync(fs, _s3_read_head(fs, self.url, length, progress, self.policy.timeout))
+        elif self.protocol in ("http", "https"):
+            info = _sync(fs, _http_read_head(fs, self.url, length, progress, self.policy.timeout))
+        else:
+            return None
+        if info is not None and progress.done < min(length, info.size):
+            raise TruncatedBody(progress.done, min(length, info.size))
+        return info
+
     def read(self, start: int, length: int, progress: Progress, etag: str | None) -> None:
         """Deliver bytes ``[start, start + length)`` into ``progress`` as they arrive.
 
@@ -220,6 +246,45 @@ async def _s3_read(fs, url, start, length, progress, etag, timeout) -> None:
         await _drain(body.read, length, progress)
     finally:
         body.close()
+
+
+async def _s3_read_head(fs, url, length, progress, timeout) -> ObjectInfo | None:
+    kwargs = _s3_location(fs, url)
+    kwargs["Range"] = f"bytes=0-{length - 1}"
+    try:
+        resp = await asyncio.wait_for(fs._call_s3("get_object", **kwargs), timeout)
+    except Exception as exc:
+        if _status_in_chain(exc) == 416:  # an empty object has no byte 0
+            return None
+        raise
+    body = resp["Body"]
+    try:
+        size = _total_of(resp.get("ContentRange"), resp.get("ContentLength"), url)
+        progress.info = ObjectInfo(size, resp.get("ETag"))
+        await _drain(body.read, min(length, size), progress)
+    finally:
+        body.close()
+    return progress.info
+
+
+def _status_in_chain(exc: BaseException) -> int | None:
+    from shardtok.storage.retry import exception_chain, status_of
+
+    return next((s for s in map(status_of, exception_chain(exc)) if s is not None), None)
+
+
+def _total_of(content_range: str | None, content_length, url: str) -> int:
+    """The object's size from a ranged GET's answer: ``Content-Range: bytes a-b/TOTAL``, or a
+    whole-object answer's ``Content-Length``."""
+    if content_range is None:
+        if content_length is None:
+            raise FatalStorageIssue("server does not report the size (no Content-Length)")
+        return int(content_length)
+    unit, _, rest = content_range.partition(" ")
+    first, _, total = rest.partition("/")
+    if unit != "bytes" or not first.startswith("0-") or not total.isdigit():
+        raise FatalStorageIssue(f"server answered range {content_range!r} for bytes=0-")
+    return int(total)
 
 
 # -- HTTP(S) through fsspec's aiohttp session -----------------------------------------------
@@ -306,6 +371,25 @@ async def _http_read(fs, url, start, length, progress, etag, timeout) -> None:
             )
         _check_content_range(response.headers.get("Content-Range"), start, length, url)
         await _drain(response.content.read, length, progress)
+
+
+async def _http_read_head(fs, url, length, progress, timeout) -> ObjectInfo | None:
+    headers = {"Range": f"bytes=0-{length - 1}", "Accept-Encoding": "identity"}
+    kwargs = _request_kwargs(fs, headers)
+    response = await _http_send(fs, "GET", url, kwargs, timeout)
+    async with response:
+        if response.status == 416:  # an empty object has no byte 0
+            return None
+        _raise_for_status(response, url)
+        if response.status not in (200, 206):
+            raise FatalStorageIssue(f"unexpected HTTP {response.status} to a ranged GET")
+        if response.headers.get("Content-Encoding", "identity") not in ("identity", ""):
+            raise FatalStorageIssue("server compresses the response; size unknown")
+        content_range = response.headers.get("Content-Range") if response.status == 206 else None
+        size = _total_of(content_range, response.headers.get("Content-Length"), url)
+        progress.info = ObjectInfo(size, response.headers.get("ETag"))
+        await _drain(response.content.read, min(length, size), progress)
+        return progress.info
 
 
 def _check_content_range(value: str | None, start: int, length: int, url: str) -> None:

@@ -174,6 +174,9 @@ class CachedSource(ByteSource):
 
     @property
     def size(self) -> int:
+        # The identity first: a remote source answers it with a HEAD, where its size alone
+        # would GET the head of the object, which a cache hit never reads.
+        self.source.cache_identity()
         return self.source.size
 
     @property

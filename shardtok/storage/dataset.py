@@ -11,6 +11,7 @@ for them.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -19,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from shardtok.errors import CorruptShardError, UsageError
+from shardtok.format.compact_manifest import COMPACT_NAME, ShardTable, differences
 from shardtok.format.identity import check_shard_identity
 from shardtok.format.manifest import MANIFEST_NAME, Manifest, ShardEntry
 from shardtok.format.shard_reader import ShardReader, ShardStreamReader
@@ -28,8 +30,10 @@ from shardtok.storage.endpoints import endpoint_of, note_reached, was_reached
 from shardtok.storage.location import Location
 from shardtok.storage.prefetch import Prefetcher
 from shardtok.storage.shard_names import check_shard_name, select_shards
-from shardtok.storage.source import read_bytes
+from shardtok.storage.source import open_source, read_bytes
 
+_NO_MANIFEST = "no dataset manifest here (is this a shardtok dataset folder?)"
+INDEX_SIZE_AT = 96  # the offset of index.compact's index_size field (docs/FORMAT.md)
 PREFETCH_DEPTH = 8  # first blocks of the next shard group kept ready (2 groups of 4)
 
 
@@ -183,17 +187,98 @@ class DatasetSource:
 
     @property
     def dataset_manifest(self) -> Manifest:
-        """The dataset's ``index.json``, every shard (what identifies the dataset)."""
+        """The dataset's manifest, every shard (what identifies the dataset): from
+        ``index.compact`` when the dataset has one (its header now, rows as they are needed),
+        else ``index.json`` whole."""
         if self._manifest is None:
-            target = self.root.join(MANIFEST_NAME)
-            where = target.display
-            try:
-                data = read_bytes(target, self.storage_options or None, self.retry)
-            except ObjectNotFoundError as exc:
-                what = "no dataset manifest here (is this a shardtok dataset folder?)"
-                raise self._missing(where, exc, what) from None
-            self._manifest = Manifest.from_bytes(data, where)
+            self._manifest = self._compact_manifest() or self._json_manifest()
         return self._manifest
+
+    def _json_manifest(self) -> Manifest:
+        data = self._json_bytes()
+        self._json_size = len(data)
+        return Manifest.from_bytes(data, self.where_of(MANIFEST_NAME))
+
+    def _json_bytes(self) -> bytes:
+        target = self.root.join(MANIFEST_NAME)
+        try:
+            return read_bytes(target, self.storage_options or None, self.retry)
+        except ObjectNotFoundError as exc:
+            raise self._missing(target.display, exc, _NO_MANIFEST) from None
+
+    def compact_table(self) -> ShardTable | None:
+        """``index.compact`` opened (its header read and checked), None without one."""
+        ranges = _Ranges(self.root.join(COMPACT_NAME), self.storage_options or None, self.retry)
+        try:
+            size = ranges.size
+        except ObjectNotFoundError:
+            return None
+        return ShardTable(ranges, size, ranges.target.display)
+
+    def verified_manifest(self) -> Manifest:
+        """What ``manifest`` gives, from index.json read whole, after checking that the
+        dataset's index.compact (if any) agrees with it field by field and row by row; the
+        source then streams from index.json. For ``verify``, which must not trust either."""
+        data = self._json_bytes()
+        full = Manifest.from_bytes(data, self.where_of(MANIFEST_NAME))
+        table = self.compact_table()
+        if table is not None:
+            problems = differences(full, data, table)
+            if problems:
+                raise CorruptShardError(
+                    table.where, None, None,
+                    f"does not agree with {MANIFEST_NAME}: {'; '.join(problems)} (write the "
+                    f"dataset again, or delete {COMPACT_NAME} to read {MANIFEST_NAME} alone)",
+                )  # fmt: skip
+        self._reset()
+        self._manifest = full
+        return self.manifest
+
+    def _compact_manifest(self) -> Manifest | None:
+        """The manifest of ``index.compact``, None without one. It is trusted only beside the
+        index.json it was written with: that file must exist with the size its header records
+        (a stat or HEAD; ``shardtok inspect`` compares the two in full)."""
+        table = self.compact_table()
+        if table is None:
+            return None
+        index = self.root.join(MANIFEST_NAME)
+        try:
+            with open_source(index, self.storage_options or None, self.retry) as source:
+                index_size = source.size
+        except ObjectNotFoundError as exc:
+            raise self._missing(index.display, exc, _NO_MANIFEST) from None
+        if index_size != table.header.index_size:
+            raise table.header.fail(
+                INDEX_SIZE_AT,
+                f"written with an index.json of {table.header.index_size:,} bytes, but "
+                f"{index.display} is {index_size:,} bytes: the two manifests are not of one "
+                f"write (delete {COMPACT_NAME} to read index.json alone)",
+            )
+        return Manifest.from_compact(table)
+
+    def manifests(self) -> dict:
+        """Which manifests the dataset has, their sizes, and whether index.compact agrees with
+        index.json (both read whole): what ``shardtok inspect`` shows."""
+        data = self._json_bytes()
+        out: dict = {MANIFEST_NAME: {"bytes": len(data)}}
+        table = self.compact_table()
+        if table is None:
+            out[COMPACT_NAME] = None
+            return out
+        full = Manifest.from_bytes(data, self.where_of(MANIFEST_NAME))
+        problems = differences(full, data, table)
+        size = table.header.records_at + len(table) * table.header.dtype.itemsize
+        size += 4 * table.header.groups
+        out[COMPACT_NAME] = {"bytes": size, "agrees": not problems, "differences": problems}
+        return out
+
+    @property
+    def manifest_bytes_read(self) -> int:
+        """Bytes of manifest read so far in this process (what starting a job costs)."""
+        table = self.dataset_manifest.shards
+        if isinstance(table, ShardTable):
+            return table.bytes_read
+        return getattr(self, "_json_size", 0)
 
     @property
     def manifest(self) -> Manifest:
@@ -201,7 +286,12 @@ class DatasetSource:
         docstring). Planning, lengths, previews and traces all read this."""
         if self._view is None:
             full = self.dataset_manifest
-            self._view = full if self.shards is None else _subset(full, self.shards, self)
+            if self.shards is None:
+                self._view = full
+            else:
+                self._positions = _subset_positions(full, self.shards, self)
+                entries = [full.shards[i] for i in self._positions]
+                self._view = replace(full, shards=tuple(entries))
         return self._view
 
     @property
@@ -210,21 +300,28 @@ class DatasetSource:
         if self.shards is None:
             return None
         if self._positions is None:
-            position = {e.file: i for i, e in enumerate(self.dataset_manifest.shards)}
-            self._positions = tuple(position[e.file] for e in self.manifest.shards)
+            view = self.manifest  # sets the positions with the view it makes
+            if self._positions is None:  # a view given from outside (AddressSource's)
+                names = tuple(e.file for e in view.shards)
+                self._positions = _subset_positions(self.dataset_manifest, names, self)
         return self._positions
 
     def entry(self, name: str) -> ShardEntry:
         """The manifest's entry for shard file `name`."""
-        if self._entries is None:
-            self._entries = {e.file: e for e in self.manifest.shards}
-        try:
-            return self._entries[name]
-        except KeyError:
-            what = f"not a shard {MANIFEST_NAME} lists"
-            if self.shards is not None:
-                what = f"not one of the {len(self.shards):,} shards of this subset"
-            raise CorruptShardError(self.where_of(name), None, None, what) from None
+        table = self.manifest.shards
+        if isinstance(table, ShardTable):  # the whole dataset from index.compact: no dict
+            position = table.position_of(name)
+            if position is not None:
+                return table[position]
+        else:
+            if self._entries is None:
+                self._entries = {e.file: e for e in table}
+            if name in self._entries:
+                return self._entries[name]
+        what = f"not a shard {MANIFEST_NAME} lists"
+        if self.shards is not None:
+            what = f"not one of the {len(self.shards):,} shards of this subset"
+        raise CorruptShardError(self.where_of(name), None, None, what)
 
     def open_stream(self, name: str, *, with_masks: bool = False) -> tuple[ShardStreamReader, Any]:
         """A sequential reader of shard `name` and the file object to close when done.
@@ -291,15 +388,46 @@ def _shard_names(shards: Sequence[str], root: Location) -> tuple[str, ...]:
     return names
 
 
-def _subset(full: Manifest, shards: tuple[str, ...], source: DatasetSource) -> Manifest:
-    """`full` with only the entries of `shards`, in index.json's order."""
-    listed = {e.file for e in full.shards}
+def _subset_positions(
+    full: Manifest, shards: tuple[str, ...], source: DatasetSource
+) -> tuple[int, ...]:
+    """Where the entries of `shards` sit in the manifest, ascending (index.json's order)."""
+    table = full.shards
+    if isinstance(table, ShardTable):
+        found = {name: table.position_of(name) for name in shards}
+        if all(p is not None for p in found.values()):  # the rows the view needs, in few reads
+            table.load_groups({p % table.header.groups for p in found.values()})  # type: ignore[operator]
+    else:
+        index = {e.file: i for i, e in enumerate(table)}
+        found = {name: index.get(name) for name in shards}
     for name in shards:
-        if name not in listed:
-            count = f"{len(full.shards):,} shard" + ("" if len(full.shards) == 1 else "s")
+        if found[name] is None:
+            count = f"{len(table):,} shard" + ("" if len(table) == 1 else "s")
             raise UsageError(
                 f"{source.where_of(name)}: not a shard of the dataset: "
                 f"{source.where_of(MANIFEST_NAME)} lists {count}, not this one"
             )
-    wanted = set(shards)
-    return replace(full, shards=tuple(e for e in full.shards if e.file in wanted))
+    return tuple(sorted(found.values()))  # type: ignore[type-var]
+
+
+class _Ranges:
+    """Range reads of one file for a ``ShardTable``, through the storage layer. The source is
+    opened on first use and again in a forked child (a parent's connection is not its own)."""
+
+    def __init__(self, target: Location, storage_options: dict | None, retry: Any):
+        self.target, self._options, self._retry = target, storage_options, retry
+        self._source: ByteSource | None = None
+        self._pid = 0
+
+    def _open(self) -> ByteSource:
+        if self._source is None or self._pid != os.getpid():
+            self._source = open_source(self.target, self._options, self._retry)
+            self._pid = os.getpid()
+        return self._source
+
+    @property
+    def size(self) -> int:
+        return self._open().size
+
+    def __call__(self, offset: int, length: int) -> bytes:
+        return self._open().read_range(offset, length)

@@ -2,6 +2,13 @@
 
 Every read returns each byte once, in order, or raises ``StorageError`` naming the URL (never
 credentials) and the byte offset.
+
+Round trips are what a distant store charges for, so the first request for an object is a GET
+of its head (``FIRST_BLOCK_SIZE`` bytes) that also tells its size and ETag, rather than a HEAD
+followed by a GET: ``index.json`` and a shard's head (json, idx, first frame) each take one round
+trip. The head is kept (at most one first block per open source) and serves the range reads and
+the first stream block that fall inside it. Every complete request feeds the process's estimate
+of the link (``readahead_plan``), from which streams size their read-ahead.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from shardtok.storage.base import (
 from shardtok.storage.endpoints import check_first_contact, endpoint_of, note_reached
 from shardtok.storage.location import display_url
 from shardtok.storage.readahead import BlockStream
+from shardtok.storage.readahead_plan import link_of, sample_of
 from shardtok.storage.retry import Redactor, RetryPolicy, classify
 
 logger = logging.getLogger(__name__)
@@ -56,16 +64,57 @@ class RemoteSource(ByteSource):
         self._info_lock = threading.Lock()
         self._lock = threading.Lock()
         self._retries = 0
-        self._prefetched: tuple[int, Future] | None = None
+        self._prefetched: tuple[int, int, Future] | None = None  # offset, length, block
+        self._head = b""  # the object's first bytes, from the GET that told its size
 
     # -- metadata --------------------------------------------------------------------------
     def info(self) -> ObjectInfo:
-        """Size and ETag, from one HEAD request (threads asking at once wait for it)."""
+        """Size and ETag, from one GET of the head (or a HEAD where that cannot tell them);
+        threads asking at once wait for it."""
         with self._info_lock:
             if self._info is None:
-                self._info = self._with_retries(self._backend.head, lambda: None)
-                logger.debug("%s: %d bytes, ETag %s", self.url, self._info.size, self._info.etag)
+                info, head = self._get_head(min(FIRST_BLOCK_SIZE, self.block_size))
+                if info is None:
+                    info = self._with_retries(self._backend.head, lambda: None)
+                self._info, self._head = info, head
+                logger.debug("%s: %d bytes, ETag %s", self.url, info.size, info.etag)
             return self._info
+
+    def _get_head(self, length: int) -> tuple[ObjectInfo | None, bytes]:
+        """(size and ETag, the first `length` bytes) from one GET; a retry asks for the rest of
+        the head only, with If-Match. (None, b"") where a GET cannot tell the size."""
+        parts: list[bytes] = []
+        received = 0
+        info: ObjectInfo | None = None
+        unsupported = False
+
+        def attempt() -> None:
+            nonlocal received, info, unsupported
+            progress = Progress()
+            sent = time.monotonic()
+            try:
+                if info is None:
+                    unsupported = self._backend.read_head(length, progress) is None
+                else:
+                    want = min(length, info.size) - received
+                    self._backend.read(received, want, progress, info.etag)
+            finally:
+                info = info or progress.info
+                parts.extend(progress.chunks)
+                received += progress.done
+            if received == progress.done:  # one clean request: a measure of the link
+                self._observe(sent, progress)
+
+        def finished() -> bool:
+            return info is not None and received == min(length, info.size)
+
+        self._with_retries(attempt, lambda: received if info is not None else None, None, finished)
+        return (None, b"") if unsupported else (info, b"".join(parts))
+
+    def _observe(self, sent: float, progress: Progress) -> None:
+        sample = sample_of(sent, progress.first_at, time.monotonic(), progress.done)
+        if sample is not None:
+            link_of(self._endpoint).observe(sample)
 
     @property
     def size(self) -> int:
@@ -86,22 +135,30 @@ class RemoteSource(ByteSource):
         first = None
         with self._lock:
             if self._prefetched is not None and self._prefetched[0] == offset:
-                first = self._prefetched[1]
+                first = self._prefetched[1:]
             self._prefetched = None
-        return BlockStream(self, offset, self.block_size, first)
+            if first is None and offset < len(self._head):  # the head starts the stream
+                done: Future = Future()
+                done.set_result(self._head[offset:])
+                first = (len(self._head) - offset, done)
+        window = link_of(self._endpoint).window
+        return BlockStream(
+            self, offset, self.block_size, self.retry.read_ahead_bytes, first, window
+        )
 
     def prefetch(self, offset: int = 0) -> None:
-        """Fetch the first block from ``offset`` in the background for the next ``open_stream``."""
+        """Fetch the first block from ``offset`` in the background for the next ``open_stream``
+        (from offset 0: the GET of the head that also tells the size)."""
         with self._lock:
             if self._prefetched is not None:
                 return
             future: Future = Future()
-            self._prefetched = (offset, future)
+            length = min(FIRST_BLOCK_SIZE, self.block_size)
+            self._prefetched = (offset, length, future)
 
         def run() -> None:
             try:
-                length = min(FIRST_BLOCK_SIZE, self.block_size, max(self.size - offset, 0))
-                future.set_result(self.fetch(offset, length))
+                future.set_result(self.fetch(offset, min(length, max(self.size - offset, 0))))
             except BaseException as exc:  # handed to whoever uses the block
                 future.set_exception(exc)
 
@@ -112,6 +169,9 @@ class RemoteSource(ByteSource):
         if length == 0:
             return b""
         etag = self.info().etag
+        head = self._head
+        if offset + length <= len(head):
+            return head[offset : offset + length]
         parts: list[bytes] = []
         received = 0
 
@@ -120,18 +180,27 @@ class RemoteSource(ByteSource):
             if received == length:
                 return
             progress = Progress()
+            sent = time.monotonic()
             try:
                 self._backend.read(offset + received, length - received, progress, etag)
             finally:
                 parts.extend(progress.chunks)
                 received += progress.done
+            if received == length and progress.done == length:  # one clean request
+                self._observe(sent, progress)
 
         self._with_retries(attempt, lambda: offset + received, cancel, lambda: received == length)
         return b"".join(parts)
 
     def cache_identity(self) -> str:
-        """What names this object in a cache: URL, endpoint, size and ETag (no credentials)."""
-        info = self.info()
+        """What names this object in a cache: URL, endpoint, size and ETag (no credentials).
+
+        Asked with a HEAD when nothing was read yet: on a cache hit no byte of the object
+        is needed, so a GET of its head would be wasted."""
+        with self._info_lock:
+            if self._info is None:
+                self._info = self._with_retries(self._backend.head, lambda: None)
+        info = self._info
         return f"{self.url}\0{self.endpoint}\0{info.size}\0{info.etag or ''}"
 
     # -- retries ---------------------------------------------------------------------------
@@ -197,6 +266,7 @@ class RemoteSource(ByteSource):
     def close(self) -> None:
         with self._lock:
             self._prefetched = None
+            self._head = b""
 
     def __getstate__(self) -> dict:
         # Threads, locks and futures stay behind; a worker process re-fetches what it needs.
@@ -204,6 +274,7 @@ class RemoteSource(ByteSource):
         for name in ("_lock", "_info_lock"):
             del state[name]
         state["_prefetched"] = None
+        state["_head"] = b""  # a worker asks for what it reads
         return state
 
     def __setstate__(self, state: dict) -> None:

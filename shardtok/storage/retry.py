@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 from shardtok.storage.location import display_url
 
+MIN_READ_AHEAD = 64 << 10
+
 
 @dataclass(frozen=True)
 class RetryPolicy:
@@ -27,6 +29,12 @@ class RetryPolicy:
     capped at ``max_delay``, randomised by ``±jitter`` so that many workers do not retry in step.
     ``timeout`` is how long a request may go without delivering a byte (connect, headers or body)
     before it is abandoned and retried. The defaults ride out about two minutes of outage.
+
+    ``read_ahead_bytes`` bounds the memory of one sequential stream of a remote object: the bytes
+    it has requested and not yet handed to its reader (the block being read included). Within
+    it, how far a stream reads ahead follows the link's measured latency and bandwidth
+    (``readahead_plan``). It lives here because this policy is what reaches every remote read,
+    from the library and from the command line alike.
     """
 
     max_attempts: int = 10
@@ -35,6 +43,7 @@ class RetryPolicy:
     multiplier: float = 2.0
     timeout: float = 60.0
     jitter: float = 0.2
+    read_ahead_bytes: int = 64 << 20
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
@@ -45,6 +54,10 @@ class RetryPolicy:
             raise ValueError(f"timeout must be > 0, got {self.timeout}")
         if not 0 <= self.jitter < 1:
             raise ValueError(f"jitter must be in [0, 1), got {self.jitter}")
+        if self.read_ahead_bytes < MIN_READ_AHEAD:
+            raise ValueError(
+                f"read_ahead_bytes must be >= {MIN_READ_AHEAD} (64 KiB), got {self.read_ahead_bytes}"
+            )
 
     def delays(self) -> Iterator[float]:
         """The waits before retry 1, 2, ... (endless; the caller counts attempts)."""
@@ -78,7 +91,7 @@ _STATUS_REASONS = {
 _RETRYABLE_4XX = {408, 425, 429}
 
 
-def _status_of(exc: BaseException) -> int | None:
+def status_of(exc: BaseException) -> int | None:
     status = getattr(exc, "status", None)  # aiohttp.ClientResponseError
     if isinstance(status, int):
         return status
@@ -166,7 +179,7 @@ def classify(exc: BaseException) -> str | None:
             if cls.__name__ in config_errors and cls.__module__.startswith("botocore"):
                 return "fatal: " + config_errors[cls.__name__]
     for link in exception_chain(exc):
-        status = _status_of(link)
+        status = status_of(link)
         if status is not None:
             if status in _STATUS_REASONS:
                 return "fatal: " + _STATUS_REASONS[status]

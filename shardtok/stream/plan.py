@@ -29,7 +29,7 @@ import numpy as np
 
 from shardtok.errors import UsageError
 from shardtok.format.manifest import Manifest
-from shardtok.index.slices import cut_ranges
+from shardtok.format.shard_groups import group_count, group_members
 from shardtok.stream.nodes.concat import concat_window_count
 from shardtok.stream.options import PACKINGS
 
@@ -71,21 +71,75 @@ class SlicePlan:
         return self.num_tokens - self.overlong_tokens
 
 
-@dataclass(frozen=True)
 class EpochPlan:
-    seed: int
-    epoch: int
-    world_size: int
-    num_workers: int
-    seq_len: int
-    batch_size: int
-    packing: str
-    stride: int
-    shard_order: tuple[int, ...]
-    total_tokens: int
-    slices: tuple[SlicePlan, ...]
-    batches_per_slice: int
-    overlong: str = "split"
+    """One epoch's plan. A worker asks for its own slice (``slice_for``), computed directly from
+    the shard groups' token sums and the rows of the groups it touches; ``slices`` (every
+    slice) and ``shard_order`` (every shard) are computed only when asked for."""
+
+    def __init__(
+        self, *, seed: int, epoch: int, world_size: int, num_workers: int, seq_len: int,
+        batch_size: int, packing: str, stride: int, order: ShardOrder,
+        overlong: str = "split", document_sizes: Callable[[int], np.ndarray] | None = None,
+    ):  # fmt: skip
+        self.seed, self.epoch = seed, epoch
+        self.world_size, self.num_workers = world_size, num_workers
+        self.seq_len, self.batch_size, self.packing, self.stride = (
+            seq_len, batch_size, packing, stride,
+        )  # fmt: skip
+        self.overlong = overlong
+        self.order = order
+        self.total_tokens = order.total_tokens
+        self._document_sizes = document_sizes
+        self._slices: tuple[SlicePlan, ...] | None = None
+        self._batches: int | None = None
+
+    @property
+    def count(self) -> int:
+        return self.world_size * self.num_workers
+
+    @property
+    def counts_overlong(self) -> bool:
+        """Whether overlong documents change slices' sequence counts (then every slice's
+        documents are counted, from the shards' idx, before the batches are known)."""
+        return self.packing != "concat" and self.overlong != "split"
+
+    @property
+    def shard_order(self) -> tuple[int, ...]:
+        return tuple(int(i) for i in self.order.shard_order())
+
+    @property
+    def slices(self) -> tuple[SlicePlan, ...]:
+        if self._slices is None:
+            self._slices = tuple(self.slice_at(s) for s in range(self.count))
+        return self._slices
+
+    def slice_at(self, index: int) -> SlicePlan:
+        """Slice `index` (``rank * num_workers + worker``), computed on its own."""
+        if self._slices is not None:
+            return self._slices[index]
+        total, count = self.total_tokens, self.count
+        a, b = index * total // count, (index + 1) * total // count
+        pieces = self.order.pieces(a, b)
+        long = (0, 0)
+        if self.counts_overlong:
+            window = self.seq_len + 1
+            long = overlong_in(pieces, self._document_sizes, window, self.overlong)  # type: ignore[arg-type]
+        n = sequence_count(b - a - long[1], self.packing, self.seq_len, self.stride)
+        rank, worker = divmod(index, self.num_workers)
+        return SlicePlan(index, rank, worker, a, b, pieces, n, *long)
+
+    @property
+    def batches_per_slice(self) -> int:
+        if self._batches is None:
+            if self.counts_overlong:
+                self._batches = min(s.num_sequences for s in self.slices) // self.batch_size
+            else:
+                # Slices hold floor(T / S) or one token more, and a slice's sequence count only
+                # grows with its tokens: the smallest slice decides, without cutting any slice.
+                least = self.total_tokens // self.count
+                n = sequence_count(least, self.packing, self.seq_len, self.stride)
+                self._batches = n // self.batch_size
+        return self._batches
 
     @property
     def overlong_documents(self) -> int:
@@ -109,7 +163,7 @@ class EpochPlan:
                 f"rank {rank} / worker {worker} outside world_size {self.world_size} x "
                 f"num_workers {self.num_workers}"
             )
-        return self.slices[rank * self.num_workers + worker]
+        return self.slice_at(rank * self.num_workers + worker)
 
     def tokens_read(self, s: SlicePlan) -> int:
         """Tokens of slice `s` the packer reads this epoch (concat exact; greedy at most)."""
@@ -128,7 +182,14 @@ class EpochPlan:
         return sum(s.num_tokens - self.tokens_read(s) for s in self.slices)
 
     def to_dict(self) -> dict:
-        out = asdict(self)
+        out = {
+            "seed": self.seed, "epoch": self.epoch, "world_size": self.world_size,
+            "num_workers": self.num_workers, "seq_len": self.seq_len,
+            "batch_size": self.batch_size, "packing": self.packing, "stride": self.stride,
+            "shard_order": self.shard_order, "total_tokens": self.total_tokens,
+            "slices": [asdict(s) for s in self.slices],
+            "batches_per_slice": self.batches_per_slice, "overlong": self.overlong,
+        }  # fmt: skip
         out["batches_per_rank"] = self.batches_per_rank
         out["tokens_unread"] = self.tokens_unread
         out["overlong_documents"] = self.overlong_documents
@@ -184,27 +245,92 @@ class EpochPlan:
         ]
 
 
-def shard_order(num_shards: int, seed: int, epoch: int) -> np.ndarray:
-    """The epoch's shard permutation."""
+class ShardOrder:
+    """The epoch's order of a manifest's shards, as shard groups (``shard_groups``).
+
+    Groups are permuted with ``default_rng((seed, epoch, SHARD_ORDER_STREAM)).permutation(B)``;
+    up to GROUP_LIMIT shards each group is one shard and that is the whole order (what every
+    earlier release planned). Beyond it, the shards of a group follow one another in ascending
+    order of ``splitmix64(i ^ key)``, `key` the next uint64 the same generator draws. Positions
+    in the epoch's token stream need only the B group sums, so a slice is cut from the rows of
+    the groups it touches."""
+
+    def __init__(self, manifest: Manifest, seed: int, epoch: int):
+        self.manifest = manifest
+        self.num_shards = n = len(manifest.shards)
+        self.groups = group_count(n)
+        self.group_order, self.key = _draw(n, seed, epoch)
+        sums = manifest.group_tokens()[self.group_order]
+        self.begins = np.zeros(self.groups + 1, dtype=np.int64)
+        np.cumsum(sums, out=self.begins[1:])
+        self.total_tokens = int(self.begins[-1])
+
+    def members(self, group: int) -> np.ndarray:
+        """Group `group`'s shards in this epoch's order."""
+        idx = group_members(group, self.num_shards, self.groups)
+        if len(idx) > 1:
+            idx = idx[np.argsort(splitmix64(idx.astype(np.uint64) ^ self.key), kind="stable")]
+        return idx
+
+    def shard_order(self) -> np.ndarray:
+        """Every shard in this epoch's order."""
+        return _ordered(self.num_shards, self.group_order, self.key)
+
+    def pieces(self, a: int, b: int) -> tuple[Piece, ...]:
+        """The shards' token ranges that make up tokens [a, b) of the epoch's stream."""
+        shards = self.manifest.shards
+        table_load = getattr(shards, "load_groups", None)
+        first = int(np.searchsorted(self.begins, a, side="right")) - 1
+        last = int(np.searchsorted(self.begins, b, side="left"))  # groups first..last-1
+        touched = self.group_order[max(first, 0) : last]
+        if table_load is not None:  # a compact manifest: the groups' rows in few range reads
+            table_load(touched.tolist())
+        out = []
+        for j in range(max(first, 0), last):
+            at = int(self.begins[j])
+            if at >= b:
+                break
+            for i in self.members(int(self.group_order[j])).tolist():
+                size = shards[i].num_tokens
+                lo, hi = max(a, at) - at, min(b, at + size) - at
+                if hi > lo:
+                    out.append(Piece(i, self.manifest.file_of(i), lo, hi))
+                at += size
+        return tuple(out)
+
+
+def splitmix64(x: np.ndarray) -> np.ndarray:
+    """The splitmix64 finaliser, elementwise on uint64 (wrapping arithmetic)."""
+    x = np.asarray(x, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def _draw(num_shards: int, seed: int, epoch: int) -> tuple[np.ndarray, np.uint64 | None]:
+    """The group permutation and, when groups hold several shards, the key ordering them."""
     rng = np.random.default_rng((seed, epoch, SHARD_ORDER_STREAM))
-    return rng.permutation(num_shards)
+    groups = group_count(num_shards)
+    order = rng.permutation(groups)
+    if groups == num_shards:
+        return order, None
+    return order, np.uint64(rng.integers(0, 2**64, dtype=np.uint64, endpoint=False))
 
 
-def cut_slices(segments: list[Piece], count: int) -> list[tuple[int, int, tuple[Piece, ...]]]:
-    """Cut the concatenation of `segments` into `count` runs of (nearly) equal token counts.
+def _ordered(num_shards: int, group_order: np.ndarray, key: np.uint64 | None) -> np.ndarray:
+    if key is None:
+        return group_order
+    groups = len(group_order)
+    idx = np.arange(num_shards, dtype=np.int64)
+    rank = np.empty(groups, dtype=np.int64)
+    rank[group_order] = np.arange(groups)
+    return idx[np.lexsort((splitmix64(idx.astype(np.uint64) ^ key), rank[idx % groups]))]
 
-    Returns (start, stop, pieces) per slice, start/stop in the virtual token stream.
-    """
-    out = []
-    for a, b, parts in cut_ranges([p.num_tokens for p in segments], count):
-        pieces = tuple(
-            Piece(
-                segments[j].shard, segments[j].file, segments[j].start + lo, segments[j].start + hi
-            )
-            for j, lo, hi in parts
-        )
-        out.append((a, b, pieces))
-    return out
+
+def shard_order(num_shards: int, seed: int, epoch: int) -> np.ndarray:
+    """The epoch's shard permutation (it depends on the number of shards alone)."""
+    return _ordered(num_shards, *_draw(num_shards, seed, epoch))
 
 
 def overlong_in(
@@ -263,21 +389,9 @@ def epoch_plan(
         raise UsageError(f"stride must lie in [1, seq_len + 1 = {window}], got {stride}")
     if packing != "concat":  # padded packings read every token once
         stride = window
-    order = shard_order(len(manifest.shards), seed, epoch)
-    segments = [
-        Piece(int(i), manifest.shards[i].file, 0, manifest.shards[i].num_tokens) for i in order
-    ]
-    count = world_size * num_workers
-    slices = []
     counted = packing != "concat" and overlong != "split"
     if counted and document_sizes is None:
         raise ValueError(f"overlong={overlong!r} packing needs the shards' document sizes")
-    for s, (a, b, pieces) in enumerate(cut_slices(segments, count)):
-        rank, worker = divmod(s, num_workers)
-        long = overlong_in(pieces, document_sizes, window, overlong) if counted else (0, 0)  # type: ignore[arg-type]
-        n = sequence_count(b - a - long[1], packing, seq_len, stride)
-        slices.append(SlicePlan(s, rank, worker, a, b, pieces, n, *long))
-    batches = min(s.num_sequences for s in slices) // batch_size
     return EpochPlan(
         seed=seed,
         epoch=epoch,
@@ -287,9 +401,7 @@ def epoch_plan(
         batch_size=batch_size,
         packing=packing,
         stride=stride,
-        shard_order=tuple(int(i) for i in order),
-        total_tokens=manifest.num_tokens,
-        slices=tuple(slices),
-        batches_per_slice=batches,
+        order=ShardOrder(manifest, seed, epoch),
         overlong=overlong if packing != "concat" else "split",
+        document_sizes=document_sizes,
     )

@@ -19,4 +19,6 @@ def test_the_job_start_benchmark_plans_a_worker_of_a_small_manifest(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     report = out.read_text()
     assert "| 2,000 |" in report and "Target (issue 18)" in report
-    assert (tmp_path / "work" / "2000" / "index.json").stat().st_size > 2000 * 200
+    assert (tmp_path / "work" / "2000" / "json" / "index.json").stat().st_size > 2000 * 200
+    assert (tmp_path / "work" / "2000" / "both" / "index.compact").exists()
+    assert "index.compact, own slice" in report

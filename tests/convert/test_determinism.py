@@ -203,5 +203,9 @@ def test_refuses_to_mix_with_other_content(corpus, tmp_path):
         convert(other)
     (out / "shard-000099.tar").write_bytes(b"stale shard of an older, longer run")
     result = convert(dataclasses.replace(other, overwrite=True))
-    assert sorted(p.name for p in out.iterdir()) == ["index.json", "shard-000000.tar"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "index.compact",
+        "index.json",
+        "shard-000000.tar",
+    ]
     assert result.manifest.extra["convert"]["inputs"][0]["path"].endswith("part-a.jsonl")

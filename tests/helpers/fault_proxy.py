@@ -12,22 +12,31 @@ applies it to the server's response stream, counting response bytes on that conn
 Example: ``proxy.fail_next(Fault.reset(1 << 20), Fault.truncate(3 << 20))`` breaks the next two
 connections and lets later ones through. ``proxy.requests(i)`` returns what the client sent on
 connection i, so a test can check the Range header a retry asked for.
+
+Latency: ``FaultProxy(host, port, latency=(0.02, 0.05))`` holds every request (each request line
+a client sends, on new and reused connections alike) for a delay drawn uniformly from that range
+before it goes on to the server, so each round trip costs what it would over a slow network.
+``seed`` makes the delays repeat. Faults and latency combine.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import random
 import re
 import socket
 import struct
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
 
 _RECORD_LIMIT = 64 * 1024  # request bytes kept per connection; enough for the headers
+# The start of an HTTP/1.x request: a client sends its request line first, in one piece.
+_REQUEST_LINE = re.compile(rb"[A-Z]{3,7} \S+ HTTP/1\.[01]\r\n")
 
 
 @dataclass(frozen=True)
@@ -56,8 +65,20 @@ class Fault:
 class FaultProxy:
     """Listens on 127.0.0.1:<free port> and forwards to (target_host, target_port)."""
 
-    def __init__(self, target_host: str, target_port: int):
+    def __init__(
+        self,
+        target_host: str,
+        target_port: int,
+        latency: tuple[float, float] | None = None,
+        seed: int | None = None,
+    ):
         self.target = (target_host, target_port)
+        if latency is not None and not 0 <= latency[0] <= latency[1]:
+            raise ValueError(f"latency must be (low, high) with 0 <= low <= high, got {latency}")
+        self.latency = latency
+        self._rng = random.Random(seed)
+        self.delayed = 0  # requests held back by `latency`
+        self._log: list[tuple[float, int, bytes]] = []  # (monotonic time, connection, request)
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._listener.bind(("127.0.0.1", 0))
@@ -110,14 +131,15 @@ class FaultProxy:
             return b"".join(bytes(s) for s in self._sent)
 
     def ranges(self) -> list[tuple[int, int]]:
-        """The byte ranges requested (``Range: bytes=a-b`` as ``(a, b + 1)``), in order.
-
-        Requests are recorded as they pass, before any answer, so a test can count them
-        without racing the server. The order is by connection, then within a connection,
-        which is time order for a client that makes one request at a time.
-        """
-        found = re.findall(rb"(?i)\r\nrange: bytes=(\d+)-(\d+)\r\n", self.all_requests())
-        return [(int(a), int(b) + 1) for a, b in found]
+        """The byte ranges requested (``Range: bytes=a-b`` as ``(a, b + 1)``), in the order the
+        requests reached the proxy (recorded as they pass, before any answer, so a test can
+        count them without racing the server)."""
+        found = []
+        for _, _, head in self.request_log():
+            match = re.search(rb"(?i)\r\nrange: bytes=(\d+)-(\d+)(?:\r\n|$)", head)
+            if match:
+                found.append((int(match[1]), int(match[2]) + 1))
+        return found
 
     # -- plumbing ----------------------------------------------------------------------------
     def _accept_loop(self) -> None:
@@ -164,6 +186,23 @@ class FaultProxy:
         self._pump_responses(upstream, client, fault)
         pump.join(timeout=5)
 
+    def request_log(self) -> list[tuple[float, int, bytes]]:
+        """(time.monotonic(), connection index, request head) of every request, in the order
+        they reached the proxy: with several connections in use, this is the one time order."""
+        with self._lock:
+            return list(self._log)
+
+    def _request_delay(self, index: int, data: bytes) -> float:
+        if not _REQUEST_LINE.match(data):
+            return 0.0
+        head = data.partition(b"\r\n\r\n")[0]
+        with self._lock:
+            self._log.append((time.monotonic(), index, head))
+            if self.latency is None:
+                return 0.0
+            self.delayed += 1
+            return self._rng.uniform(*self.latency)
+
     def _pump_requests(self, client: socket.socket, upstream: socket.socket, index: int) -> None:
         try:
             while True:
@@ -171,6 +210,9 @@ class FaultProxy:
                 if not data:
                     break
                 self._record(index, data)
+                delay = self._request_delay(index, data)
+                if delay and self._stopping.wait(delay):
+                    break
                 upstream.sendall(data)
         except OSError:
             pass
@@ -245,8 +287,8 @@ def fault_proxy() -> Iterator[callable]:
     """Factory: ``fault_proxy(port)`` starts a proxy to 127.0.0.1:port, stopped at teardown."""
     proxies: list[FaultProxy] = []
 
-    def make(port: int, host: str = "127.0.0.1") -> FaultProxy:
-        proxy = FaultProxy(host, port)
+    def make(port: int, host: str = "127.0.0.1", **kwargs) -> FaultProxy:
+        proxy = FaultProxy(host, port, **kwargs)
         proxies.append(proxy)
         return proxy
 

@@ -70,16 +70,19 @@ def test_faults_at_chosen_offsets_lose_and_repeat_nothing(proxied, caplog):
     assert caplog.text.count("retry ") == src.retries
     assert str(url) in caplog.text and "byte offset" in caplog.text
 
-    ranges = proxy.ranges()
+    # Several blocks are in flight at once: group the requests by the block they serve (its
+    # end). A retry asks from where good bytes ended; the blocks tile the object.
+    starts: dict[int, list[int]] = {}
+    for start, end in proxy.ranges():
+        starts.setdefault(end, []).append(start)
     resumed_inside_a_block = 0
-    for (start, end), (next_start, next_end) in zip(ranges, ranges[1:], strict=False):
-        if next_end == end:  # a retry of the same block: from where good bytes ended
-            assert next_start >= start
-            resumed_inside_a_block += next_start > start
-        else:  # the next block starts where this one ended
-            assert next_start == end and next_end == min(end + block, len(data))
-    assert ranges[0][0] == 0 and ranges[-1][1] == len(data)
-    assert resumed_inside_a_block >= 2, ranges
+    for tries in starts.values():
+        assert tries == sorted(tries)
+        resumed_inside_a_block += sum(b > a for a, b in zip(tries, tries[1:], strict=False))
+    blocks = sorted((tries[0], end) for end, tries in starts.items())
+    assert blocks[0][0] == 0 and blocks[-1][1] == len(data)
+    assert all(a[1] == b[0] and b[1] - b[0] <= block for a, b in zip(blocks, blocks[1:]))
+    assert resumed_inside_a_block >= 2, proxy.ranges()
 
 
 def test_range_reads_recover_from_faults_too(proxied):
@@ -96,25 +99,19 @@ def test_exhausted_budget_names_url_and_offset(proxied, caplog):
     put, proxy = proxied
     data = os.urandom(3 * MiB)
     url, options = put("faults/doomed.bin", data)
-    proxy.fail_always(Fault.truncate(200_000))  # a HEAD has no body to cut: it gets through
+    proxy.fail_always(Fault.truncate(200_000))
+    # The first request is the GET of the head (1 MiB) that also tells the size: the only
+    # request in flight until it completes, so the budget below is its own.
     src = open_source(url, options, RetryPolicy(max_attempts=3, **QUICK), block_size=MiB)
-    # A retry of the HEAD (a timeout on a loaded machine) is no part of the block's budget:
-    # count it apart, so that what is asserted below does not depend on timing.
-    assert src.size == len(data)
-    head_retries = src.retries
-    with src.open_stream() as f:
-        good = b""
-        with pytest.raises(StorageError, match="gave up after 3 attempts") as info:
-            while chunk := f.read(100_000):
-                good += chunk
+    with pytest.raises(StorageError, match="gave up after 3 attempts") as info:
+        src.open_stream()  # its size is what the head's GET was to tell
     exc = info.value
     assert exc.url == str(url) and str(url) in str(exc)
     assert exc.offset is not None and f"byte offset {exc.offset}" in str(exc)
-    # Each attempt delivered some bytes and the next asked for the rest, so the failure
-    # happened well inside the first block; nothing of that block was handed out.
+    # Each attempt delivered some bytes and the next asked for the rest (with If-Match), so
+    # the failure happened well inside the head.
     assert 0 < exc.offset < MiB
-    assert good == data[: len(good)] and len(good) <= exc.offset
-    assert src.retries - head_retries == 2  # three attempts at the block: two retries
+    assert src.retries == 2  # three attempts: two retries
 
 
 def test_dropped_connections_until_the_budget_runs_out(proxied):

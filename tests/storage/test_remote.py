@@ -135,15 +135,16 @@ def test_http_5xx_is_retried_then_reported_with_url_and_offset(http_server, capl
 
 def test_object_replaced_while_reading_is_refused(server):
     """Retries and later blocks ask with If-Match: bytes of two versions never mix."""
-    first = os.urandom(200_000)
+    first = os.urandom(MiB + 200_000)  # more than the head that the first GET brings
     url, options = put(server, "remote/replaced.bin", first)
     src = open_source(url, options, FAST)
     assert src.read_range(0, 100) == first[:100]
     if isinstance(server, Nginx):
         time.sleep(1.1)  # nginx ETags carry the mtime in whole seconds
-    put(server, "remote/replaced.bin", os.urandom(200_000))
+    put(server, "remote/replaced.bin", os.urandom(MiB + 200_000))
+    assert src.read_range(100, 100) == first[100:200]  # the head, kept: the first version's
     with pytest.raises(StorageError, match="changed while it was being read"):
-        src.read_range(100, 100)
+        src.read_range(MiB + 100, 100)
 
 
 def test_prefetch_starts_the_first_block_early(http_server, fault_proxy):  # noqa: F811
@@ -171,21 +172,27 @@ def test_prefetch_starts_the_first_block_early(http_server, fault_proxy):  # noq
         assert len(proxy.ranges()) == 9
 
 
-def test_read_ahead_holds_at_most_two_blocks(http_server, fault_proxy):  # noqa: F811
+def test_read_ahead_never_holds_more_than_its_cap(http_server, fault_proxy):  # noqa: F811
+    """Requests are issued by the reader's own calls, so what a stream asked for is known
+    the moment a read returns: never more unread bytes than read_ahead_bytes."""
     block = 64 * KiB
-    data = os.urandom(8 * block)
+    data = os.urandom(20 * block + 123)
     http_server.put("remote/bounded.bin", data)
     proxy = fault_proxy(http_server.port)
-    src = open_source(f"{proxy.endpoint}/remote/bounded.bin", None, FAST, block_size=block)
+    cap = 3 * block  # below two blocks plus any measured bandwidth-delay product
+    policy = RetryPolicy(initial_delay=0.01, read_ahead_bytes=cap)
+    src = open_source(f"{proxy.endpoint}/remote/bounded.bin", None, policy, block_size=block)
     with src.open_stream() as f:
-        assert f.read(1) == data[:1]  # block 0 is being read
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and len(proxy.ranges()) < 2:
-            time.sleep(0.01)
-        time.sleep(0.3)  # a fetcher that ran further ahead would ask for block 2 now
-        assert proxy.ranges() == [(0, block), (block, 2 * block)]
-        assert f.read() == data[1:]
-    assert len(proxy.ranges()) == 8
+        assert f.read(1) == data[:1]  # the head (one block) is being read
+        assert f.peak_held <= cap and f.requests == 2  # 64 KiB head + 2 x 64 KiB = the cap
+        time.sleep(0.3)  # a stream that ran further ahead would ask for more now
+        assert len(proxy.ranges()) == 1 + f.requests  # the head's GET, then the stream's
+        got = f.read(block)  # the head is released: room for one more block
+        assert got == data[1 : block + 1] and f.requests == 3
+        assert f.read() == data[block + 1 :]
+        assert f.peak_held <= cap
+    ranges = proxy.ranges()
+    assert sorted(ranges) == [(a, min(a + block, len(data))) for a in range(0, len(data), block)]
 
 
 def test_sources_pickle_without_threads_and_reopen(s3_server):  # noqa: F811

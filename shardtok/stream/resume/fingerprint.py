@@ -29,18 +29,21 @@ stage 0 is that mix, so a run can grow from one stage into several.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from dataclasses import MISSING, fields
 from typing import TYPE_CHECKING
 
 from shardtok.errors import ResumeStateError
+from shardtok.format.shard_groups import GROUP_LIMIT
 from shardtok.storage.dataset import DatasetSource
 from shardtok.storage.location import display_url
 from shardtok.stream.options import UNMASKED_DEFAULTS, StreamOptions
 
 if TYPE_CHECKING:
     from shardtok.stream.mix.stages import Curriculum
+
+# The shard order of datasets of more than GROUP_LIMIT shards (absent: one shard per group).
+SHARD_ORDER_VERSION = "grouped-v2"
 
 # A key a saved state lacks was saved before that option existed, for data without masks (the
 # stream refused masked data until then), so it compares as that data's resolved default.
@@ -54,26 +57,31 @@ def source_fingerprint(source: DatasetSource) -> dict:
     manifest = source.dataset_manifest
     entry = {
         "location": source.location,
-        "manifest_sha256": hashlib.sha256(manifest.to_bytes()).hexdigest(),
+        "manifest_sha256": manifest.sha256,  # index.compact records it: no row is read
         "tokenizer": manifest.tokenizer_fingerprint,
         "num_tokens": source.manifest.num_tokens,
     }
     # A subset naming every shard streams what the whole dataset does, so it resumes its states.
     if source.shards is not None and len(source.manifest.shards) < len(manifest.shards):
         entry["shards"] = shard_runs(source)
+    # Beyond GROUP_LIMIT shards the epoch's shard order is by groups (stream/plan.py), which
+    # releases before it did not plan: their states are refused, naming this version.
+    if len(source.manifest.shards) > GROUP_LIMIT:
+        entry["shard_order"] = SHARD_ORDER_VERSION
     return entry
 
 
 def shard_runs(source: DatasetSource) -> list[str]:
     """A subset's shards as runs of consecutive index.json entries, ``"first..last"`` (both
     included) or one file name: short for the usual ranges, exact for any subset."""
-    files = [e.file for e in source.dataset_manifest.shards]
+    manifest = source.dataset_manifest
     positions = source.subset_positions or ()
     runs: list[str] = []
     start = 0
     for k in range(1, len(positions) + 1):
         if k == len(positions) or positions[k] != positions[k - 1] + 1:
-            first, last = files[positions[start]], files[positions[k - 1]]
+            first = manifest.file_of(positions[start])
+            last = manifest.file_of(positions[k - 1])
             runs.append(first if first == last else f"{first}..{last}")
             start = k
     return runs
@@ -173,7 +181,7 @@ def _source_differences(old: list, new: list, where: str) -> list[str]:
     if len(old) != len(new):
         out.append(f"{where}{len(old)} sources saved, {len(new)} now")
     for i, (a, b) in enumerate(zip(old, new)):
-        for key in ("manifest_sha256", "tokenizer", "num_tokens", "weight"):
+        for key in ("manifest_sha256", "tokenizer", "num_tokens", "weight", "shard_order"):
             if a.get(key) != b.get(key):
                 out.append(
                     f"{where}source {i} ({_shown(a)} -> {_shown(b)}): {key} "

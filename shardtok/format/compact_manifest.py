@@ -1,0 +1,380 @@
+"""``index.compact``: the manifest as columns of integers, read by byte range.
+
+``index.json`` lists every shard; at a million shards it is hundreds of MB that every worker of
+every rank would fetch and parse before its first batch. This file holds the same manifest as a
+small header (the dataset's fields, totals, one token sum per shard group, checksums) and
+fixed-size rows stored group-major (``shard_groups``), so a worker reads the header and the rows
+of the groups its own slice touches: two range reads, well under 1 MB at 10^6 shards.
+
+It is written beside ``index.json`` by ``Manifest.write`` (the one manifest writer), before it,
+and is tied to it: the header records index.json's size and sha256. Readers check the size on
+every open (a stat or HEAD, no bytes), the header's and each group's crc32 on every read, and
+``shardtok inspect`` compares the two files row by row. Byte layout: docs/FORMAT.md
+("index.compact").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import struct
+import zlib
+from collections.abc import Callable, Iterator, Sequence
+
+import numpy as np
+
+from shardtok.errors import CorruptShardError
+from shardtok.format.shard_entry import ShardEntry
+from shardtok.format.shard_groups import (
+    group_count,
+    group_major,
+    group_members,
+    group_size,
+    group_start,
+    group_sums,
+)
+from shardtok.format.validate import is_plain_name
+
+COMPACT_NAME = "index.compact"
+MAGIC = b"STKCMAN\x00"
+VERSION = 1
+FIXED = struct.Struct("<8sIIQIIQQQQ32sQIIQII")  # 128 bytes, docs/FORMAT.md
+HEADER_CRC_AT = 124
+FIRST_READ = 64 << 10  # the fixed header and, for most datasets, everything up to the rows
+FLAG_META_SHA256 = 1
+FLAG_TRAINED_TOKENS = 2
+FLAG_NAMES = 4  # an explicit name per row (names that follow no pattern)
+_NUMBERED = re.compile(r"(.*?)(\d+)(\D*)")
+
+ReadRange = Callable[[int, int], bytes]
+
+
+def _align8(n: int) -> int:
+    return -(-n // 8) * 8
+
+
+def name_pattern(files: Sequence[str]) -> dict | None:
+    """``{"prefix", "first", "width", "suffix"}`` when file i is
+    ``f"{prefix}{first + i:0{width}d}{suffix}"`` for every i, else None."""
+    if not files:
+        return None
+    match = _NUMBERED.fullmatch(files[0])
+    if match is None:
+        return None
+    prefix, digits, suffix = match.groups()
+    pattern = {"prefix": prefix, "first": int(digits), "width": len(digits), "suffix": suffix}
+    if any(f != _pattern_name(pattern, i) for i, f in enumerate(files)):
+        return None
+    return pattern
+
+
+def _pattern_name(pattern: dict, i: int) -> str:
+    return f"{pattern['prefix']}{pattern['first'] + i:0{pattern['width']}d}{pattern['suffix']}"
+
+
+def row_dtype(flags: int, name_width: int) -> np.dtype:
+    fields = [("bytes", "<u8"), ("num_documents", "<u8"), ("num_tokens", "<u8")]
+    if flags & FLAG_TRAINED_TOKENS:
+        fields.append(("trained_tokens", "<u8"))
+    fields.append(("sha256", "V32"))
+    if flags & FLAG_META_SHA256:
+        fields.append(("meta_sha256", "V32"))
+    if flags & FLAG_NAMES:
+        fields.append(("name", f"S{name_width}"))
+    return np.dtype(fields)
+
+
+def _digests(hexes) -> np.ndarray:
+    return np.frombuffer(b"".join(bytes.fromhex(h) for h in hexes), dtype="V32")
+
+
+def compact_bytes(manifest, index_bytes: bytes) -> bytes:
+    """The compact manifest of `manifest`, whose index.json is `index_bytes`."""
+    shards = list(manifest.shards)
+    n = len(shards)
+    groups = group_count(n)
+    metas = {s.meta_sha256 is not None for s in shards}
+    if len(metas) > 1:  # one manifest mixes releases: keep the compact form exact by refusing
+        raise ValueError("some shard entries have meta_sha256 and some do not")
+    flags = FLAG_META_SHA256 if metas == {True} else 0
+    if manifest.masked:
+        flags |= FLAG_TRAINED_TOKENS
+    files = [s.file for s in shards]
+    pattern = name_pattern(files)
+    name_width = 0
+    if pattern is None and n:
+        flags |= FLAG_NAMES
+        name_width = max(len(f.encode()) for f in files)
+    meta = {
+        "dtype": manifest.dtype.name,
+        "extra": manifest.extra,
+        "name": manifest.name,
+        "tokenizer": manifest.tokenizer,
+        "vocab_size": manifest.vocab_size,
+    }
+    if manifest.masked:
+        meta["sft"] = manifest.sft
+    if pattern is not None:
+        meta["names"] = pattern
+    meta_bytes = json.dumps(meta, sort_keys=True, ensure_ascii=True).encode()
+    dtype = row_dtype(flags, name_width)
+    rows = np.zeros(n, dtype=dtype)  # shard order first, then rearranged group-major
+    for key in ("bytes", "num_documents", "num_tokens"):
+        rows[key] = np.fromiter((getattr(s, key) for s in shards), dtype=np.uint64, count=n)
+    rows["sha256"] = _digests(s.sha256 for s in shards)
+    if flags & FLAG_TRAINED_TOKENS:
+        rows["trained_tokens"] = np.fromiter((s.trained_tokens for s in shards), np.uint64, n)
+    if flags & FLAG_META_SHA256:
+        rows["meta_sha256"] = _digests(s.meta_sha256 for s in shards)
+    if flags & FLAG_NAMES:
+        rows["name"] = np.array([f.encode() for f in files], dtype=f"S{name_width}")
+    rows = rows[group_major(n, groups)]
+    tokens = np.fromiter((s.num_tokens for s in shards), dtype=np.int64, count=n)
+    sums = group_sums(tokens, groups).astype("<u8")
+    sums_at = _align8(FIXED.size + len(meta_bytes))
+    records_at = sums_at + 8 * groups
+    fixed = FIXED.pack(
+        MAGIC, VERSION, flags, n, groups, dtype.itemsize,
+        manifest.num_tokens, manifest.num_documents, manifest.num_bytes,
+        manifest.trained_tokens or 0,
+        hashlib.sha256(index_bytes).digest(), len(index_bytes),
+        len(meta_bytes), name_width, records_at, 0, 0,
+    )  # fmt: skip
+    head = bytearray(fixed + meta_bytes)
+    head += bytes(sums_at - len(head))
+    head += sums.tobytes()
+    crc = zlib.crc32(head[FIXED.size :], zlib.crc32(head[:HEADER_CRC_AT]))
+    head[HEADER_CRC_AT : HEADER_CRC_AT + 4] = struct.pack("<I", crc)
+    out = [bytes(head)]
+    raw = rows.tobytes()
+    for g in range(groups):
+        start, count = group_start(g, n, groups), group_size(g, n, groups)
+        record = raw[start * dtype.itemsize : (start + count) * dtype.itemsize]
+        out += [record, struct.pack("<I", zlib.crc32(record))]
+    return b"".join(out)
+
+
+class CompactHeader:
+    """The parsed header: counts, flags, the dataset's fields and the group token sums."""
+
+    def __init__(self, read: ReadRange, size: int, where: str):
+        self.where = where
+        self.bytes_read = 0
+        self.first = first = self._read(read, 0, min(size, FIRST_READ))
+        if len(first) < FIXED.size or first[:8] != MAGIC:
+            raise self.fail(0, "not a shardtok compact manifest (bad magic)")
+        (
+            _, version, flags, n, groups, row_size, self.num_tokens, self.num_documents,
+            self.num_bytes, trained, index_sha, self.index_size, meta_size, name_width,
+            records_at, _, crc,
+        ) = FIXED.unpack_from(first)  # fmt: skip
+        if version != VERSION:
+            raise self.fail(
+                8, f"compact manifest version {version} is not supported (reads {VERSION})"
+            )
+        if groups != group_count(n):
+            raise self.fail(24, f"{groups} groups for {n} shards (expected {group_count(n)})")
+        sums_at = _align8(FIXED.size + meta_size)
+        if records_at != sums_at + 8 * groups:
+            raise self.fail(112, f"rows at offset {records_at}, expected {sums_at + 8 * groups}")
+        if flags & ~(FLAG_META_SHA256 | FLAG_TRAINED_TOKENS | FLAG_NAMES):
+            raise self.fail(12, f"unknown flags {flags:#x}")
+        self.flags, self.num_shards, self.groups, self.records_at = flags, n, groups, records_at
+        self.dtype = row_dtype(flags, name_width)
+        if row_size != self.dtype.itemsize:
+            raise self.fail(28, f"row size {row_size}, the flags give {self.dtype.itemsize}")
+        expected = records_at + n * row_size + 4 * groups
+        if size != expected:
+            raise self.fail(size, f"file is {size} bytes, its header describes {expected}")
+        head = first if records_at <= len(first) else first + self._read(
+            read, len(first), records_at - len(first)
+        )  # fmt: skip
+        head = head[:records_at]
+        if zlib.crc32(head[FIXED.size :], zlib.crc32(head[:HEADER_CRC_AT])) != crc:
+            raise self.fail(HEADER_CRC_AT, "header crc32 mismatch (damaged or truncated)")
+        self.trained_tokens = trained if flags & FLAG_TRAINED_TOKENS else None
+        self.index_sha256 = index_sha.hex()
+        try:
+            self.meta = json.loads(head[FIXED.size : FIXED.size + meta_size])
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise self.fail(FIXED.size, f"dataset fields are not valid JSON ({exc})") from None
+        if not isinstance(self.meta, dict):
+            raise self.fail(FIXED.size, "dataset fields are not a JSON object")
+        self.pattern = self.meta.get("names")
+        if (self.pattern is None) != bool(flags & FLAG_NAMES) and n:
+            raise self.fail(12, "names: the flags and the name pattern disagree")
+        self.group_tokens = np.frombuffer(head, dtype="<u8", count=groups, offset=sums_at).astype(
+            np.int64
+        )
+        if int(self.group_tokens.sum()) != self.num_tokens:
+            raise self.fail(sums_at, "group token sums do not add up to the header's num_tokens")
+
+    def _read(self, read: ReadRange, offset: int, length: int) -> bytes:
+        data = read(offset, length)
+        self.bytes_read += len(data)
+        return data
+
+    def fail(self, offset: int, reason: str) -> CorruptShardError:
+        return CorruptShardError(self.where, None, offset, reason)
+
+
+class ShardTable(Sequence):
+    """A compact manifest's shard entries, fetched a group at a time and kept once read.
+
+    Looks like the tuple of ``ShardEntry`` an index.json gives (``len``, indexing, iteration);
+    also knows the totals, group sums and index.json's sha256 without reading any row."""
+
+    def __init__(self, read: ReadRange, size: int, where: str):
+        self._read = read
+        self.header = h = CompactHeader(read, size, where)
+        self.where = where
+        self.sums = {
+            "num_tokens": h.num_tokens, "num_documents": h.num_documents,
+            "bytes": h.num_bytes, "trained_tokens": h.trained_tokens,
+        }  # fmt: skip
+        self.group_tokens = h.group_tokens
+        self.index_sha256 = h.index_sha256
+        self._groups: dict[int, list] = {}
+        self._positions: dict[str, int] | None = None
+
+    @property
+    def bytes_read(self) -> int:
+        return self.header.bytes_read
+
+    def __len__(self) -> int:
+        return self.header.num_shards
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        n, groups = self.header.num_shards, self.header.groups
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"shard {i} of {n}")
+        return self.group(i % groups)[i // groups]
+
+    def __iter__(self) -> Iterator:
+        self.load_groups(range(self.header.groups))
+        n, groups = self.header.num_shards, self.header.groups
+        for i in range(n):
+            yield self._groups[i % groups][i // groups]
+
+    def file(self, i: int) -> str:
+        """Shard i's file name (no read when names follow the header's pattern)."""
+        if self.header.pattern is not None:
+            return _pattern_name(self.header.pattern, i)
+        return self[i].file
+
+    def position_of(self, name: str) -> int | None:
+        """The index of shard file `name`, or None when the manifest does not list it."""
+        pattern = self.header.pattern
+        if pattern is not None:
+            p, s = pattern["prefix"], pattern["suffix"]
+            digits = name[len(p) : len(name) - len(s)] if s else name[len(p) :]
+            if not (name.startswith(p) and name.endswith(s) and digits.isdigit()):
+                return None
+            i = int(digits) - pattern["first"]
+            ok = 0 <= i < len(self) and _pattern_name(pattern, i) == name
+            return i if ok else None
+        if self._positions is None:
+            self._positions = {e.file: i for i, e in enumerate(self)}
+        return self._positions.get(name)
+
+    def group(self, g: int) -> list:
+        if g not in self._groups:
+            self.load_groups([g])
+        return self._groups[g]
+
+    def load_groups(self, wanted) -> None:
+        """Read the groups of `wanted` not read yet, consecutive ones in one range read."""
+        missing = sorted(set(wanted) - set(self._groups))
+        run: list[int] = []
+        for g in missing:
+            if run and (g != run[-1] + 1 or len(run) >= 4096):
+                self._load_run(run)
+                run = []
+            run.append(g)
+        if run:
+            self._load_run(run)
+
+    def _load_run(self, run: list[int]) -> None:
+        h = self.header
+        n, groups, width = h.num_shards, h.groups, h.dtype.itemsize
+        begin = h.records_at + group_start(run[0], n, groups) * width + 4 * run[0]
+        last = run[-1]
+        end = h.records_at + (group_start(last, n, groups) + group_size(last, n, groups)) * width
+        end += 4 * (last + 1)
+        if end <= len(h.first):  # a small manifest: the first read held every row
+            data = h.first[begin:end]
+        else:
+            data = h._read(self._read, begin, end - begin)
+        at = 0
+        for g in run:
+            count = group_size(g, n, groups)
+            record = data[at : at + count * width]
+            (crc,) = struct.unpack_from("<I", data, at + count * width)
+            if zlib.crc32(record) != crc:
+                raise h.fail(begin + at, f"rows of shard group {g}: crc32 mismatch (damaged)")
+            rows = np.frombuffer(record, dtype=h.dtype)
+            members = group_members(g, n, groups)
+            self._groups[g] = [self._entry(int(i), row) for i, row in zip(members, rows)]
+            at += count * width + 4
+
+    def _entry(self, i: int, row):
+        flags = self.header.flags
+        if flags & FLAG_NAMES:
+            file = bytes(row["name"]).rstrip(b"\0").decode("ascii", "replace")
+            if not is_plain_name(file):
+                raise self.header.fail(self.header.records_at, f"shard {i}: bad file name {file!r}")
+        else:
+            file = _pattern_name(self.header.pattern, i)
+        return ShardEntry(
+            file,
+            int(row["bytes"]),
+            int(row["num_documents"]),
+            int(row["num_tokens"]),
+            bytes(row["sha256"]).hex(),
+            bytes(row["meta_sha256"]).hex() if flags & FLAG_META_SHA256 else None,
+            int(row["trained_tokens"]) if flags & FLAG_TRAINED_TOKENS else None,
+        )
+
+
+def differences(index_manifest, index_bytes: bytes, table: ShardTable) -> list[str]:
+    """What differs between an index.json (parsed, and its bytes) and a compact manifest: empty
+    when they agree on every field and every row."""
+    out = []
+    h = table.header
+    if h.index_size != len(index_bytes):
+        out.append(
+            f"index.json is {len(index_bytes)} bytes, the compact header records {h.index_size}"
+        )
+    if h.index_sha256 != hashlib.sha256(index_bytes).hexdigest():
+        out.append("index.json's sha256 is not the one the compact header records")
+    m = index_manifest
+    fields = {"dtype": m.dtype.name, "extra": m.extra, "name": m.name, "tokenizer": m.tokenizer,
+              "vocab_size": m.vocab_size}  # fmt: skip
+    if m.masked:
+        fields["sft"] = m.sft
+    for key, value in fields.items():
+        if h.meta.get(key) != value:
+            out.append(f"field {key!r} differs")
+    if len(m.shards) != len(table):
+        out.append(f"{len(m.shards)} shards in index.json, {len(table)} in the compact manifest")
+        return out
+    for i, (a, b) in enumerate(zip(m.shards, table)):
+        if a != b:
+            out.append(f"shard {i} ({a.file}) differs")
+            break
+    return out
+
+
+__all__ = [
+    "COMPACT_NAME",
+    "CompactHeader",
+    "ShardTable",
+    "compact_bytes",
+    "differences",
+    "name_pattern",
+]
