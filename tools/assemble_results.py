@@ -14,7 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 SECTIONS = [
-    "convert", "parquet_ranges", "distributed", "stream", "webdataset", "trace", "s3",
+    "convert", "parquet_ranges", "distributed", "stream", "memmap", "webdataset", "trace", "s3",
     "job_start", "compare"
 ]  # fmt: skip
 
