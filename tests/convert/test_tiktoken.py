@@ -224,6 +224,32 @@ def test_identical_ids_to_tokenizers_on_varied_text(tt_path, bos_eos):
     assert tokens_tt.dtype == tokens_hf.dtype
 
 
+@pytest.mark.parametrize(
+    "source, bos_eos",
+    [("tt", (False, True)), ("tt", (True, True)), ("tt", (True, False)), ("tt", (False, False)),
+     ("bundled", (False, True))],  # the bundled tokenizer: uint16 tokens
+)  # fmt: skip
+def test_array_and_list_encoders_give_the_same_tokens(tt_path, source, bos_eos):
+    """tiktoken >= 0.9 encodes straight to arrays (what convert uses); the list path (older
+    tiktoken, and the hf backend) must give the same tokens and sizes, BOS/EOS included."""
+    prepend_bos, append_eos = bos_eos
+    spec = load_tokenizer(
+        str(tt_path) if source == "tt" else "bundled", prepend_bos=prepend_bos,
+        append_eos=append_eos, bos_token="<|bos|>" if prepend_bos else None,
+    )  # fmt: skip
+    encoder = BatchEncoder(spec)
+    assert spec.backend == "tiktoken" and encoder._encode_array is not None
+    texts = varied_texts(200, seed=5) + ["", "a\ud800b"]  # empty; a lone surrogate (fallback)
+    for batch in (texts, texts[:1], []):
+        tokens, sizes = encoder.encode(batch)
+        list_tokens, list_sizes = encoder._encode_from_lists(batch)
+        assert tokens.dtype == list_tokens.dtype == spec.dtype
+        assert sizes.dtype == list_sizes.dtype == np.int32
+        assert np.array_equal(sizes, list_sizes) and np.array_equal(tokens, list_tokens)
+    arrays = encoder.encode_arrays(texts)
+    assert [a.tolist() for a in arrays] == encoder.encode_ids(texts)
+
+
 def test_added_tokens_inside_text_become_their_ids(tt_path):
     spec = load_tokenizer(str(tt_path), append_eos=False)
     vocab = Tokenizer.from_file(str(tt_path)).get_vocab()
