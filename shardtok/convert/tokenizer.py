@@ -428,7 +428,12 @@ class BatchEncoder:
         """None if both backends give `text` the same ids, else where they differ."""
         if self.spec.backend != "tiktoken":
             return None
-        hf, fast = self._hf_ids([text])[0], self._encode_one(text)
+        # The encoder that makes the tokens: the array path where there is one.
+        if self._encode_array is not None:
+            fast = self._encode_array(text).tolist()
+        else:
+            fast = self._encode_one(text)
+        hf = self._hf_ids([text])[0]
         return None if hf == fast else describe_mismatch(hf, fast)
 
     def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:

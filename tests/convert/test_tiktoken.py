@@ -340,11 +340,23 @@ class _BrokenEncoding:
         return ids[:-1] if "zebra" in text else ids
 
 
-def test_canary_stops_a_broken_encoder_with_file_record_and_ids(tt_path, tmp_path, monkeypatch):
+class _BrokenArrayEncoding(_BrokenEncoding):
+    """The same, with tiktoken >= 0.9's array encoder (what convert then encodes with)."""
+
+    def encode_to_numpy(self, text, **kwargs):
+        ids = self.real.encode_to_numpy(text, **kwargs)
+        return ids[:-1] if "zebra" in text else ids
+
+
+@pytest.mark.parametrize("broken_class", [_BrokenEncoding, _BrokenArrayEncoding])
+def test_canary_stops_a_broken_encoder_with_file_record_and_ids(
+    tt_path, tmp_path, monkeypatch, broken_class
+):
     spec = load_tokenizer(str(tt_path))
-    broken = _BrokenEncoding(tokmod._LOADED_TIKTOKEN[spec.fingerprint])
+    broken = broken_class(tokmod._LOADED_TIKTOKEN[spec.fingerprint])
     monkeypatch.setitem(tokmod._LOADED_TIKTOKEN, spec.fingerprint, broken)
     encoder = BatchEncoder(spec)
+    assert (encoder._encode_array is not None) == (broken_class is _BrokenArrayEncoding)
     assert encoder.canary("a horse") is None
     detail = encoder.canary("a zebra crossing")
     assert detail is not None and "ids differ at position" in detail and "hf [" in detail
@@ -363,3 +375,17 @@ def test_canary_stops_a_broken_encoder_with_file_record_and_ids(tt_path, tmp_pat
     )
     assert "--tokenizer-backend hf" in message and "tiktoken [" in message
     assert not (out / "index.json").exists()
+
+
+def test_canary_mismatch_wins_over_a_later_bad_record_of_the_unit(tt_path, tmp_path, monkeypatch):
+    # The canary checks a unit's first document once the unit is read; a bad record after that
+    # document must still lose to it, as when the canary ran before reading on.
+    spec = load_tokenizer(str(tt_path))
+    broken = _BrokenArrayEncoding(tokmod._LOADED_TIKTOKEN[spec.fingerprint])
+    monkeypatch.setitem(tokmod._LOADED_TIKTOKEN, spec.fingerprint, broken)
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_bytes(json.dumps({"text": "the zebra " * 70}).encode() + b"\n{broken\n")
+    opts = ConvertOptions(inputs=(str(corpus),), output=str(tmp_path / "out"), tokenizer=spec,
+                          workers=1, progress=False, on_bad_record="error")  # fmt: skip
+    with pytest.raises(TokenizerMismatchError, match="record 1: tiktoken and tokenizers"):
+        convert(opts)
