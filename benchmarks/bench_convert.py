@@ -18,10 +18,14 @@ runs every contender once, interleaved, so machine noise spreads over all of the
                process, Rust thread pool off: what one core can do at best with tokenizers;
   call/batch   the same through `tokenizer(texts)["input_ids"]` and `encode_batch` (which API to use);
   ceiling tiktoken  the same texts through convert's tiktoken encoder (the equivalence-gated
-               backend `--tokenizer-backend auto` picks for Llama 3), one process;
+               backend `--tokenizer-backend auto` picks for Llama 3), one process, each
+               document's ids as an array (tiktoken's encode_to_numpy, as convert does): the
+               ceiling convert is held to, per worker;
+  ceiling tiktoken lists  the same with the ids as Python lists (encode / encode_ordinary: the
+               ceiling of the runs before issue 18, kept for comparison);
   ceiling x2   two processes, each encoding half the corpus (split by characters, not documents)
-               with the tiktoken encoder at the same time: how far 2 cores really scale for this
-               work on this machine, the reference for convert's 1 -> 2 worker scaling;
+               with the tiktoken encoder (arrays) at the same time: how far 2 cores really scale
+               for this work on this machine, the reference for convert's 1 -> 2 worker scaling;
   shardtok     the whole `convert()` (planning, workers, assembly, zstd-3, shard writes), wall clock
                from start to manifest, tokenizer loading excluded (printed apart: it includes the
                tiktoken gate, whose merge check is cached by tokenizer fingerprint); plus tokens
@@ -30,6 +34,11 @@ runs every contender once, interleaved, so machine noise spreads over all of the
   megatron     Megatron-LM tools/preprocess_data.py's shape: Pool.imap(encode one JSON line,
                chunksize=25) with the HF tokenizer called per document, written by megatron-core's
                IndexedDatasetBuilder (.bin/.idx), no compression.
+
+--quick runs only the tiktoken ceilings and shardtok convert (no tokenizers ceilings, no
+backend=hf, no Megatron-style runs). Each summary line gives CPU seconds per million tokens too
+(main process plus workers): a worker overlaps its writes with tokenizing on a second thread,
+so wall-clock speed per worker and CPU per token are both needed to judge it per core.
 """
 
 from __future__ import annotations
@@ -93,17 +102,17 @@ def build_gpt2_tokenizer() -> Path:
     return make_gpt2_folder(CACHE / "gpt2-vocab", folder)
 
 
-def build_corpus(megabytes: int, kind: str = "stdlib") -> Path:
+def build_corpus(megabytes: int, kind: str = "stdlib", folder: Path = CACHE) -> Path:
     """`stdlib`: docstrings then module sources (mostly code, 2.6 kB a document on average);
     `docstrings`: prose only (260 bytes a document: the regime where per-document costs show)."""
     from shardtok.convert.sample_corpus import _python_files, iter_docstring_records, stdlib_root
 
-    path = CACHE / (
+    path = folder / (
         f"corpus-{megabytes}mb.jsonl" if kind == "stdlib" else f"corpus-{kind}-{megabytes}mb.jsonl"
     )
     if path.exists():
         return path
-    CACHE.mkdir(exist_ok=True)
+    folder.mkdir(parents=True, exist_ok=True)
     records = list(iter_docstring_records())
     root = stdlib_root()
     for file in _python_files(root) if kind == "stdlib" else ():
@@ -182,12 +191,17 @@ def timed_encode(encode, texts: list[str]) -> dict:
     }
 
 
-def bench_ceiling_tiktoken(tokenizer_dir: Path, texts: list[str]) -> dict:
-    """convert's tiktoken encoder, one process, the same 1 MiB batches (texts in memory)."""
+def tiktoken_encode(tokenizer_dir: Path, lists: bool = False):
+    """convert's tiktoken encoder: texts -> each text's ids (arrays, or lists with `lists`)."""
     from shardtok.convert.tokenizer import BatchEncoder, load_tokenizer
 
-    encode = BatchEncoder(load_tokenizer(str(tokenizer_dir), backend="tiktoken")).encode_ids
-    return timed_encode(encode, texts)
+    encoder = BatchEncoder(load_tokenizer(str(tokenizer_dir), backend="tiktoken"))
+    return encoder.encode_ids if lists else encoder.encode_arrays
+
+
+def bench_ceiling_tiktoken(tokenizer_dir: Path, texts: list[str], lists: bool = False) -> dict:
+    """convert's tiktoken encoder, one process, the same 1 MiB batches (texts in memory)."""
+    return timed_encode(tiktoken_encode(tokenizer_dir, lists), texts)
 
 
 def halves_by_characters(texts: list[str]) -> tuple[list[str], list[str]]:
@@ -213,9 +227,7 @@ def _x2_child(encode, part: list[str], go, results) -> None:
 
 def bench_ceiling_x2(tokenizer_dir: Path, texts: list[str]) -> dict:
     """Two forked processes encode one half each, started together; wall until both finish."""
-    from shardtok.convert.tokenizer import BatchEncoder, load_tokenizer
-
-    encode = BatchEncoder(load_tokenizer(str(tokenizer_dir), backend="tiktoken")).encode_ids
+    encode = tiktoken_encode(tokenizer_dir)
     encode(texts[:200])
     ctx = multiprocessing.get_context("fork")
     go, results = ctx.Event(), ctx.Queue()
@@ -325,26 +337,38 @@ def _line(name: str, r: dict, ceilings: dict[str, float]) -> str:
     rate = r["tokens"] / r["seconds"]
     per_worker = rate / _workers(name)
     extra = f"; load {r['load']:.2f} s" if "load" in r else ""
+    hf = f"{per_worker / ceilings['hf']:6.1%} of the hf / " if "hf" in ceilings else ""
     return (
-        f"{name:26s} {rate:10,.0f} tokens/s = {per_worker / ceilings['hf']:6.1%} of the hf / "
+        f"{name:26s} {rate:10,.0f} tokens/s = {hf}"
         f"{per_worker / ceilings['tiktoken']:6.1%} of the tiktoken ceiling per worker; "
-        f"{r['tokens'] / r['cpu']:9,.0f} tokens per CPU-second ({r['seconds']:.2f} s wall, "
+        f"{r['cpu'] / r['tokens'] * 1e6:6.3f} CPU-s per M tokens ({r['seconds']:.2f} s wall, "
         f"{r['cpu']:.2f} s CPU{extra})"
     )
 
 
+def _rate(r: dict) -> float:
+    return r["tokens"] / r["seconds"]
+
+
 def _summarize(title: str, pick: dict[str, dict], workers: list[int]) -> None:
-    ceilings = {
-        "hf": pick["ceiling encode_batch_fast"]["tokens"]
-        / pick["ceiling encode_batch_fast"]["seconds"],
-        "tiktoken": pick["ceiling tiktoken"]["tokens"] / pick["ceiling tiktoken"]["seconds"],
-    }
+    ceilings = {"tiktoken": _rate(pick["ceiling tiktoken"])}
+    if "ceiling encode_batch_fast" in pick:
+        ceilings["hf"] = _rate(pick["ceiling encode_batch_fast"])
     print(f"\n{title}:")
     for name, r in pick.items():
         print(_line(name, r, ceilings))
+    ceiling = pick["ceiling tiktoken"]
     for w in workers:
-        s, m = pick[f"shardtok convert w={w}"], pick[f"megatron-style w={w}"]
-        print(f"shardtok vs megatron-style at w={w}: {m['seconds'] / s['seconds']:.2f}x faster")
+        s = pick[f"shardtok convert w={w}"]
+        print(
+            f"target 5 at w={w}: convert per worker = {_rate(s) / w / _rate(ceiling):.1%} of the "
+            f"tiktoken ceiling (wall); CPU per token {s['cpu'] / s['tokens']:.3g} s against "
+            f"the ceiling's {ceiling['cpu'] / ceiling['tokens']:.3g} s "
+            f"({(s['cpu'] / s['tokens']) / (ceiling['cpu'] / ceiling['tokens']):.2f}x)"
+        )
+        m = pick.get(f"megatron-style w={w}")
+        if m is not None:
+            print(f"shardtok vs megatron-style at w={w}: {m['seconds'] / s['seconds']:.2f}x faster")
     if len(workers) > 1:
         a, b = workers[0], workers[-1]
         ra, rb = pick[f"shardtok convert w={a}"], pick[f"shardtok convert w={b}"]
@@ -367,20 +391,44 @@ def main() -> int:
         "--no-hf-apis", action="store_true", help="skip the encode_batch and call ceilings"
     )
     parser.add_argument("--tokenizer", choices=("llama3", "gpt2"), default="llama3")
+    parser.add_argument(
+        "--tokenizer-dir",
+        type=Path,
+        help="use this tokenizer folder (say, another checkout's .bench/llama3) instead of "
+        "fetching --tokenizer into .bench/",
+    )
+    parser.add_argument(
+        "--work",
+        type=Path,
+        default=CACHE,
+        help="where the corpus is built and the outputs go (default: .bench/)",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="only the tiktoken ceilings and shardtok convert (no hf or Megatron-style runs)",
+    )
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
-    tokenizer_dir = (
-        fetch_llama3_tokenizer() if args.tokenizer == "llama3" else build_gpt2_tokenizer()
-    )
-    corpus = build_corpus(args.corpus_mb, args.corpus)
+    if args.tokenizer_dir is not None:
+        tokenizer_dir = args.tokenizer_dir.resolve()
+    elif args.tokenizer == "llama3":
+        tokenizer_dir = fetch_llama3_tokenizer()
+    else:
+        tokenizer_dir = build_gpt2_tokenizer()
+    corpus = build_corpus(args.corpus_mb, args.corpus, args.work)
     texts = load_texts(corpus)
     print(
         f"corpus {corpus.name} ({corpus.stat().st_size / 1e6:.1f} MB, {len(texts):,} documents); "
         f"tokenizer {args.tokenizer} ({tokenizer_dir}); cores {os.cpu_count()}; load {os.getloadavg()}"
     )
-    work = CACHE / "out"
+    work = args.work / "out"
     hows = (
-        ("encode_batch_fast",) if args.no_hf_apis else ("encode_batch_fast", "encode_batch", "call")
+        ()
+        if args.quick
+        else ("encode_batch_fast",)
+        if args.no_hf_apis
+        else ("encode_batch_fast", "encode_batch", "call")
     )
     # The machine may be shared: every repeat runs every contender back to back, and the
     # summary gives each contender's best (least disturbed) and median run.
@@ -391,6 +439,12 @@ def main() -> int:
             for how in hows
         ]
         jobs.append(("ceiling tiktoken", lambda: bench_ceiling_tiktoken(tokenizer_dir, texts)))
+        jobs.append(
+            (
+                "ceiling tiktoken lists",
+                lambda: bench_ceiling_tiktoken(tokenizer_dir, texts, lists=True),
+            )
+        )
         jobs.append(("ceiling x2", lambda: bench_ceiling_x2(tokenizer_dir, texts)))
         for w in args.workers:
             jobs.append(
@@ -399,6 +453,8 @@ def main() -> int:
                     lambda w=w: bench_shardtok(tokenizer_dir, corpus, w, work / "s"),
                 )
             )
+            if args.quick:
+                continue
             jobs.append(
                 (
                     f"shardtok convert w={w} backend=hf",

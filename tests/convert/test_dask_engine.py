@@ -108,7 +108,8 @@ def test_the_command_line_engine_flag(corpus, reference, cluster, tmp_path):
 
 class KillOnce(distributed.WorkerPlugin):
     """Kills its worker process (os._exit) once, in the middle of the first unit task it sees
-    start: when that unit's scratch folder appears. `marker` makes it once per test."""
+    start: when that unit's first temporary file (or, for a remote work folder, scratch folder)
+    appears. `marker` makes it once per test."""
 
     def __init__(self, marker: str, work: str):
         self.marker = marker
@@ -126,7 +127,9 @@ class KillOnce(distributed.WorkerPlugin):
     def _kill(self) -> None:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            if any(name.startswith(".scratch-") for name in os.listdir(self.work)):
+            if any(
+                name.startswith(".scratch-") or ".tmp-" in name for name in os.listdir(self.work)
+            ):
                 break
             time.sleep(0.001)
         os._exit(1)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from shardtok.convert import ConvertOptions, convert, load_tokenizer
+from shardtok.convert.workdir import WORK_DIR_NAME
 from shardtok.errors import BadRecordError
 from shardtok.format.manifest import load_manifest
 
@@ -98,6 +99,10 @@ def test_error_reports_the_first_bad_record_of_the_input(tmp_path, spec):
     with pytest.raises(BadRecordError) as caught:
         run(spec, [tmp_path / "c.jsonl"], tmp_path / "out", workers=2)
     assert caught.value.line == 57
+    # The failed units' token and frame files were removed, not left as temporaries.
+    work = tmp_path / "out" / WORK_DIR_NAME
+    assert sorted(p.name for p in work.glob("unit-*.failed.json"))
+    assert not [p.name for p in work.iterdir() if p.name.startswith(".")]
 
 
 def test_txt_rejects(tmp_path, spec):

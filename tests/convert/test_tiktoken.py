@@ -224,6 +224,32 @@ def test_identical_ids_to_tokenizers_on_varied_text(tt_path, bos_eos):
     assert tokens_tt.dtype == tokens_hf.dtype
 
 
+@pytest.mark.parametrize(
+    "source, bos_eos",
+    [("tt", (False, True)), ("tt", (True, True)), ("tt", (True, False)), ("tt", (False, False)),
+     ("bundled", (False, True))],  # the bundled tokenizer: uint16 tokens
+)  # fmt: skip
+def test_array_and_list_encoders_give_the_same_tokens(tt_path, source, bos_eos):
+    """tiktoken >= 0.9 encodes straight to arrays (what convert uses); the list path (older
+    tiktoken, and the hf backend) must give the same tokens and sizes, BOS/EOS included."""
+    prepend_bos, append_eos = bos_eos
+    spec = load_tokenizer(
+        str(tt_path) if source == "tt" else "bundled", prepend_bos=prepend_bos,
+        append_eos=append_eos, bos_token="<|bos|>" if prepend_bos else None,
+    )  # fmt: skip
+    encoder = BatchEncoder(spec)
+    assert spec.backend == "tiktoken" and encoder._encode_array is not None
+    texts = varied_texts(200, seed=5) + ["", "a\ud800b"]  # empty; a lone surrogate (fallback)
+    for batch in (texts, texts[:1], []):
+        tokens, sizes = encoder.encode(batch)
+        list_tokens, list_sizes = encoder._encode_from_lists(batch)
+        assert tokens.dtype == list_tokens.dtype == spec.dtype
+        assert sizes.dtype == list_sizes.dtype == np.int32
+        assert np.array_equal(sizes, list_sizes) and np.array_equal(tokens, list_tokens)
+    arrays = encoder.encode_arrays(texts)
+    assert [a.tolist() for a in arrays] == encoder.encode_ids(texts)
+
+
 def test_added_tokens_inside_text_become_their_ids(tt_path):
     spec = load_tokenizer(str(tt_path), append_eos=False)
     vocab = Tokenizer.from_file(str(tt_path)).get_vocab()
@@ -314,11 +340,23 @@ class _BrokenEncoding:
         return ids[:-1] if "zebra" in text else ids
 
 
-def test_canary_stops_a_broken_encoder_with_file_record_and_ids(tt_path, tmp_path, monkeypatch):
+class _BrokenArrayEncoding(_BrokenEncoding):
+    """The same, with tiktoken >= 0.9's array encoder (what convert then encodes with)."""
+
+    def encode_to_numpy(self, text, **kwargs):
+        ids = self.real.encode_to_numpy(text, **kwargs)
+        return ids[:-1] if "zebra" in text else ids
+
+
+@pytest.mark.parametrize("broken_class", [_BrokenEncoding, _BrokenArrayEncoding])
+def test_canary_stops_a_broken_encoder_with_file_record_and_ids(
+    tt_path, tmp_path, monkeypatch, broken_class
+):
     spec = load_tokenizer(str(tt_path))
-    broken = _BrokenEncoding(tokmod._LOADED_TIKTOKEN[spec.fingerprint])
+    broken = broken_class(tokmod._LOADED_TIKTOKEN[spec.fingerprint])
     monkeypatch.setitem(tokmod._LOADED_TIKTOKEN, spec.fingerprint, broken)
     encoder = BatchEncoder(spec)
+    assert (encoder._encode_array is not None) == (broken_class is _BrokenArrayEncoding)
     assert encoder.canary("a horse") is None
     detail = encoder.canary("a zebra crossing")
     assert detail is not None and "ids differ at position" in detail and "hf [" in detail
@@ -337,3 +375,17 @@ def test_canary_stops_a_broken_encoder_with_file_record_and_ids(tt_path, tmp_pat
     )
     assert "--tokenizer-backend hf" in message and "tiktoken [" in message
     assert not (out / "index.json").exists()
+
+
+def test_canary_mismatch_wins_over_a_later_bad_record_of_the_unit(tt_path, tmp_path, monkeypatch):
+    # The canary checks a unit's first document once the unit is read; a bad record after that
+    # document must still lose to it, as when the canary ran before reading on.
+    spec = load_tokenizer(str(tt_path))
+    broken = _BrokenArrayEncoding(tokmod._LOADED_TIKTOKEN[spec.fingerprint])
+    monkeypatch.setitem(tokmod._LOADED_TIKTOKEN, spec.fingerprint, broken)
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_bytes(json.dumps({"text": "the zebra " * 70}).encode() + b"\n{broken\n")
+    opts = ConvertOptions(inputs=(str(corpus),), output=str(tmp_path / "out"), tokenizer=spec,
+                          workers=1, progress=False, on_bad_record="error")  # fmt: skip
+    with pytest.raises(TokenizerMismatchError, match="record 1: tiktoken and tokenizers"):
+        convert(opts)

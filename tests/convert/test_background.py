@@ -1,0 +1,59 @@
+"""The worker's background writer: jobs run in order, a job's error reaches the submitter and
+stops the jobs after it, and leaving the block waits for every job."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from shardtok.convert.background import BackgroundWriter
+
+
+def test_jobs_run_in_order_on_another_thread_and_close_waits_for_them():
+    done, threads = [], set()
+
+    def job(i):
+        time.sleep(0.001 * (i % 3))
+        threads.add(threading.get_ident())
+        done.append(i)
+
+    with BackgroundWriter(depth=2) as sink:
+        for i in range(20):
+            sink.submit(lambda i=i: job(i))
+    assert done == list(range(20))
+    assert threads and threading.get_ident() not in threads
+
+
+def test_a_failing_job_is_raised_once_and_the_jobs_after_it_are_skipped():
+    done = []
+
+    def fail():
+        raise OSError("disk full")
+
+    sink = BackgroundWriter()
+    sink.submit(lambda: done.append(1))
+    sink.submit(fail)
+    sink.submit(lambda: done.append(2))
+    with pytest.raises(OSError, match="disk full"):
+        sink.close()
+    assert done == [1]
+    sink.close()  # already reported: closing again is quiet
+
+
+def test_submit_raises_a_failure_that_already_happened():
+    sink = BackgroundWriter()
+    sink.submit(lambda: 1 / 0)
+    deadline = time.monotonic() + 10
+    with pytest.raises(ZeroDivisionError):
+        while time.monotonic() < deadline:
+            sink.submit(lambda: None)
+            time.sleep(0.001)
+    sink.close()
+
+
+def test_an_exception_leaving_the_block_wins_over_a_job_failure():
+    with pytest.raises(KeyError), BackgroundWriter() as sink:
+        sink.submit(lambda: 1 / 0)
+        raise KeyError("the caller's own")
