@@ -202,6 +202,19 @@ def test_a_hostile_name_in_the_rows_is_refused_when_its_row_is_read(ds, name):
     assert "shard 1" in str(error)
 
 
+def test_a_row_with_more_trained_tokens_than_tokens_is_refused(ds):
+    def masked(doc):
+        doc["sft"] = {}
+        for i, shard in enumerate(doc["shards"]):
+            shard["trained_tokens"] = shard["num_tokens"] + 1 if i == 1 else 0
+
+    republish(ds, masked, "both")
+    manifest = DatasetSource(ds).manifest  # the totals are consistent: the header is accepted
+    assert manifest.trained_tokens <= manifest.num_tokens
+    error = _refused(lambda: list(manifest.shards), None, "trained tokens of")
+    assert "shard 1" in str(error) and error.offset > manifest.shards.header.records_at
+
+
 # -- declared counts and sizes ----------------------------------------------------------------
 
 
