@@ -34,7 +34,7 @@ from shardtok.format.shard_groups import (
     group_start,
     group_sums,
 )
-from shardtok.format.validate import is_plain_name
+from shardtok.format.validate import want_int, want_plain_name, want_str
 
 COMPACT_NAME = "index.compact"
 MAGIC = b"STKCMAN\x00"
@@ -46,6 +46,10 @@ FLAG_META_SHA256 = 1
 FLAG_TRAINED_TOKENS = 2
 FLAG_NAMES = 4  # an explicit name per row (names that follow no pattern)
 _NUMBERED = re.compile(r"(.*?)(\d+)(\D*)")
+FIELDS_AT = FIXED.size  # where the dataset fields (JSON) begin
+NAME_WIDTH_AT = 108
+MAX_NAME = 255  # the longest plain file name (validate._PLAIN_NAME)
+OWN_NAMES = ("index.json", COMPACT_NAME)  # a manifest never lists itself as a shard
 
 ReadRange = Callable[[int, int], bytes]
 
@@ -180,6 +184,12 @@ class CompactHeader:
             raise self.fail(112, f"rows at offset {records_at}, expected {sums_at + 8 * groups}")
         if flags & ~(FLAG_META_SHA256 | FLAG_TRAINED_TOKENS | FLAG_NAMES):
             raise self.fail(12, f"unknown flags {flags:#x}")
+        # Before row_dtype: a width from an untrusted header must not size a numpy dtype.
+        widths = (1, MAX_NAME) if flags & FLAG_NAMES else (0, 0)
+        if not widths[0] <= name_width <= widths[1]:
+            raise self.fail(NAME_WIDTH_AT, f"name width {name_width}, the flags allow {widths}")
+        if trained > self.num_tokens or (trained and not flags & FLAG_TRAINED_TOKENS):
+            raise self.fail(56, f"{trained} trained tokens of {self.num_tokens}, flags {flags:#x}")
         self.flags, self.num_shards, self.groups, self.records_at = flags, n, groups, records_at
         self.dtype = row_dtype(flags, name_width)
         if row_size != self.dtype.itemsize:
@@ -195,24 +205,49 @@ class CompactHeader:
             raise self.fail(HEADER_CRC_AT, "header crc32 mismatch (damaged or truncated)")
         self.trained_tokens = trained if flags & FLAG_TRAINED_TOKENS else None
         self.index_sha256 = index_sha.hex()
-        try:
+        try:  # ValueError: an integer of more digits than Python converts; RecursionError: nesting
             self.meta = json.loads(head[FIXED.size : FIXED.size + meta_size])
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise self.fail(FIXED.size, f"dataset fields are not valid JSON ({exc})") from None
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+            raise self.fail(FIELDS_AT, f"dataset fields are not valid JSON ({exc})") from None
         if not isinstance(self.meta, dict):
-            raise self.fail(FIXED.size, "dataset fields are not a JSON object")
+            raise self.fail(FIELDS_AT, "dataset fields are not a JSON object")
         self.pattern = self.meta.get("names")
         if (self.pattern is None) != bool(flags & FLAG_NAMES) and n:
             raise self.fail(12, "names: the flags and the name pattern disagree")
-        self.group_tokens = np.frombuffer(head, dtype="<u8", count=groups, offset=sums_at).astype(
-            np.int64
-        )
-        if int(self.group_tokens.sum()) != self.num_tokens:
+        if self.pattern is not None:
+            self._check_pattern(self.pattern, n)
+        sums = np.frombuffer(head, dtype="<u8", count=groups, offset=sums_at)
+        # In Python integers: an int64 sum would wrap, and a hostile header could pick sums
+        # that wrap to its total (negative token counts for the epoch plan).
+        if int(sums.max(initial=0)) >= 1 << 63 or sum(sums.tolist()) != self.num_tokens:
             raise self.fail(sums_at, "group token sums do not add up to the header's num_tokens")
+        self.group_tokens = sums.astype(np.int64)
+
+    def _check_pattern(self, pattern, n: int) -> None:
+        """The names pattern must make plain file names (validate.is_plain_name) for every
+        shard: a prefix such as ``../x/`` or ``http://other/`` would send reads outside the
+        dataset. The checks bound width and first before any name is formatted (a width of
+        10^9 would build a gigabyte string)."""
+
+        def fail(reason: str) -> CorruptShardError:
+            return self.fail(FIELDS_AT, f"names: {reason}")
+
+        if not isinstance(pattern, dict) or set(pattern) != {"prefix", "first", "width", "suffix"}:
+            raise fail(f"{pattern!r} is not {{prefix, first, width, suffix}}")
+        want_str(pattern, "prefix", fail)
+        want_str(pattern, "suffix", fail)
+        want_int(pattern, "width", fail, minimum=1, maximum=MAX_NAME)
+        if want_int(pattern, "first", fail, minimum=0) >= 10**MAX_NAME:
+            raise fail(f"first has more than {MAX_NAME} digits")
+        for i in {0, max(n - 1, 0)}:  # the longest name is the last; ".." can only be in a part
+            name = _pattern_name(pattern, i)
+            want_plain_name({"file": name}, "file", lambda r, i=i: fail(f"shard {i}: {r}"))
 
     def _read(self, read: ReadRange, offset: int, length: int) -> bytes:
         data = read(offset, length)
         self.bytes_read += len(data)
+        if len(data) != length:  # the file changed, or a server answered with other bytes
+            raise self.fail(offset, f"read {len(data)} bytes of {length} (truncated or changed)")
         return data
 
     def fail(self, offset: int, reason: str) -> CorruptShardError:
@@ -273,7 +308,9 @@ class ShardTable(Sequence):
         if pattern is not None:
             p, s = pattern["prefix"], pattern["suffix"]
             digits = name[len(p) : len(name) - len(s)] if s else name[len(p) :]
-            if not (name.startswith(p) and name.endswith(s) and digits.isdigit()):
+            # isdigit() alone admits "²" and other digits int() refuses or reads differently
+            ok = digits.isascii() and digits.isdigit() and len(name) <= MAX_NAME
+            if not (ok and name.startswith(p) and name.endswith(s)):
                 return None
             i = int(digits) - pattern["first"]
             ok = 0 <= i < len(self) and _pattern_name(pattern, i) == name
@@ -318,18 +355,30 @@ class ShardTable(Sequence):
             if zlib.crc32(record) != crc:
                 raise h.fail(begin + at, f"rows of shard group {g}: crc32 mismatch (damaged)")
             rows = np.frombuffer(record, dtype=h.dtype)
+            if sum(rows["num_tokens"].tolist()) != h.group_tokens[g]:  # what the plan used
+                raise h.fail(begin + at, f"rows of shard group {g}: tokens differ from its sum")
             members = group_members(g, n, groups)
             self._groups[g] = [self._entry(int(i), row) for i, row in zip(members, rows)]
             at += count * width + 4
 
     def _entry(self, i: int, row):
-        flags = self.header.flags
+        h = self.header
+        flags, n, groups = h.flags, h.num_shards, h.groups
+        g = i % groups
+        at = h.records_at + (group_start(g, n, groups) + i // groups) * h.dtype.itemsize + 4 * g
+
+        def fail(reason: str) -> CorruptShardError:
+            return h.fail(at, f"shard {i}: {reason}")
+
         if flags & FLAG_NAMES:
             file = bytes(row["name"]).rstrip(b"\0").decode("ascii", "replace")
-            if not is_plain_name(file):
-                raise self.header.fail(self.header.records_at, f"shard {i}: bad file name {file!r}")
+            want_plain_name({"file": file}, "file", fail)
+            if file in OWN_NAMES:
+                raise fail(f"{file} is listed as a shard")
         else:
-            file = _pattern_name(self.header.pattern, i)
+            file = _pattern_name(h.pattern, i)
+        if flags & FLAG_TRAINED_TOKENS and row["trained_tokens"] > row["num_tokens"]:
+            raise fail(f"{int(row['trained_tokens'])} trained tokens of {int(row['num_tokens'])}")
         return ShardEntry(
             file,
             int(row["bytes"]),

@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 
+from shardtok.format.compact_manifest import COMPACT_NAME
+from shardtok.format.manifest import MANIFEST_NAME, Manifest
+from shardtok.format.mmidx import token_dtype
+from shardtok.format.shard_entry import ShardEntry
 from shardtok.storage.dataset import DatasetSource
 from shardtok.stream.nodes.reader import SliceReader
 from shardtok.stream.plan import Piece
@@ -29,3 +36,46 @@ def random_tokens(path) -> list[list[int]]:
     for entry in source.manifest.shards:
         out += [d.tolist() for d in source.open_random(entry.file).documents()]
     return out
+
+
+# The two kinds of dataset a hostile or old manifest comes in: as an earlier release wrote it
+# (index.json alone), and published through this release's writer (index.compact beside
+# index.json, both telling the same story). A test of a manifest-level defence runs on both.
+KINDS = ["index.json", "both"]
+
+
+def republish(folder, edit, kind: str) -> None:
+    """Rewrite dataset `folder`'s manifest as `edit(doc)` (index.json's dict, edited in place)
+    says, as a dataset of `kind` (``KINDS``). For "both" the edited manifest goes through
+    ``Manifest.write`` unvalidated (``Manifest.from_bytes`` would refuse some lies), so
+    index.compact encodes the same fields, counts and file names."""
+    folder = Path(folder)
+    doc = json.loads((folder / MANIFEST_NAME).read_text())
+    edit(doc)
+    if kind == "index.json":
+        (folder / COMPACT_NAME).unlink()
+        (folder / MANIFEST_NAME).write_text(json.dumps(doc))
+        return
+    assert kind == "both", kind
+    shards = tuple(
+        ShardEntry(
+            s["file"],
+            s["bytes"],
+            s["num_documents"],
+            s["num_tokens"],
+            s["sha256"],
+            s.get("meta_sha256"),
+            s.get("trained_tokens"),
+        )  # fmt: skip
+        for s in doc["shards"]
+    )
+    Manifest(
+        name=doc["name"],
+        dtype=token_dtype(doc["dtype"]),
+        vocab_size=doc["vocab_size"],
+        tokenizer=doc["tokenizer"],
+        shards=shards,
+        extra=doc.get("extra") or {},
+        sft=doc.get("sft"),
+    ).write(folder)
+    assert (folder / COMPACT_NAME).exists()  # what DatasetSource reads first

@@ -23,7 +23,7 @@ from shardtok.index.gpt import build_gpt_indices
 from shardtok.memmap.samples import GPTSamples
 from shardtok.memmap.tokens import open_local_tokens
 from shardtok.storage.dataset import DatasetSource
-from tests.adversarial.helpers import random_tokens, stream_tokens
+from tests.adversarial.helpers import KINDS, random_tokens, republish, stream_tokens
 from tests.helpers.format_data import write_dataset
 
 VOCAB = 5000
@@ -86,13 +86,17 @@ def test_shard_copied_from_another_dataset_is_refused(tmp_path, level):
             open_local_tokens(tmp_path / "ds")
 
 
-def test_old_manifest_without_meta_sha256_still_streams_and_checks_keys(tmp_path):
-    docs = _equal_documents(0)
-    _write(tmp_path / "ds", docs)
-    doc = json.loads((tmp_path / "ds" / MANIFEST_NAME).read_text())
+def _without_meta_sha256(doc):
     for shard in doc["shards"]:
         del shard["meta_sha256"]  # as written by 0.1
-    (tmp_path / "ds" / MANIFEST_NAME).write_text(json.dumps(doc))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_old_manifest_without_meta_sha256_still_streams_and_checks_keys(tmp_path, kind):
+    docs = _equal_documents(0)
+    _write(tmp_path / "ds", docs)
+    republish(tmp_path / "ds", _without_meta_sha256, kind)
+    assert all(e.meta_sha256 is None for e in DatasetSource(tmp_path / "ds").manifest.shards)
     assert stream_tokens(tmp_path / "ds") == [d.tolist() for d in docs]
     a, b = tmp_path / "ds" / "shard-000000.tar", tmp_path / "ds" / "shard-000002.tar"
     a.rename(tmp_path / "tmp")
@@ -105,11 +109,13 @@ def test_old_manifest_without_meta_sha256_still_streams_and_checks_keys(tmp_path
     "field, value",
     [("dtype", "int32"), ("vocab_size", VOCAB + 1), ("tokenizer", {"fingerprint": "sha256:x"})],
 )
-def test_manifest_contradicting_the_shards_is_refused_and_verify_fails(tmp_path, field, value):
+@pytest.mark.parametrize("kind", KINDS)
+def test_manifest_contradicting_the_shards_is_refused_and_verify_fails(
+    tmp_path, field, value, kind
+):
     _write(tmp_path / "ds", _equal_documents(0))
-    doc = json.loads((tmp_path / "ds" / MANIFEST_NAME).read_text())
-    doc[field] = value
-    (tmp_path / "ds" / MANIFEST_NAME).write_text(json.dumps(doc))
+    republish(tmp_path / "ds", lambda doc: doc.update({field: value}), kind)
+    assert getattr(DatasetSource(tmp_path / "ds").manifest, field) == value  # the lie is read
     _both_paths_refuse(tmp_path / "ds", field)
     report = _verify(tmp_path / "ds")
     assert not report.ok and all(field in s.error for s in report.shards)
@@ -239,7 +245,7 @@ def test_idx_header_declaring_8_gib_is_refused_without_allocating(tmp_path):
     _both_paths_refuse(tmp_path / "ds", "claims")
 
 
-def _zstd_bomb_dataset(tmp_path, declare_size: bool):
+def _zstd_bomb_dataset(tmp_path, declare_size: bool, kind: str):
     """A shard whose only frame is 64 MiB of zeros compressed to a few KB, listed in the frame
     table with its honest 400 bytes of tokens (the frame header may declare its true size)."""
     docs = [np.arange(200) % VOCAB]
@@ -267,15 +273,18 @@ def _zstd_bomb_dataset(tmp_path, declare_size: bool):
     out += encode_header(meta.bin_member, len(bomb)) + bomb + b"\0" * (-len(bomb) % BLOCK)
     out += b"\0" * (2 * BLOCK)
     path.write_bytes(bytes(out))
-    doc = json.loads((tmp_path / "ds" / MANIFEST_NAME).read_text())
-    doc["shards"][0].update(bytes=len(out), meta_sha256=meta.sha256)  # the manifest agrees
-    (tmp_path / "ds" / MANIFEST_NAME).write_text(json.dumps(doc))
+    republish(  # the manifest agrees with the bomb
+        tmp_path / "ds",
+        lambda doc: doc["shards"][0].update(bytes=len(out), meta_sha256=meta.sha256),
+        kind,
+    )
     return path
 
 
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("declare_size", [True, False], ids=["declared", "undeclared"])
-def test_zstd_bomb_is_refused_without_decoding_it(tmp_path, declare_size):
-    path = _zstd_bomb_dataset(tmp_path, declare_size)
+def test_zstd_bomb_is_refused_without_decoding_it(tmp_path, declare_size, kind):
+    path = _zstd_bomb_dataset(tmp_path, declare_size, kind)
     for read in _readers(path):
         assert _peak_while(lambda read=read: _expect_corrupt(read)) < 16 << 20
     _both_paths_refuse(tmp_path / "ds", "frame 0")
