@@ -9,6 +9,9 @@ Only work that releases the GIL belongs here: a job that holds it (say, `tokeniz
 stalls the tokenizing thread every time that thread wants the GIL back. Jobs run in the order
 they were submitted; the queue is bounded, so a slow disk holds the tokenizer back instead of
 letting batches pile up in memory.
+
+A worker keeps one writer for its whole life and :meth:`drain` s it at each unit's end: a thread
+started and joined per unit cost ~2% of a worker's time with 256 KiB units.
 """
 
 from __future__ import annotations
@@ -40,7 +43,9 @@ class BackgroundWriter:
             job = self._jobs.get()
             if job is _STOP:
                 return
-            if self._error is None:
+            if isinstance(job, threading.Event):
+                job.set()
+            elif self._error is None:
                 try:
                     job()
                 except BaseException as exc:  # handed to the submitting thread
@@ -54,6 +59,17 @@ class BackgroundWriter:
     def submit(self, job: Callable[[], object]) -> None:
         self._raise()
         self._jobs.put(job)
+
+    def drain(self) -> None:
+        """Wait for every job submitted so far; raise the first failure among them, if any.
+        The writer stays usable: the jobs submitted after this run again."""
+        done = threading.Event()
+        self._jobs.put(done)  # set by the thread even after a failure (later jobs are skipped)
+        done.wait()
+        error, raised = self._error, self._raised
+        self._error, self._raised = None, False
+        if error is not None and not raised:
+            raise error
 
     def close(self) -> None:
         """Wait for every submitted job; raise the first one's exception, if any."""
