@@ -291,6 +291,7 @@ def _scratch(workdir: WorkDir, index: int) -> Iterator[Callable[[str], Path]]:
         made.append(workdir.path / temporary_name(f"{unit_base(index)}.{name}"))
         return made[-1]
 
+    path.published = made.clear  # all were moved into place: nothing to remove (5 syscalls)
     try:
         yield path
     finally:
@@ -416,6 +417,7 @@ def _tokenize(
     with writers[".json"].file as marker:  # created by the sink: only written here
         marker.write(result.to_json())
     workdir.publish_marker(unit.index, paths[".json"])
+    getattr(scratch, "published", lambda: None)()
     return result
 
 
