@@ -5,8 +5,9 @@ of them release the GIL, as does tiktoken's encode; run on their own thread they
 the next batch's tokenizing instead of adding to it. The CPU they cost is the same (the
 benchmark reports CPU per token as well as wall clock).
 
-Only work that releases the GIL belongs here: a job that holds it (say, `tokenizers`' encode)
-stalls the tokenizing thread every time that thread wants the GIL back. Jobs run in the order
+Work that releases the GIL belongs here: a job that holds it (say, `tokenizers`' encode)
+stalls the tokenizing thread every time that thread wants the GIL back. The worker's canary is
+the one such job, and a small one (0.5% of the input), which costs no more here than in line. Jobs run in the order
 they were submitted; the queue is bounded, so a slow disk holds the tokenizer back instead of
 letting batches pile up in memory.
 
