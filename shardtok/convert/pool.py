@@ -10,6 +10,7 @@ import contextlib
 import multiprocessing
 import os
 import sys
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 
@@ -50,7 +51,20 @@ def worker_pool(
         try:
             yield pool
         finally:
+            retiring = getattr(pool, "_shardtok_retiring", None)
+            if retiring is not None:
+                retiring.join()
             pool.shutdown(wait=True, cancel_futures=True)
     finally:
         alive_r.close()
         alive_w.close()
+
+
+def retire(pool: ProcessPoolExecutor) -> None:
+    """Start shutting down `pool`, whose tasks are all done, on a thread of its own: its workers
+    exit (~10 ms: a forked worker unmaps its parent's memory) while the caller writes the last
+    shard; leaving :func:`worker_pool` waits for them."""
+    if getattr(pool, "_shardtok_retiring", None) is None:
+        thread = threading.Thread(target=pool.shutdown, name="shardtok-pool-shutdown", daemon=True)
+        pool._shardtok_retiring = thread  # type: ignore[attr-defined]
+        thread.start()

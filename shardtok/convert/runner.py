@@ -51,7 +51,7 @@ from shardtok.convert.output_dir import (
     resolve_output,
 )
 from shardtok.convert.output_lock import OutputLock, os_error
-from shardtok.convert.pool import usable_cores, worker_pool
+from shardtok.convert.pool import retire, usable_cores, worker_pool
 from shardtok.convert.progress import ConvertProgress, ConvertResult
 from shardtok.convert.sft.setup import SFTSetup
 from shardtok.convert.tokenizer import TokenizerSpec
@@ -329,6 +329,8 @@ def _convert(planned: Planned, started: float) -> ConvertResult:
                             for other in [f for f, i in pending.items() if i > index]:
                                 if other.cancel():
                                     del pending[other]
+                if pool is not None and not pending:
+                    retire(pool)  # every unit is in: the workers exit beside the assembly
                 result = ready.pop(next_index)
                 if isinstance(result, Exception):
                     raise result

@@ -47,7 +47,7 @@ from shardtok.convert.failures import (
     failure_to_json,
 )
 from shardtok.convert.unit_result import UnitResult
-from shardtok.storage.folder import SCRATCH_PREFIX, Folder
+from shardtok.storage.folder import SCRATCH_PREFIX, Folder, temporary_name
 
 WORK_DIR_NAME = ".shardtok-work"
 PLAN_NAME = "plan.json"
@@ -178,14 +178,16 @@ class WorkDir:
         file (`masks`: path and crc32), then the docs array, then the marker that records every
         checksum. The files are consumed: locally they must sit on the work folder's file
         system (see Folder.scratch), since they are renamed into place."""
+        self.folder.make()
         base = unit_base(result.index)
-        self.folder.put_file(base + ".tokens", tokens_tmp)
-        self.folder.put_file(base + ".frames", frames_tmp)
+        files = {".tokens": tokens_tmp, ".frames": frames_tmp}
         if masks is not None:
-            self.folder.put_file(base + ".mask", masks[0])
+            files[".mask"] = masks[0]
+        docs_tmp = self._local_temporary(base + ".docs.npy", tokens_tmp)
         buffer = io.BytesIO()
         np.save(buffer, docs)
-        self._write(base + ".docs.npy", buffer.getvalue())
+        docs_tmp.write_bytes(buffer.getvalue())
+        files[".docs.npy"] = docs_tmp
         result.checksums = {
             ".tokens": crcs[0],
             ".frames": crcs[1],
@@ -193,9 +195,29 @@ class WorkDir:
         }
         if masks is not None:
             result.checksums[".mask"] = masks[1]
-        self._write(base + ".json", result.to_json())
+        self.publish_files(result.index, files)
+        marker_tmp = self._local_temporary(base + ".json", tokens_tmp)
+        marker_tmp.write_bytes(result.to_json())
+        self.publish_marker(result.index, marker_tmp)
+
+    @staticmethod
+    def _local_temporary(name: str, beside: Path) -> Path:
+        return Path(beside).with_name(temporary_name(name))
+
+    def publish_files(self, index: int, files: dict[str, Path]) -> None:
+        """The first half of saving a unit: its files but the marker (`files`: suffix -> a
+        local file, consumed as by save_unit) go into place, and a failure marker an earlier
+        run left is deleted. Until :meth:`publish_marker` they do not count."""
+        base = unit_base(index)
+        for suffix, local in files.items():
+            self.folder.put_file(base + suffix, local)
         # A done unit wins over a failure an earlier run of the other mode left.
         self.folder.delete(base + ".failed.json")
+
+    def publish_marker(self, index: int, marker: Path) -> None:
+        """The second half: the marker (`marker`: a local file holding UnitResult.to_json(),
+        consumed), after every file it vouches for."""
+        self.folder.put_file(unit_base(index) + ".json", marker)
 
     def load_result(
         self,

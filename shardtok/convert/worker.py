@@ -6,8 +6,9 @@ masks (one uint8 per token) are persisted next to its tokens.
 
 Texts are encoded in batches of about `_BATCH_CHARS` characters; tokens stream to a temporary file
 so a unit made of one large compressed file never holds all its tokens in memory. The unit's
-files are created, written and its frames compressed on a second thread (background.py), beside
-the tokenizer; a worker still tokenizes on one core. Under
+files are created, written, its frames compressed and its files but the marker published on a
+second thread (background.py: one per worker, drained at each unit's end), beside the tokenizer,
+which also runs the tiktoken canary; a worker still tokenizes on one core. Under
 ``--on-bad-record error`` a worker stops at the unit's first bad record and persists only that
 failure (no tokens); the assembler raises it once every earlier unit is known to be clean, so the
 error reported is always the first bad record of the input.
@@ -240,12 +241,36 @@ def tokenize_unit(unit: Unit) -> UnitResult | UnitFailure | EncoderMismatch:
     A failure (the unit's first bad record under --on-bad-record error, or a tokenizer backend
     mismatch) is persisted too, with the mode that found it, then returned."""
     assert _config is not None and (_encoder or _sft) is not None, "init_worker was not called"
-    workdir = WorkDir(_config.out_dir, _config.storage_options)
+    workdir = _workdir(_config)
     with _scratch(workdir, unit.index) as scratch:
         outcome = _tokenize(unit, _config, workdir, scratch)
     if not isinstance(outcome, UnitResult):
         workdir.save_failure(outcome, _config.stop_at_bad_record)
     return outcome
+
+
+_workdirs: dict = {}
+# The writer thread this process's units share, and the process it was started in (a forked
+# child inherits the object, not the thread).
+_sink_of: tuple[int, BackgroundWriter] | None = None
+
+
+def _workdir(config: WorkerConfig) -> WorkDir:
+    # One per output folder and process: building its Folder costs ~0.1 ms per unit otherwise.
+    key = (config.out_dir, repr(config.storage_options))
+    if key not in _workdirs:
+        _workdirs.clear()
+        _workdirs[key] = WorkDir(config.out_dir, config.storage_options)
+    return _workdirs[key]
+
+
+def _sink() -> BackgroundWriter:
+    global _sink_of
+    if _sink_of is None or _sink_of[0] != os.getpid():
+        # Room for a unit's last jobs (its last batch, its last frame, publishing, the drain),
+        # so the canary starts at once instead of waiting for the queue.
+        _sink_of = (os.getpid(), BackgroundWriter(depth=4))
+    return _sink_of[1]
 
 
 @contextlib.contextmanager
@@ -261,13 +286,13 @@ def _scratch(workdir: WorkDir, index: int) -> Iterator[Callable[[str], Path]]:
         with workdir.folder.scratch() as folder:
             yield lambda name: folder / name
         return
-    workdir.folder.make()  # as scratch() did: a caller may hand units to a folder not made yet
     made: list[Path] = []
 
     def path(name: str) -> Path:
         made.append(workdir.path / temporary_name(f"{unit_base(index)}.{name}"))
         return made[-1]
 
+    path.published = made.clear  # all were moved into place: nothing to remove (5 syscalls)
     try:
         yield path
     finally:
@@ -279,9 +304,11 @@ def _tokenize(
     unit: Unit, config: WorkerConfig, workdir: WorkDir, scratch: Callable[[str], Path]
 ) -> UnitResult | UnitFailure | EncoderMismatch:
     sft = _sft
-    paths = [scratch("tokens"), scratch("frames")] + ([scratch("mask")] if sft else [])
-    # Opened, written and (frames) compressed on the sink's thread; read here once it is done.
-    out, frames_out, mask_out = ChecksumWriter(None), ChecksumWriter(None), ChecksumWriter(None)
+    suffixes = [".tokens", ".frames"] + ([".mask"] if sft else []) + [".docs.npy", ".json"]
+    paths = {suffix: scratch(suffix[1:]) for suffix in suffixes}
+    # Created, written and (frames) compressed on the sink's thread; read here once it is done.
+    writers = {suffix: ChecksumWriter(None) for suffix in suffixes}
+    out, frames_out, mask_out = writers[".tokens"], writers[".frames"], writers.get(".mask")
     # Frames end at the unit's end, so the worker can compress them: the assembler
     # then only appends them to shards (see FrameBuilder).
     framer = FrameBuilder(config.frame_size, config.compression_level, frames_out)
@@ -289,17 +316,20 @@ def _tokenize(
     piece_records: list[int] = []
     rejects: list[list] = []
     records_read = 0
-    # (piece, record, text) of the unit's first document, for the canary. It runs at the end,
-    # while the sink compresses the unit's last frame, and before any other way the unit can
-    # end (a bad record in error mode, an exception), so the outcome is what checking the
-    # first document first would give.
+    # (piece, record, text) of the unit's first document, for the canary. It runs on the
+    # sink's thread as soon as that document is read (tokenizers holds the GIL, tiktoken does
+    # not: the two encoders mostly overlap), and its verdict is awaited wherever the unit can
+    # end (a bad record in error mode, an exception, its last record), so the outcome is what
+    # checking the first document first would give; the unit's marker, the only thing that
+    # makes its files count, is written after it.
     canary = None
+    verdict: list = []  # the canary's: None or where the encoders differ
     finished: list[np.ndarray] = []  # the frame table, from the sink
-    # The sink is left first: its jobs are done before the files close.
-    with contextlib.ExitStack() as files, BackgroundWriter() as sink:
+    sink = _sink()
+    published = False
+    try:
         # Creating a file costs ~0.15 ms of CPU here (ext4): done beside the tokenizer.
-        writers = (out, frames_out, mask_out)[: len(paths)]
-        sink.submit(functools.partial(_open_into, files, writers, paths))
+        sink.submit(functools.partial(_open_into, writers, paths))
         if sft is None:
             batcher = _UnitTokenizer(_encoder, out, framer, sink)
         else:
@@ -322,7 +352,11 @@ def _tokenize(
                             failure = UnitFailure(
                                 unit.index, piece_no, record, item.reason, item.detail
                             )
-                            return _canary_mismatch(unit, canary) or failure
+                            error = _settle(sink)
+                            mismatch = _canary_mismatch(unit, canary, verdict)
+                            if error is not None:
+                                raise error
+                            return mismatch or failure
                         rejects.append([piece_no, record, item.reason, item.detail])
                     elif sft is not None:
                         doc_rows.append((piece_no, record))
@@ -331,25 +365,43 @@ def _tokenize(
                         if canary is None:
                             budget = max(_CANARY_MIN_CHARS, unit.nbytes // _CANARY_SHARE)
                             canary = (piece_no, record, item[:budget])
+                            sink.submit(functools.partial(_run_canary, canary[2], verdict))
                         doc_rows.append((piece_no, record))
                         batcher.add(item)
                 piece_records.append(reader.records)
             batcher.flush()
             sink.submit(lambda: finished.append(framer.finish()))
+            sizes = np.concatenate(batcher.sizes) if batcher.sizes else np.empty(0, np.int32)
+            docs = np.empty((len(doc_rows), 3), dtype=np.int64)
+            if doc_rows:
+                docs[:, :2] = np.asarray(doc_rows, dtype=np.int64)
+            docs[:, 2] = sizes
+            # Every file but the marker goes into place beside the canary; without a marker
+            # they are what a killed worker leaves, and a redo replaces them.
+            sink.submit(functools.partial(_publish, workdir, unit.index, writers, paths, docs))
         except Exception:
-            mismatch = _canary_mismatch(unit, canary)
-            if mismatch is not None:
-                return mismatch
-            raise
-        mismatch = _canary_mismatch(unit, canary)
+            error = _settle(sink)
+            mismatch = _canary_mismatch(unit, canary, verdict)
+            if mismatch is None:
+                raise
+            if error is not None:
+                raise error from None
+            return mismatch
+        error = _settle(sink)
+        mismatch = _canary_mismatch(unit, canary, verdict)
+        if error is not None:
+            raise error
         if mismatch is not None:
             return mismatch
-    frames = finished[0]
-    sizes = np.concatenate(batcher.sizes) if batcher.sizes else np.empty(0, dtype=np.int32)
-    docs = np.empty((len(doc_rows), 3), dtype=np.int64)
-    if doc_rows:
-        docs[:, :2] = np.asarray(doc_rows, dtype=np.int64)
-    docs[:, 2] = sizes
+        published = True
+    finally:
+        # Whatever way the unit ends, the sink is idle before its files are closed (a job's
+        # failure is raised above or, on the way out of an error, lost to that error).
+        with contextlib.suppress(BaseException):
+            sink.drain()
+        for suffix, writer in writers.items():
+            if writer.file is not None and not (published and suffix == ".json"):
+                writer.file.close()
     result = UnitResult(
         index=unit.index,
         num_documents=len(doc_rows),
@@ -358,24 +410,55 @@ def _tokenize(
         piece_records=piece_records,
         records_read=records_read,
         rejects=rejects,
-        frames=frames.tolist(),
+        frames=finished[0].tolist(),
         frame_settings=[config.frame_size, config.compression_level],
         sft=None if sft is None else sft.unit_stats(batcher.trained),
+        checksums={suffix: writers[suffix].crc for suffix in suffixes[:-1]},
     )
-    masks = None if sft is None else (paths[2], mask_out.crc)
-    workdir.save_unit(result, paths[0], paths[1], docs, (out.crc, frames_out.crc), masks)
+    with writers[".json"].file as marker:  # created by the sink: only written here
+        marker.write(result.to_json())
+    workdir.publish_marker(unit.index, paths[".json"])
+    getattr(scratch, "published", lambda: None)()
     return result
 
 
-def _open_into(files: contextlib.ExitStack, writers, paths) -> None:
-    for writer, path in zip(writers, paths):
-        writer.file = files.enter_context(open(path, "wb"))  # noqa: SIM115 (the stack closes it)
+def _open_into(writers: dict, paths: dict) -> None:
+    # As Folder.scratch did: a caller may hand units to a work folder not made yet.
+    next(iter(paths.values())).parent.mkdir(parents=True, exist_ok=True)
+    for suffix, path in paths.items():
+        writers[suffix].file = open(path, "wb")  # noqa: SIM115 (_tokenize closes it)
 
 
-def _canary_mismatch(unit: Unit, canary) -> EncoderMismatch | None:
-    """EncoderMismatch if tiktoken and tokenizers encode the unit's first document differently."""
+def _publish(workdir: WorkDir, index: int, writers: dict, paths: dict, docs: np.ndarray) -> None:
+    np.save(writers[".docs.npy"], docs)
+    files = {}
+    for suffix, path in paths.items():
+        if suffix != ".json":
+            writers[suffix].file.close()
+            files[suffix] = path
+    workdir.publish_files(index, files)
+
+
+def _settle(sink: BackgroundWriter) -> BaseException | None:
+    """Wait for the sink's jobs; the first one's failure, if any (raised by the caller once the
+    canary's verdict is known: as when the sink was left at the unit's end, its failure wins
+    over the unit's outcome)."""
+    try:
+        sink.drain()
+    except Exception as exc:
+        return exc
+    return None
+
+
+def _run_canary(text: str, verdict: list) -> None:
+    verdict.append(_encoder.canary(text))
+
+
+def _canary_mismatch(unit: Unit, canary, verdict: list) -> EncoderMismatch | None:
+    """EncoderMismatch if tiktoken and tokenizers encode the unit's first document differently
+    (`verdict`: the sink's, once it is idle; checked here when a job before it failed)."""
     if canary is None:
         return None
     piece_no, record, text = canary
-    mismatch = _encoder.canary(text)
+    mismatch = verdict[0] if verdict else _encoder.canary(text)
     return None if mismatch is None else EncoderMismatch(unit.index, piece_no, record, mismatch)

@@ -57,3 +57,32 @@ def test_an_exception_leaving_the_block_wins_over_a_job_failure():
     with pytest.raises(KeyError), BackgroundWriter() as sink:
         sink.submit(lambda: 1 / 0)
         raise KeyError("the caller's own")
+
+
+def test_drain_waits_for_the_jobs_so_far_and_the_writer_goes_on_after_a_failure():
+    done = []
+    sink = BackgroundWriter(depth=4)
+    sink.submit(lambda: (time.sleep(0.01), done.append(1)))
+    sink.drain()
+    assert done == [1]
+
+    sink.submit(lambda: 1 / 0)
+    sink.submit(lambda: done.append("skipped"))
+    with pytest.raises(ZeroDivisionError):
+        sink.drain()
+    sink.submit(lambda: done.append(2))  # a worker's next unit
+    sink.drain()
+    assert done == [1, 2]
+    sink.close()
+
+
+def test_drain_does_not_raise_again_a_failure_submit_raised():
+    sink = BackgroundWriter()
+    sink.submit(lambda: 1 / 0)
+    deadline = time.monotonic() + 10
+    with pytest.raises(ZeroDivisionError):
+        while time.monotonic() < deadline:
+            sink.submit(lambda: None)
+            time.sleep(0.001)
+    sink.drain()  # reported once, by submit
+    sink.close()

@@ -358,3 +358,25 @@ def test_the_output_folder_states_on_local_and_s3(out, finished):
     assert out.list() == ["notes.txt"]  # only shardtok's own names are ever deleted
     with pytest.raises(OutputDirError, match="not empty"):
         prepare_output(out, "shard", plan, settings, overwrite=False)
+
+
+def test_one_worker_writes_many_units_as_fresh_workers_write_each(tmp_path):
+    """A worker's writer thread serves all its units: the files are those a fresh worker per
+    unit writes, and nothing half-written is left."""
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
+    files = discover([str(corpus)])
+    units = plan_units(files, 4096, "file")
+    assert len(units) >= 3
+    shared = Folder(tmp_path / "shared")
+    results = tokenize_in_workers(worker_config(files, shared), units)
+    assert all(isinstance(r, UnitResult) for r in results)
+    files_of_shared = unit_files(shared)
+    for unit in units:
+        fresh = Folder(tmp_path / f"fresh{unit.index}")
+        tokenize_in_workers(worker_config(files, fresh), [unit])
+        own = unit_files(fresh)
+        assert len(own) == 4
+        assert own == {n: files_of_shared[n] for n in own}
+    assert len(files_of_shared) == 4 * len(units)
+    assert [n for n in shared.sub(WORK_DIR_NAME).list() if n.startswith(".")] == []
