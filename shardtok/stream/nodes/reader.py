@@ -24,6 +24,8 @@ from itertools import islice
 
 import numpy as np
 
+from shardtok.format.decode_ahead import DecodeAhead
+from shardtok.format.shard_reader import ShardStreamReader
 from shardtok.storage.dataset import DatasetSource
 from shardtok.stream import state as envelope
 from shardtok.stream.masked import flag_untrained
@@ -63,12 +65,19 @@ class _OpenPiece:
     """One piece of a shard, open for sequential reading."""
 
     def __init__(
-        self, source: DatasetSource, piece: Piece, expected_tokens: int, masked: bool = False
+        self,
+        source: DatasetSource,
+        piece: Piece,
+        expected_tokens: int,
+        masked: bool = False,
+        ahead: DecodeAhead | None = None,
     ):
         self.piece = piece
         self.masked = masked
         # open_stream checked the shard against its manifest entry (counts included).
         self.reader, self._file = source.open_stream(piece.file, with_masks=masked)
+        # Only a shard's own reader decodes frames (a provenance trace's stands-in does not).
+        self.ahead = ahead if isinstance(self.reader, ShardStreamReader) else None
         offsets = self.reader.offsets
         if not 0 <= piece.start < piece.stop <= expected_tokens:
             raise ValueError(f"piece {piece} outside the shard's {expected_tokens} tokens")
@@ -83,9 +92,10 @@ class _OpenPiece:
         first, last = self.first, self.stop - 1
         doc_no = first + skip
         try:
+            more = {} if self.ahead is None else {"ahead": self.ahead}
             docs = self.reader.documents(
                 doc_no, self.stop, with_masks=self.masked,
-                combine=flag_untrained if self.masked else None,
+                combine=flag_untrained if self.masked else None, **more,
             )  # fmt: skip
             if doc_no == first and self.head_trim:
                 doc = next(docs)[self.head_trim :]
@@ -100,6 +110,8 @@ class _OpenPiece:
 
     def close(self) -> None:
         if self._file is not None:
+            if self.ahead is not None:  # a frame read ahead in the helper thread: wait for it
+                self.reader.settle()
             self._file.close()
             self._file = None
             if self.reader.mask_source is not None:  # the range reads of the mask frames
@@ -116,6 +128,7 @@ class SliceReader(DocumentNode):
         pieces: Sequence[Piece],
         interleave: int = 4,
         masked: bool = False,
+        decode_ahead: bool = True,
     ):
         super().__init__()
         if interleave < 1:
@@ -131,6 +144,9 @@ class SliceReader(DocumentNode):
         self._counts: dict[int, int] = {}  # group -> documents in it
         self._docs: Iterator[np.ndarray] | None = None
         self._open: list[_OpenPiece] = []
+        # Frames are read and decoded one ahead in a helper thread (started on first use, ended
+        # with the slice, on close() or when this reader is collected).
+        self._ahead = DecodeAhead() if decode_ahead else None
 
     @property
     def num_groups(self) -> int:
@@ -142,15 +158,25 @@ class SliceReader(DocumentNode):
         self._open = []
         self._docs = None
 
+    def close(self) -> None:
+        """Close the open shards and end the helper thread (iterating again restarts both)."""
+        self._close()
+        if self._ahead is not None:
+            self._ahead.close()
+
     def _open_group(self, group: int, ordinal: int) -> None:
         self._close()
         self._group, self._ordinal = group, ordinal
         if group >= self.num_groups:
+            if self._ahead is not None:  # the slice is read: nothing more to decode
+                self._ahead.close()
             return
         manifest = self.source.manifest
         members = self.pieces[group * self.interleave : (group + 1) * self.interleave]
         self._open = [
-            _OpenPiece(self.source, p, manifest.shards[p.shard].num_tokens, self.masked)
+            _OpenPiece(
+                self.source, p, manifest.shards[p.shard].num_tokens, self.masked, self._ahead
+            )
             for p in members
         ]
         # Remote shards: the next group's first blocks arrive while this group is consumed.
