@@ -156,9 +156,33 @@ class ConcatPacker(Packer):
         span = rows * self.window
         if not self._fill(self._offset + span):
             return None
-        pieces, boundaries = self._pieces(span)
+        # _pieces and _advance in one pass: the documents used up are dropped as they are cut.
+        pending = self._pending
+        offset = self._offset
+        pieces: list[np.ndarray] = []
+        boundaries: list[int] = []
+        filled = 0
+        while True:
+            doc = pending[0][1]
+            size = len(doc)
+            rest = span - filled
+            if size - offset > rest:  # the document goes on into the next batch
+                pieces.append(doc[offset : offset + rest])
+                offset += rest
+                break
+            pieces.append(doc[offset:] if offset else doc)
+            filled += size - offset
+            offset = 0
+            pending.popleft()
+            self._available -= size
+            if filled == span:
+                break
+            boundaries.append(filled)
+        self._offset = offset
+        if not pending:
+            self._next_position = self.upstream.position
+        self._emitted += rows
         tokens = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
-        self._advance(span, rows)
         return tokens, boundaries
 
     def pass_windows(self, rows: int, run_tokens: int = 1 << 22) -> int:
