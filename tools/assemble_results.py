@@ -8,6 +8,7 @@ benchmark script writes (or its author updates) its own section file.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,7 +28,8 @@ def main() -> None:
     parts = [(RESULTS / "summary.md").read_text().rstrip() + "\n"]
     for name in SECTIONS:
         text = nest((RESULTS / f"{name}.md").read_text()).strip()
-        parts.append(text.replace("](compare-", "](results/compare-") + "\n")
+        # section files link their plots beside them; RESULTS.md sits one folder up
+        parts.append(re.sub(r"\]\(([\w.-]+\.png)\)", r"](results/\1)", text) + "\n")
     (ROOT / "benchmarks" / "RESULTS.md").write_text("\n\n".join(parts))
 
 

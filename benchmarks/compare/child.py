@@ -68,9 +68,13 @@ def run_read(job: dict) -> dict:
     kept: list[np.ndarray] = []
 
     def take(batch) -> torch.Tensor:
-        ids = system.input_ids(batch)
-        if tuple(ids.shape) != shape or ids.dtype != torch.int64:
-            raise AssertionError(f"batch of {tuple(ids.shape)} {ids.dtype}, expected {shape} int64")
+        # what a training step takes: inputs, targets and positions, each [B, S] int64
+        ids, labels, positions = system.training_inputs(batch)
+        for name, t in (("input_ids", ids), ("labels", labels), ("position_ids", positions)):
+            if tuple(t.shape) != shape or t.dtype != torch.int64:
+                raise AssertionError(
+                    f"{name} of {tuple(t.shape)} {t.dtype}, expected {shape} int64"
+                )
         return ids
 
     start = time.perf_counter()

@@ -54,41 +54,89 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return lines + [""]
 
 
-def headline(results: dict, dataset: str = "synthetic", workers: int = 2) -> list[str]:
-    """The README table: one row per system at `workers` workers on `dataset`."""
+def headline(results: dict) -> list[str]:
+    """The README table: one row per system, tokens/s on every dataset at 0 and the most workers,
+    then the costs (CPU per token, first batch, memory, disk) on the first dataset, most workers."""
     cells, writes, labels = read_cells(results), _writes(results), system_labels(results)
-    base = median_of(cells, dataset, BASELINE, workers, "tokens_per_s")
+    datasets = list(results["datasets"])
+    most = max(results["plan"]["workers"])
+    columns = [(d, w) for d in datasets for w in sorted({min(results["plan"]["workers"]), most})]
+    first = datasets[0]
     rows = []
     for system in results["systems"]:
-        tps = median_of(cells, dataset, system, workers, "tokens_per_s")
-        cpu = median_of(cells, dataset, system, workers, "cpu_s_per_m_tokens")
-        base_cpu = median_of(cells, dataset, BASELINE, workers, "cpu_s_per_m_tokens")
-        ttfb = median_of(cells, dataset, system, workers, "ttfb_s")
-        rss = median_of(cells, dataset, system, workers, "peak_rss")
-        done = writes.get((dataset, system))
-        rows.append(
-            [
-                labels.get(system, {}).get("label", system),
-                f"{tps / MB:.1f} M{_ratio(tps, base)}" if tps else "failed",
-                f"{cpu * 1000:.0f} ms{_ratio(cpu, base_cpu)}" if cpu else "",
-                f"{ttfb:.2f} s" if ttfb is not None else "",
-                f"{rss / MB:,.0f} MB" if rss else "",
-                f"{statistics.median(w['bytes_per_token'] for w in done):.2f}" if done else "",
-                f"{statistics.median(w['write_tokens_per_s'] for w in done) / MB:.1f} M/s"
-                if done
-                else "",
-            ]
-        )
-    header = [
-        "system",
-        f"tokens/s, {workers} workers (vs shardtok)",
-        "CPU per M tokens (vs shardtok)",
+        row = [labels.get(system, {}).get("label", system)]
+        for dataset, workers in columns:
+            tps = median_of(cells, dataset, system, workers, "tokens_per_s")
+            base = median_of(cells, dataset, BASELINE, workers, "tokens_per_s")
+            row.append(f"{tps / MB:.1f} M{_ratio(tps, base)}" if tps else "failed")
+        cpu = median_of(cells, first, system, most, "cpu_s_per_m_tokens")
+        base_cpu = median_of(cells, first, BASELINE, most, "cpu_s_per_m_tokens")
+        ttfb = median_of(cells, first, system, most, "ttfb_s")
+        rss = median_of(cells, first, system, most, "peak_rss")
+        done = writes.get((first, system))
+        row += [
+            f"{cpu * 1000:.0f} ms{_ratio(cpu, base_cpu)}" if cpu else "",
+            f"{ttfb:.2f} s" if ttfb is not None else "",
+            f"{rss / MB:,.0f} MB" if rss else "",
+            f"{statistics.median(w['bytes_per_token'] for w in done):.2f}" if done else "",
+        ]
+        rows.append(row)
+    header = ["system"]
+    header += [f"{d}, {w} workers: tokens/s (vs shardtok)" for d, w in columns]
+    header += [
+        f"CPU per M tokens ({first}, {most} workers)",
         "first batch",
         "peak RSS (tree)",
         "bytes/token on disk",
-        "write speed",
     ]
     return _table(header, rows)
+
+
+def targets(results: dict) -> list[str]:
+    """Issue 18's ratios, each side by side in this run: shardtok stream against LitData and the
+    one-core decompress + memcpy ceiling, shardtok memmap against the numpy memmap loader."""
+    cells = read_cells(results)
+    rows = []
+    for dataset in results["datasets"]:
+
+        def tps(system: str, workers: int, dataset: str = dataset) -> float | None:
+            return median_of(cells, dataset, system, workers, "tokens_per_s")
+
+        ceiling = next(
+            (
+                e["result"]["decompress_memcpy_tokens_per_s"]
+                for e in results["entries"]
+                if e["job"]["kind"] == "ceiling"
+                and e["job"]["dataset"] == dataset
+                and e["result"]["ok"]
+            ),
+            None,
+        )
+        pairs = [
+            ("stream / LitData, 0 workers", tps(BASELINE, 0), tps("litdata_tokens", 0), 1.0),
+            (
+                "memmap / numpy memmap, 0 workers",
+                tps("shardtok_memmap", 0),
+                tps("numpy_memmap", 0),
+                1.0,
+            ),
+            ("stream, 0 workers / decompress + memcpy ceiling", tps(BASELINE, 0), ceiling, 0.6),
+            ("stream / LitData, 2 workers", tps(BASELINE, 2), tps("litdata_tokens", 2), 5.0),
+        ]
+        for what, a, b, goal in pairs:
+            if a and b:
+                status = "met" if a / b >= goal else "not met"
+                rows.append(
+                    [
+                        dataset,
+                        what,
+                        f"{a / MB:.1f} M / {b / MB:.1f} M",
+                        f"{a / b:.2f}",
+                        f">= {goal:g}",
+                        status,
+                    ]
+                )
+    return _table(["dataset", "ratio", "tokens/s", "measured", "target", ""], rows) if rows else []
 
 
 def _per_workers(results, cells, dataset, key, fmt, ratio: bool) -> list[str]:
@@ -122,7 +170,9 @@ def write_report(results: dict, path: Path) -> None:
         f"Linux {m['kernel']}, Python {m['python']}",
         "- versions: " + ", ".join(f"{k} {v}" for k, v in results["versions"].items()),
         f"- batches: {results['read_options']['batch_size']} x {results['read_options']['seq_len']} "
-        f"int64 input ids (windows of seq_len + 1 tokens, concat packing); {plan['warmup_batches']} "
+        "int64 input ids, labels and position ids, what a training step takes (windows of seq_len + 1 "
+        f"tokens, concat packing; a peer's `.long()` and positions are done in the timed loop); "
+        f"{plan['warmup_batches']} "
         f"warm-up batches not timed, then a fixed budget of at most {plan['budget_tokens']:,} "
         f"tokens timed (less where 60% of an epoch is less); {plan['reps']} repetition(s), system "
         f"order rotated per repetition, {_processes(plan)}; figures are medians, ratios are to "
@@ -172,8 +222,11 @@ def write_report(results: dict, path: Path) -> None:
     lines += _disk(results, writes, labels)
     lines += ["## Checks", ""]
     lines += _checks(results)
-    lines += ["## Headline (synthetic, 2 workers)", ""]
+    lines += ["## Headline", ""]
     lines += headline(results)
+    if targets(results):
+        lines += ["## Issue 18's ratios", ""]
+        lines += targets(results)
     lines += ["## Plots", ""]
     for name, what in (("throughput", "tokens/s against workers"), ("cpu", "CPU per token"), ("memory", "peak memory")):  # fmt: skip
         lines += [f"![{what}](compare-{name}.png)", ""]

@@ -7,13 +7,19 @@
   such as Megatron's index cache, so that time to first batch is measured warm for everyone;
 - loader(out, source, options): the iterable of batches its documentation recommends for LLM
   pretraining, through a torch DataLoader with options.num_workers workers;
-- input_ids(batch): the batch's [batch_size, seq_len] int64 input ids.
+- training_inputs(batch): what a training step takes from the batch, each [batch_size, seq_len]
+  int64: (input_ids, labels, position_ids). Work a training loop would do on a peer's batch (the
+  `.long()` of LitGPT's loop, for instance) is done here, inside the timed loop; a system
+  without document-aware positions gives `arange_positions`, the one position row every model
+  builds for itself, at no cost.
 """
 
 from __future__ import annotations
 
 import importlib
 from types import ModuleType
+
+import torch
 
 NAMES = (
     "shardtok_stream",
@@ -30,3 +36,14 @@ def load(name: str) -> ModuleType:
     if name not in NAMES:
         raise ValueError(f"unknown system {name!r}; known: {', '.join(NAMES)}")
     return importlib.import_module(f"benchmarks.compare.systems.{name}")
+
+
+_POSITIONS: dict[tuple[int, int], torch.Tensor] = {}
+
+
+def arange_positions(batch_size: int, seq_len: int) -> torch.Tensor:
+    """0 .. seq_len - 1 in every row, as a broadcast view (built once per shape)."""
+    key = (batch_size, seq_len)
+    if key not in _POSITIONS:
+        _POSITIONS[key] = torch.arange(seq_len, dtype=torch.int64).expand(batch_size, seq_len)
+    return _POSITIONS[key]

@@ -3,8 +3,9 @@ writes the documents end to end into token chunks (a multiple of seq_len + 1 tok
 docs' `chunk_size=(2049 * 8012)`), and `StreamingDataset(item_loader=TokensLoader(block_size=
 seq_len + 1), shuffle=True)` serves blocks that `StreamingDataLoader(batch_size=8)` stacks.
 
-The blocks keep the stored dtype; the training loop turns them into int64 (`.long()`, as LitGPT
-does), which `input_ids` does here in the main process, inside the timed loop.
+The blocks keep the stored dtype; the training loop cuts inputs and targets and turns both into
+int64 (`.long()`, as LitGPT's loop does), which `training_inputs` does here in the main process,
+inside the timed loop.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ os.environ.setdefault("LITDATA_DISABLE_VERSION_CHECK", "1")
 import litdata  # noqa: E402
 import torch  # noqa: E402
 
+from benchmarks.compare.systems import arange_positions  # noqa: E402
 from shardtok.format import MegatronPair  # noqa: E402
 
 LABEL = "LitData"
@@ -65,5 +67,9 @@ def loader(out: Path, source, options):
     )
 
 
-def input_ids(batch):
-    return batch[:, :-1].long()
+def training_inputs(batch):
+    return (
+        batch[:, :-1].long(),
+        batch[:, 1:].long(),
+        arange_positions(batch.shape[0], batch.shape[1] - 1),
+    )

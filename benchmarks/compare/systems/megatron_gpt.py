@@ -80,5 +80,5 @@ def loader(out: Path, source, options):
     )
 
 
-def input_ids(batch):
-    return batch["tokens"]
+def training_inputs(batch):
+    return batch["tokens"], batch["labels"], batch["position_ids"]

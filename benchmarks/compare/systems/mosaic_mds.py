@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from benchmarks.compare.packing import pack_batches
+from benchmarks.compare.systems import arange_positions
 from shardtok.format import MegatronPair
 
 LABEL = "MosaicML Streaming"
@@ -71,5 +72,6 @@ def loader(out: Path, source, options):
     return torch.utils.data.DataLoader(packed, batch_size=None, num_workers=options.num_workers)
 
 
-def input_ids(batch):
-    return batch["input_ids"]
+def training_inputs(batch):
+    ids = batch["input_ids"]
+    return ids, batch["labels"], arange_positions(*ids.shape)

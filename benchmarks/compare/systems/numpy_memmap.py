@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from benchmarks.compare.systems import arange_positions
 from shardtok.format import MegatronPair
 
 LABEL = "numpy memmap"
@@ -55,5 +56,6 @@ def loader(out: Path, source, options):
     )
 
 
-def input_ids(batch):
-    return batch["input_ids"]
+def training_inputs(batch):
+    ids = batch["input_ids"]
+    return ids, batch["labels"], arange_positions(*ids.shape)

@@ -37,5 +37,5 @@ def loader(out: Path, source, options):
     )
 
 
-def input_ids(batch):
-    return batch["input_ids"]
+def training_inputs(batch):
+    return batch["input_ids"], batch["labels"], batch["position_ids"]

@@ -38,5 +38,5 @@ def loader(out: Path, source, options):
     return ShardLoader(dataset, num_workers=options.num_workers)
 
 
-def input_ids(batch):
-    return batch["input_ids"]
+def training_inputs(batch):
+    return batch["input_ids"], batch["labels"], batch["position_ids"]

@@ -18,6 +18,7 @@ import numpy as np
 import webdataset as wds
 
 from benchmarks.compare.packing import pack_batches
+from benchmarks.compare.systems import arange_positions
 from shardtok.format import MegatronPair
 
 LABEL = "WebDataset"
@@ -57,5 +58,6 @@ def loader(out: Path, source, options):
     return wds.WebLoader(dataset, batch_size=None, num_workers=options.num_workers)
 
 
-def input_ids(batch):
-    return batch["input_ids"]
+def training_inputs(batch):
+    ids = batch["input_ids"]
+    return ids, batch["labels"], arange_positions(*ids.shape)
