@@ -264,8 +264,11 @@ class ShardStreamDataset(IterableDataset):
         # Batches are built in reused slots (no page faults for fresh memory); across a process
         # boundary only a handle is pickled.
         local = get_worker_info() is None
-        for batch in stream:
-            yield ring.package(batch, local=local) if ring is not None else to_tensors(batch)
+        try:
+            for batch in stream:
+                yield ring.package(batch, local=local) if ring is not None else to_tensors(batch)
+        finally:  # an iterator left early: its shards and decode-ahead thread go now
+            stream.close()
 
     # -- state ----------------------------------------------------------------------------
     def state_dict(self) -> dict:

@@ -159,7 +159,7 @@ class SliceReader(DocumentNode):
         self._docs = None
 
     def close(self) -> None:
-        """Close the open shards and end the helper thread (iterating again restarts both)."""
+        """Close the open shards and end the helper thread (``reset`` opens them again)."""
         self._close()
         if self._ahead is not None:
             self._ahead.close()
