@@ -334,6 +334,24 @@ class ShardStreamReader:
         documents are handed out (``decode_ahead``); same documents, same errors at the same
         document. Until the generator ends or is closed, only that thread reads the stream:
         ``settle()`` waits for it before the stream is closed."""
+        runs = self.document_runs(start, stop, with_masks=with_masks, combine=combine, ahead=ahead)
+        try:
+            for run in runs:
+                yield from run
+        finally:
+            runs.close()
+
+    def document_runs(
+        self,
+        start: int = 0,
+        stop: int | None = None,
+        *,
+        with_masks: bool = False,
+        combine=None,
+        ahead: DecodeAhead | None = None,
+    ) -> Iterator[list]:
+        """``documents``, one list per frame: the documents of [start, stop) that begin in it
+        (a stream reader takes them in runs, without a Python step per document)."""
         masks = self._open_masks() if with_masks else None
         if self._consumed:
             raise RuntimeError(f"{self.where}: a stream reader yields its documents once")
@@ -363,7 +381,7 @@ class ShardStreamReader:
                 if bin_hash is not None:
                     bin_hash.update(raw)
                 del raw
-                yield from cut_documents(head, frame_no, view, start, stop)
+                yield cut_documents(head, frame_no, view, start, stop)
         finally:
             self.settle()
         if bin_hash is not None:
