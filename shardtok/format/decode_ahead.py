@@ -22,10 +22,16 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from queue import SimpleQueue
 from typing import Any
+
+# cooperate(): a task counts as stuck past 1.5 x recent tasks' CPU plus this, and the caller
+# waits for it at most this long.
+STALL_MARGIN_S = 0.0002
+STALL_WAIT_S = 0.002
 
 
 class Pending:
@@ -51,17 +57,33 @@ class Pending:
         return value
 
 
-def _serve(tasks: SimpleQueue) -> None:
+class _Progress:
+    """What the thread is doing, for its owner's ``cooperate``: since when (wall clock, 0 when
+    idle) it runs which task, and the CPU its recent tasks took."""
+
+    __slots__ = ("since", "current", "cpu")
+
+    def __init__(self) -> None:
+        self.since = 0.0
+        self.current: Pending | None = None
+        self.cpu = 0.0
+
+
+def _serve(tasks: SimpleQueue, progress: _Progress) -> None:
     while True:
         item = tasks.get()
         if item is None:
             return
         pending, fn, args = item
         del item
+        progress.current, progress.since = pending, time.perf_counter()
+        cpu = time.thread_time()
         try:
             pending._value = fn(*args)
         except BaseException as exc:  # noqa: BLE001 - handed to the caller, raised there
             pending._error = exc
+        progress.cpu += (time.thread_time() - cpu - progress.cpu) / 4
+        progress.since, progress.current = 0.0, None
         pending._done.set()
         del pending, fn, args  # hold nothing of a finished task while waiting for the next
 
@@ -79,6 +101,7 @@ class DecodeAhead:
 
     def __init__(self) -> None:
         self._tasks: SimpleQueue | None = None
+        self._progress: _Progress | None = None
         self._pid = -1
         self._finalizer: weakref.finalize | None = None
 
@@ -91,13 +114,31 @@ class DecodeAhead:
 
     def _start(self) -> None:
         tasks: SimpleQueue = SimpleQueue()
+        progress = _Progress()
         thread = threading.Thread(
-            target=_serve, args=(tasks,), name="shardtok-decode-ahead", daemon=True
+            target=_serve, args=(tasks, progress), name="shardtok-decode-ahead", daemon=True
         )
         thread.start()
-        self._tasks, self._pid = tasks, os.getpid()
+        self._tasks, self._pid, self._progress = tasks, os.getpid(), progress
         # The thread holds only its queue, never this object: dropping the owner ends it.
         self._finalizer = weakref.finalize(self, _stop, tasks, thread, self._pid)
+
+    def cooperate(self) -> None:
+        """Hand the GIL to the thread if it is stuck waiting for it (the caller, between two
+        batches). A thread that returns from decompressing needs the GIL back, and CPython
+        gives a waiting thread the GIL only when the holder blocks or after the switch interval
+        (5 ms): a busy main thread that merely releases it around numpy calls takes it straight
+        back, and the helper then finishes about one frame per 5 ms, fewer than the main thread
+        uses. So when the current task has run well past the CPU such tasks take, the caller
+        blocks on it (briefly: what is left of it runs at full speed once it has the GIL)."""
+        progress = self._progress
+        if progress is None:
+            return
+        since = progress.since
+        if since and time.perf_counter() - since > 1.5 * progress.cpu + STALL_MARGIN_S:
+            current = progress.current
+            if current is not None:
+                current._done.wait(STALL_WAIT_S)
 
     @property
     def running(self) -> bool:

@@ -87,6 +87,21 @@ def test_results_in_order_and_errors_raised_where_asked():
     assert not settle_threads()
 
 
+def test_cooperating_changes_nothing_but_who_runs():
+    ahead = DecodeAhead()
+    ahead.cooperate()  # before the thread exists: nothing to hand over
+    gate = threading.Event()
+    slow = ahead.submit(gate.wait, 30)  # a task "stuck" in a call that released the GIL
+    after = ahead.submit(sum, [4, 5])
+    ahead.cooperate()  # waits a bounded while for the stuck task, then returns
+    gate.set()
+    assert slow.result() is True and after.result() == 9
+    ahead.cooperate()
+    ahead.close()
+    ahead.cooperate()  # and after the thread ended
+    assert not settle_threads()
+
+
 def test_the_thread_ends_with_its_owner():
     ahead = DecodeAhead()
     ahead.submit(len, "x").result()
