@@ -18,13 +18,21 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections import deque
 from collections.abc import Iterator
 from typing import Protocol
 
 import numpy as np
 
 from shardtok.errors import CorruptShardError
-from shardtok.format.frame_documents import document_slices, frame_documents, frame_range
+from shardtok.format.decode_ahead import DecodeAhead, Pending
+from shardtok.format.frame_documents import (
+    cut_documents,
+    document_slices,
+    frame_documents,
+    frame_range,
+    frame_view,
+)
 from shardtok.format.frames import FrameDecoder
 from shardtok.format.mask_reader import MaskFrames, check_mask_member
 from shardtok.format.shard_head import ShardHead, read_head, read_mask_header
@@ -33,6 +41,9 @@ from shardtok.format.tar import BLOCK, END_OF_ARCHIVE, decode_header
 # Reads from a stream are at most this large, so a size a damaged header declares is never
 # allocated up front: memory grows only with the bytes that actually arrive.
 READ_CHUNK = 8 << 20
+# Frames a reader keeps in flight in its helper thread beyond the one it is cutting
+# (``documents(ahead=...)``): each costs one decoded frame of memory per open shard.
+AHEAD_FRAMES = 2
 
 
 class RangeSource(Protocol):
@@ -245,6 +256,9 @@ class ShardStreamReader:
             full_checks,
         )
         self._consumed = False
+        # Frames being read ahead (decode_ahead), in order, and how many were asked for.
+        self._pending: deque[Pending] = deque()
+        self._submitted = 0
 
     def _read_at(self, offset: int, n: int) -> bytes:
         """Read n bytes at `offset`; the bytes skipped to get there are tar padding and must be zero."""
@@ -301,40 +315,78 @@ class ShardStreamReader:
         return MaskFrames(self.head, header, self.where, self.full_checks)
 
     def documents(
-        self, start: int = 0, stop: int | None = None, *, with_masks: bool = False, combine=None
+        self,
+        start: int = 0,
+        stop: int | None = None,
+        *,
+        with_masks: bool = False,
+        combine=None,
+        ahead: DecodeAhead | None = None,
     ) -> Iterator:
         """Yield documents [start, stop) (with_masks: (tokens, mask) pairs); with full_checks, a
         whole-shard read also checks bin_sha256, the mask member and the archive end.
 
         `combine` (with masks): a function of a frame's (tokens, mask) arrays returning one
         array, applied once per frame; the documents are then slices of what it returns (the
-        stream keeps masks as flag bits of the tokens this way: one pass per frame)."""
+        stream keeps masks as flag bits of the tokens this way: one pass per frame).
+
+        `ahead`: a helper thread that reads, decodes and combines frame n + 1 while frame n's
+        documents are handed out (``decode_ahead``); same documents, same errors at the same
+        document. Until the generator ends or is closed, only that thread reads the stream:
+        ``settle()`` waits for it before the stream is closed."""
+        runs = self.document_runs(start, stop, with_masks=with_masks, combine=combine, ahead=ahead)
+        try:
+            for run in runs:
+                yield from run
+        finally:
+            runs.close()
+
+    def document_runs(
+        self,
+        start: int = 0,
+        stop: int | None = None,
+        *,
+        with_masks: bool = False,
+        combine=None,
+        ahead: DecodeAhead | None = None,
+    ) -> Iterator[list]:
+        """``documents``, one list per frame: the documents of [start, stop) that begin in it
+        (a stream reader takes them in runs, without a Python step per document)."""
         masks = self._open_masks() if with_masks else None
         if self._consumed:
             raise RuntimeError(f"{self.where}: a stream reader yields its documents once")
         self._consumed = True
-        meta, bin_header = self.meta, self.head.bin_header
+        meta = self.meta
         stop = meta.num_documents if stop is None else min(stop, meta.num_documents)
         whole = start == 0 and stop == meta.num_documents
         bin_hash = hashlib.sha256() if whole and self.full_checks else None
         frames = frame_range(meta, start, stop)
-        if len(frames):
-            self._discard(
-                bin_header.data_offset + meta.frames[frames[0]].compressed_offset - self._position
-            )
-        for frame_no in frames:
-            frame = meta.frames[frame_no]
-            stored = self._read_at(
-                bin_header.data_offset + frame.compressed_offset, frame.compressed_size
-            )
-            raw = self._decoder.decode(frame, stored, frame_no)
-            if bin_hash is not None:
-                bin_hash.update(raw)
-            yield from frame_documents(
-                self.head, frame_no, raw, masks, self.mask_source, start, stop, combine
-            )
+        head = self.head
+        try:
+            for i, frame_no in enumerate(frames):
+                if ahead is None:
+                    raw, view = self._load_frame(frame_no, masks, combine, i == 0)
+                else:
+                    pending = self._pending
+                    while len(pending) <= AHEAD_FRAMES and self._submitted < len(frames):
+                        n = self._submitted
+                        # Read here, decoded there: the helper then needs the GIL once per
+                        # frame (after decompressing), not once more after each read.
+                        stored = self._read_frame(frames[n], n == 0)
+                        pending.append(
+                            ahead.submit(self._decode_frame, frames[n], stored, masks, combine)
+                        )
+                        self._submitted += 1
+                    raw, view = pending.popleft().result()
+                if bin_hash is not None:
+                    bin_hash.update(raw)
+                del raw
+                yield cut_documents(head, frame_no, view, start, stop)
+        finally:
+            self.settle()
         if bin_hash is not None:
             if bin_hash.hexdigest() != meta.bin_sha256:
+                bin_header = head.bin_header
                 raise CorruptShardError(
                     self.where,
                     bin_header.name,
@@ -342,6 +394,28 @@ class ShardStreamReader:
                     "token bytes do not match bin_sha256",
                 )
             self._check_end()
+
+    def _load_frame(self, frame_no: int, masks: MaskFrames | None, combine, first: bool):
+        """Frame `frame_no` read (the `first` one wanted: after skipping the frames before
+        it), decoded, checked, and as the array its documents are cut from: (raw, view)."""
+        return self._decode_frame(frame_no, self._read_frame(frame_no, first), masks, combine)
+
+    def _read_frame(self, frame_no: int, first: bool) -> bytes:
+        offset = self.head.bin_header.data_offset + self.meta.frames[frame_no].compressed_offset
+        if first:
+            self._discard(offset - self._position)
+        return self._read_at(offset, self.meta.frames[frame_no].compressed_size)
+
+    def _decode_frame(self, frame_no: int, stored: bytes, masks: MaskFrames | None, combine):
+        raw = self._decoder.decode(self.meta.frames[frame_no], stored, frame_no)
+        bits = None if masks is None else masks.frame(self.mask_source, frame_no)
+        return raw, frame_view(self.head, raw, bits=bits, combine=combine)
+
+    def settle(self) -> None:
+        """Wait until no frame of this reader is being read in a helper thread (before its
+        stream is closed); a frame read ahead and never used is dropped, errors included."""
+        while self._pending:
+            self._pending.popleft().wait()
 
     def _check_end(self) -> None:
         offset = self.head.bin_header.end_offset

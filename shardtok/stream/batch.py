@@ -258,25 +258,23 @@ def _trained(labels: np.ndarray, ignored: list[int], labels_format: str, flagged
 def _with_segments(out: dict, starts: list[int], local_ids: list[int], total: int) -> dict:
     """Fill position_ids, document_ids and cu_seqlens of `out` from the flat segment starts
     (ascending) and each segment's number within its row; return the batch dict."""
-    bounds = np.array(starts + [total], dtype=np.int64)
-    segment_lengths = np.diff(bounds)
-    np.subtract(
-        _arange(total),
-        np.repeat(bounds[:-1], segment_lengths),
-        out=out["position_ids"].reshape(-1),
-    )
-    out["document_ids"].reshape(-1)[:] = np.repeat(
-        np.array(local_ids, dtype=np.int32), segment_lengths
-    )
-    cu = out["cu_seqlens"][: len(bounds)]
-    cu[:] = bounds
+    ends = starts[1:]
+    ends.append(total)
+    lengths = [end - start for start, end in zip(starts, ends)]  # a few dozen: plain Python
+    bounds = np.array(starts, dtype=np.int64)
+    np.subtract(_arange(total), bounds.repeat(lengths), out=out["position_ids"].reshape(-1))
+    out["document_ids"].reshape(-1)[:] = np.array(local_ids, dtype=np.int32).repeat(lengths)
+    n = len(starts)
+    cu = out["cu_seqlens"][: n + 1]
+    cu[:n] = bounds
+    cu[n] = total
     return {
         "input_ids": out["input_ids"],
         "labels": out["labels"],
         "position_ids": out["position_ids"],
         "document_ids": out["document_ids"],
         "cu_seqlens": cu,
-        "max_seqlen": int(segment_lengths.max()),
+        "max_seqlen": max(lengths),
     }
 
 
@@ -308,26 +306,35 @@ def assemble_contiguous_batch(
     input_ids, labels = out["input_ids"], out["labels"]
     _copy_inputs(input_ids, grid, masked)
 
-    # A batch has a few dozen segments: plain Python beats a dozen tiny numpy calls here.
-    starts = list(range(0, total, seq_len))  # every row start
-    ignored = []
+    # A batch has a few dozen segments: plain Python beats a dozen tiny numpy calls here. The
+    # boundaries ascend, so the segment starts (row starts and documents starting mid-row)
+    # come out in order with their numbers within the row.
+    starts: list[int] = []
+    local_ids: list[int] = []
+    ignored: list[int] = []
+    row = -1
+    number = 0
     for position in boundaries:
-        row, column = divmod(position, window)
+        r, column = divmod(position, window)
+        while row < r:
+            row += 1
+            starts.append(row * seq_len)
+            local_ids.append(0)
+            number = 0
         if column:  # a document starting a row is that row's own first segment
             if column < seq_len:  # one starting at the last slot is only a target there
-                starts.append(row * seq_len + column)
+                number += 1
+                starts.append(r * seq_len + column)
+                local_ids.append(number)
             # The target before a document's first token is that token: unpredictable.
-            ignored.append(row * seq_len + column - 1)
+            ignored.append(r * seq_len + column - 1)
+    while row < rows - 1:
+        row += 1
+        starts.append(row * seq_len)
+        local_ids.append(0)
     if not (mask_boundary_labels or masked):
         ignored = []
     _fill_labels(labels, grid, ignored, labels_format, masked)
-    starts.sort()
-    local_ids = []
-    row_start = -1
-    for start in starts:
-        if start % seq_len == 0:
-            row_start = len(local_ids)
-        local_ids.append(len(local_ids) - row_start)
     batch = _with_segments(out, starts, local_ids, total)
     batch["num_trained_tokens"] = _trained(labels, ignored, labels_format, masked)
     batch["source_ids"] = _source_ids(out, rows, 0)  # one token stream: one source

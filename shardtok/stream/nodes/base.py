@@ -70,6 +70,14 @@ class Node(Iterator[T], Generic[T]):
     def state_dict(self) -> dict:
         raise NotImplementedError
 
+    def close(self) -> None:
+        """Let go of what reading holds (open shards, a decode-ahead thread) once no more items
+        are wanted; the state stays available and ``reset`` starts reading again. A node with
+        one ``upstream`` passes it on; readers override it."""
+        upstream = getattr(self, "upstream", None)
+        if isinstance(upstream, Node):
+            upstream.close()
+
     def _reset(self, state: dict | None) -> None:
         raise NotImplementedError
 
@@ -84,6 +92,13 @@ class DocumentNode(Node[np.ndarray]):
 
     def state_at(self, position: int) -> dict:
         raise NotImplementedError
+
+    def cooperate(self) -> None:
+        """Give a decode-ahead thread upstream the GIL if it is stuck waiting for it (nodes
+        that pull in runs call it once per run; ``DecodeAhead.cooperate``)."""
+        upstream = getattr(self, "upstream", None)
+        if isinstance(upstream, DocumentNode):
+            upstream.cooperate()
 
     def _next_many(self, count: int) -> list[np.ndarray]:
         """The next `count` documents, fewer only at the end (the node must be started).
@@ -153,7 +168,18 @@ class PlacedStream(Node[dict]):
             )
 
     def _next(self) -> dict:
-        return next(self.batcher)
+        try:
+            return next(self.batcher)
+        except StopIteration:
+            # The planned batches are out (the reader stops short of the slice's unused tail):
+            # end the decode-ahead thread and close the shards now, not at garbage collection.
+            self.batcher.close()
+            raise
+
+    def close(self) -> None:
+        batcher = getattr(self, "batcher", None)  # a staged stream has none before its first
+        if batcher is not None:
+            batcher.close()
 
     def locate(self, local_batch: int) -> Located:
         """Where this worker's batch `local_batch` (counted from the start of this layout's

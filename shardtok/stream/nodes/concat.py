@@ -26,7 +26,8 @@ from shardtok.stream import state as envelope
 from shardtok.stream.nodes.base import DocumentNode
 from shardtok.stream.nodes.packer import Packer
 
-_PULL_RUN = 8  # documents pulled per upstream call
+# Documents pulled per upstream call: a run the reader and the shuffle hand over whole.
+_PULL_RUN = 32
 
 
 def concat_window_count(num_tokens: int, seq_len: int, stride: int | None = None) -> int:
@@ -125,13 +126,18 @@ class ConcatPacker(Packer):
             docs = self._pull_many(_PULL_RUN)
             if len(docs) < _PULL_RUN:
                 self._exhausted = True
-            for doc in docs:
-                position += 1
-                if len(doc):
-                    pending.append((position - 1, doc))
-                    self._available += len(doc)
-                elif not pending:  # an empty document is never a window start
-                    self._next_position = position
+            sizes = list(map(len, docs))
+            if all(sizes):  # the usual run: no empty document, no Python step per document
+                pending.extend(zip(range(position, position + len(docs)), docs))
+                self._available += sum(sizes)
+            else:
+                for doc, size in zip(docs, sizes):
+                    position += 1
+                    if size:
+                        pending.append((position - 1, doc))
+                        self._available += size
+                    elif not pending:  # an empty document is never a window start
+                        self._next_position = position
             if self.dtype is None and pending:
                 self.dtype = pending[0][1].dtype
         return True
@@ -156,9 +162,33 @@ class ConcatPacker(Packer):
         span = rows * self.window
         if not self._fill(self._offset + span):
             return None
-        pieces, boundaries = self._pieces(span)
+        # _pieces and _advance in one pass: the documents used up are dropped as they are cut.
+        pending = self._pending
+        offset = self._offset
+        pieces: list[np.ndarray] = []
+        boundaries: list[int] = []
+        filled = 0
+        while True:
+            doc = pending[0][1]
+            size = len(doc)
+            rest = span - filled
+            if size - offset > rest:  # the document goes on into the next batch
+                pieces.append(doc[offset : offset + rest])
+                offset += rest
+                break
+            pieces.append(doc[offset:] if offset else doc)
+            filled += size - offset
+            offset = 0
+            pending.popleft()
+            self._available -= size
+            if filled == span:
+                break
+            boundaries.append(filled)
+        self._offset = offset
+        if not pending:
+            self._next_position = self.upstream.position
+        self._emitted += rows
         tokens = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
-        self._advance(span, rows)
         return tokens, boundaries
 
     def pass_windows(self, rows: int, run_tokens: int = 1 << 22) -> int:

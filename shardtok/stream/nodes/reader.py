@@ -19,11 +19,13 @@ arrays whose untrained tokens are negative, and trimming one trims its mask with
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from itertools import islice
 
 import numpy as np
 
+from shardtok.format.decode_ahead import DecodeAhead
+from shardtok.format.shard_reader import ShardStreamReader
 from shardtok.storage.dataset import DatasetSource
 from shardtok.stream import state as envelope
 from shardtok.stream.masked import flag_untrained
@@ -63,12 +65,19 @@ class _OpenPiece:
     """One piece of a shard, open for sequential reading."""
 
     def __init__(
-        self, source: DatasetSource, piece: Piece, expected_tokens: int, masked: bool = False
+        self,
+        source: DatasetSource,
+        piece: Piece,
+        expected_tokens: int,
+        masked: bool = False,
+        ahead: DecodeAhead | None = None,
     ):
         self.piece = piece
         self.masked = masked
         # open_stream checked the shard against its manifest entry (counts included).
         self.reader, self._file = source.open_stream(piece.file, with_masks=masked)
+        # Only a shard's own reader decodes frames (a provenance trace's stands-in does not).
+        self.ahead = ahead if isinstance(self.reader, ShardStreamReader) else None
         offsets = self.reader.offsets
         if not 0 <= piece.start < piece.stop <= expected_tokens:
             raise ValueError(f"piece {piece} outside the shard's {expected_tokens} tokens")
@@ -78,28 +87,53 @@ class _OpenPiece:
         self.tail_keep = piece.stop - int(offsets[self.stop - 1])
         self.count = self.stop - self.first
 
-    def documents(self, skip: int) -> Iterator[np.ndarray]:
-        """The piece's documents from the `skip`-th on, trimmed to the piece's token range."""
-        first, last = self.first, self.stop - 1
-        doc_no = first + skip
-        try:
-            docs = self.reader.documents(
-                doc_no, self.stop, with_masks=self.masked,
-                combine=flag_untrained if self.masked else None,
+    def start(self, skip: int) -> None:
+        """Read the piece's documents from the `skip`-th on (``take``)."""
+        more = {} if self.ahead is None else {"ahead": self.ahead}
+        first = self.first + skip
+        if isinstance(self.reader, ShardStreamReader):
+            self._runs = self.reader.document_runs(
+                first, self.stop, with_masks=self.masked,
+                combine=flag_untrained if self.masked else None, **more,
             )  # fmt: skip
-            if doc_no == first and self.head_trim:
-                doc = next(docs)[self.head_trim :]
-                yield doc[: self.tail_keep - self.head_trim] if first == last else doc
-                doc_no += 1
-            if doc_no <= last:
-                # Untrimmed middle documents pass through without a Python step each.
-                yield from islice(docs, last - doc_no)
-                yield next(docs)[: self.tail_keep]
-        finally:
+        else:  # a reader without runs (a provenance trace's stand-in): runs of its documents
+            docs = self.reader.documents(first, self.stop, with_masks=self.masked)
+            self._runs = iter(lambda: list(islice(docs, 256)), [])
+        self._run: list = []
+        self._at = 0
+        self._next_doc = first
+
+    def take(self, count: int) -> list[np.ndarray]:
+        """The next `count` documents (there are that many), trimmed to the piece's token
+        range; the piece closes after its last one."""
+        out: list = []
+        run, at = self._run, self._at
+        while len(out) < count:
+            if at == len(run):
+                run, at = next(self._runs), 0
+            took = run[at : at + count - len(out)]
+            at += len(took)
+            out += took
+        self._run, self._at = run, at
+        number, self._next_doc = self._next_doc, self._next_doc + count
+        if number == self.first and self.head_trim:
+            end = self.tail_keep if self.first == self.stop - 1 else None
+            out[0] = out[0][self.head_trim : end]
+        if self._next_doc == self.stop:
+            if number + count - 1 != self.first or not self.head_trim:
+                out[-1] = out[-1][: self.tail_keep]
             self.close()
+        return out
 
     def close(self) -> None:
+        runs = getattr(self, "_runs", None)
+        if runs is not None:
+            self._runs = None
+            if hasattr(runs, "close"):
+                runs.close()  # the reader's generator: waits for a frame read ahead
         if self._file is not None:
+            if self.ahead is not None:  # a frame read ahead in the helper thread: wait for it
+                self.reader.settle()
             self._file.close()
             self._file = None
             if self.reader.mask_source is not None:  # the range reads of the mask frames
@@ -116,6 +150,7 @@ class SliceReader(DocumentNode):
         pieces: Sequence[Piece],
         interleave: int = 4,
         masked: bool = False,
+        decode_ahead: bool = True,
     ):
         super().__init__()
         if interleave < 1:
@@ -129,8 +164,11 @@ class SliceReader(DocumentNode):
         self._ordinal = 0
         self._bases: dict[int, int] = {}  # group -> slice position of its first document
         self._counts: dict[int, int] = {}  # group -> documents in it
-        self._docs: Iterator[np.ndarray] | None = None
+        self._docs: bool | None = None  # whether a group is open
         self._open: list[_OpenPiece] = []
+        # Frames are read and decoded one ahead in a helper thread (started on first use, ended
+        # with the slice, on close() or when this reader is collected).
+        self._ahead = DecodeAhead() if decode_ahead else None
 
     @property
     def num_groups(self) -> int:
@@ -141,16 +179,28 @@ class SliceReader(DocumentNode):
             p.close()
         self._open = []
         self._docs = None
+        self._ready = []
+        self._ready_at = 0
+
+    def close(self) -> None:
+        """Close the open shards and end the helper thread (``reset`` opens them again)."""
+        self._close()
+        if self._ahead is not None:
+            self._ahead.close()
 
     def _open_group(self, group: int, ordinal: int) -> None:
         self._close()
         self._group, self._ordinal = group, ordinal
         if group >= self.num_groups:
+            if self._ahead is not None:  # the slice is read: nothing more to decode
+                self._ahead.close()
             return
         manifest = self.source.manifest
         members = self.pieces[group * self.interleave : (group + 1) * self.interleave]
         self._open = [
-            _OpenPiece(self.source, p, manifest.shards[p.shard].num_tokens, self.masked)
+            _OpenPiece(
+                self.source, p, manifest.shards[p.shard].num_tokens, self.masked, self._ahead
+            )
             for p in members
         ]
         # Remote shards: the next group's first blocks arrive while this group is consumed.
@@ -160,28 +210,54 @@ class SliceReader(DocumentNode):
         self._counts[group] = sum(counts)
         self._bases[group] = self.position - ordinal
         taken, resume = round_robin_consumed(counts, ordinal)
-        self._docs = self._round_robin(
-            [p.documents(t) for p, t in zip(self._open, taken)],
-            [c - t for c, t in zip(counts, taken)],
-            resume,
-        )
-
-    @staticmethod
-    def _round_robin(iterators: list[Iterator[np.ndarray]], remaining: list[int], resume: int):
+        for p, t in zip(self._open, taken):
+            if t < p.count:
+                p.start(t)
+            else:
+                p.close()
+        self._remaining = [c - t for c, t in zip(counts, taken)]
         # The interrupted round first: the pieces from `resume` on still have their turn.
-        for i in range(resume, len(iterators)):
-            if remaining[i] > 0:
-                yield next(iterators[i])
-                remaining[i] -= 1
-        active = [i for i, r in enumerate(remaining) if r > 0]
-        while active:
+        self._first_round = [i for i in range(resume, len(counts)) if self._remaining[i] > 0]
+        self._active: list[int] | None = None  # after the first round
+        self._ready: list[np.ndarray] = []  # documents in round-robin order, not yet emitted
+        self._ready_at = 0
+        self._docs = True  # a group is open
+
+    def _take(self, count: int) -> list[np.ndarray]:
+        """The group's next `count` documents in round-robin order, fewer at its end.
+
+        Whole rounds are taken at once: `m` documents from every piece still in the rotation
+        (as many rounds as the request needs, at most until the first piece runs out), then
+        interleaved; a round cut short by the request stays ready for the next call."""
+        ready, at = self._ready, self._ready_at
+        remaining, pieces = self._remaining, self._open
+        while len(ready) - at < count:
+            if self._active is None:
+                for i in self._first_round:
+                    ready += pieces[i].take(1)
+                    remaining[i] -= 1
+                self._active = [i for i, r in enumerate(remaining) if r > 0]
+                continue
+            active = self._active
+            if not active:
+                break
+            need = count - (len(ready) - at)
+            rounds = min(-(-need // len(active)), min(remaining[i] for i in active))
+            if len(active) == 1:
+                ready += pieces[active[0]].take(rounds)
+            else:
+                taken = [pieces[i].take(rounds) for i in active]
+                ready += [doc for docs in zip(*taken) for doc in docs]
             for i in active:
-                yield next(iterators[i])
-                remaining[i] -= 1
-            active = [i for i in active if remaining[i] > 0]
-        for it in iterators:  # run each generator to its end so it closes its file
-            for _ in it:
-                pass
+                remaining[i] -= rounds
+            self._active = [i for i in active if remaining[i] > 0]
+        out = ready[at : at + count]
+        at += len(out)
+        if at > 4096:  # drop what was emitted
+            del ready[:at]
+            at = 0
+        self._ready_at = at
+        return out
 
     def _reset(self, state: dict | None) -> None:
         self._bases, self._counts = {}, {}
@@ -195,22 +271,21 @@ class SliceReader(DocumentNode):
             self._open_group(group, state["ordinal"])
 
     def _next(self) -> np.ndarray:
-        while True:
-            if self._docs is None:
-                raise StopIteration
-            try:
-                doc = next(self._docs)
-            except StopIteration:
-                self._open_group(self._group + 1, 0)
-                continue
-            self.position += 1
-            self._ordinal += 1
-            return doc
+        docs = self._next_many(1)
+        if not docs:
+            raise StopIteration
+        return docs[0]
+
+    def cooperate(self) -> None:
+        if self._ahead is not None:
+            self._ahead.cooperate()
 
     def _next_many(self, count: int) -> list[np.ndarray]:
+        if self._ahead is not None:
+            self._ahead.cooperate()
         out: list[np.ndarray] = []
         while len(out) < count and self._docs is not None:
-            got = list(islice(self._docs, count - len(out)))
+            got = self._take(count - len(out))
             out += got
             self.position += len(got)
             self._ordinal += len(got)

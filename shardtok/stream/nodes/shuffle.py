@@ -130,7 +130,7 @@ class ShuffleBuffer(DocumentNode):
             return
         order = chosen[np.lexsort((ordinals[chosen], keys[chosen]))]
         held = self._held
-        self._ready.extend(held.pop(o) for o in ordinals[order].tolist())
+        self._ready.extend(map(held.pop, ordinals[order].tolist()))
         keep = np.ones(len(keys), dtype=bool)
         keep[chosen] = False
         self._keys, self._ordinals = keys[keep], ordinals[keep]
@@ -159,11 +159,16 @@ class ShuffleBuffer(DocumentNode):
         return self._ready.popleft()
 
     def _next_many(self, count: int) -> list[np.ndarray]:
+        self.upstream.cooperate()  # a run per call: a decode-ahead thread gets its turn
         out: list[np.ndarray] = []
         ready = self._ready
         while len(out) < count and (ready or self._refill()):
-            take = min(count - len(out), len(ready))
-            out += [ready.popleft() for _ in range(take)]
+            if len(ready) <= count - len(out):  # all of them: one step, not one per document
+                out += ready
+                ready.clear()
+            else:
+                popleft = ready.popleft
+                out += [popleft() for _ in range(count - len(out))]
         self.position += len(out)
         return out
 

@@ -1,0 +1,313 @@
+"""Frames decoded ahead in a helper thread (``shardtok.format.decode_ahead``): the same documents,
+batches, states and errors as decoding in place, and no thread left behind (end of the slice,
+an abandoned iterator, an error, a dropped owner, a fork)."""
+
+from __future__ import annotations
+
+import gc
+import io
+import json
+import multiprocessing
+import tempfile
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from shardtok.errors import CorruptShardError
+from shardtok.format import ShardStreamReader, load_manifest
+from shardtok.format.decode_ahead import DecodeAhead
+from shardtok.stream.masked import flag_untrained
+from shardtok.stream.nodes.base import take
+from shardtok.stream.nodes.reader import SliceReader
+from shardtok.stream.options import StreamOptions
+from shardtok.stream.slice_stream import SliceStream
+from tests.helpers.masked import Known
+
+NAME = "shardtok-decode-ahead"
+
+
+def ahead_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == NAME and t.is_alive()]
+
+
+def settle_threads(timeout: float = 5.0) -> list[threading.Thread]:
+    """The helper threads still alive once the ending ones had `timeout` s to end."""
+    for t in ahead_threads():
+        t.join(timeout)
+    return ahead_threads()
+
+
+def slice_reader(stream: SliceStream) -> SliceReader:
+    node = stream.batcher.upstream
+    while not isinstance(node, SliceReader):
+        node = node.upstream
+    return node
+
+
+def in_place(stream: SliceStream) -> SliceStream:
+    """`stream` with its reader decoding every frame itself (the reference path)."""
+    slice_reader(stream)._ahead = None
+    return stream
+
+
+def same_batches(a: list[dict], b: list[dict]) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert x.keys() == y.keys()
+        for key in x:
+            if isinstance(x[key], np.ndarray):
+                np.testing.assert_array_equal(x[key], y[key], err_msg=key)
+            else:
+                assert x[key] == y[key], key
+
+
+def copies(stream) -> list[dict]:
+    return [
+        {k: np.copy(v) if isinstance(v, np.ndarray) else v for k, v in b.items()} for b in stream
+    ]
+
+
+# -- the helper itself ------------------------------------------------------------------------
+
+
+def test_results_in_order_and_errors_raised_where_asked():
+    ahead = DecodeAhead()
+    pending = [ahead.submit(pow, 2, n) for n in range(20)]
+    failing = ahead.submit(int, "not a number")
+    after = ahead.submit(len, "abc")
+    assert [p.result() for p in pending] == [2**n for n in range(20)]
+    with pytest.raises(ValueError, match="not a number"):
+        failing.result()
+    assert after.result() == 3  # an error ends nothing
+    ahead.close()
+    assert not settle_threads()
+
+
+def test_cooperating_changes_nothing_but_who_runs():
+    ahead = DecodeAhead()
+    ahead.cooperate()  # before the thread exists: nothing to hand over
+    gate = threading.Event()
+    slow = ahead.submit(gate.wait, 30)  # a task "stuck" in a call that released the GIL
+    after = ahead.submit(sum, [4, 5])
+    ahead.cooperate()  # waits a bounded while for the stuck task, then returns
+    gate.set()
+    assert slow.result() is True and after.result() == 9
+    ahead.cooperate()
+    ahead.close()
+    ahead.cooperate()  # and after the thread ended
+    assert not settle_threads()
+
+
+def test_the_thread_ends_with_its_owner():
+    ahead = DecodeAhead()
+    ahead.submit(len, "x").result()
+    (thread,) = ahead_threads()
+    del ahead
+    gc.collect()
+    thread.join(5)
+    assert not thread.is_alive()
+
+
+def _use_inherited(ahead: DecodeAhead, out) -> None:
+    out.put(ahead.submit(sum, [1, 2, 3]).result())
+
+
+def test_a_forked_child_starts_its_own_thread():
+    ahead = DecodeAhead()
+    assert ahead.submit(len, "ab").result() == 2  # the parent's thread runs
+    context = multiprocessing.get_context("fork")
+    out = context.Queue()
+    child = context.Process(target=_use_inherited, args=(ahead, out))
+    child.start()
+    assert out.get(timeout=30) == 6
+    child.join(30)
+    assert child.exitcode == 0
+    assert ahead.submit(len, "abc").result() == 3  # the parent's is untouched
+    ahead.close()
+
+
+# -- documents and errors ---------------------------------------------------------------------
+
+
+def write(tmp: Path, lengths: list[int], masked: bool, frame_size: int = 256) -> tuple[Known, Path]:
+    known = Known(lengths)
+    path = known.write(tmp / ("masked" if masked else "plain"), masked=masked,
+                       frame_size=frame_size, shard_size=1 << 20)  # fmt: skip
+    return known, path
+
+
+def read(path: Path, start: int, stop: int | None, ahead, masked: bool, combine: bool):
+    manifest = load_manifest(path)
+    shard = path / manifest.shards[0].file
+    from shardtok.format.shard_reader import PathSource
+
+    with open(shard, "rb") as f:
+        reader = ShardStreamReader(f, str(shard), mask_source=PathSource(shard) if masked else None)
+        docs = reader.documents(
+            start, stop, with_masks=masked, combine=flag_untrained if combine else None,
+            **({"ahead": ahead} if ahead is not None else {}),
+        )  # fmt: skip
+        return [np.copy(d) if not isinstance(d, tuple) else tuple(map(np.copy, d)) for d in docs]
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    lengths=st.lists(st.integers(1, 300), min_size=1, max_size=60),
+    masked=st.booleans(),
+    combine=st.booleans(),
+    cut=st.tuples(st.integers(0, 60), st.integers(0, 60)),
+)
+def test_reader_documents_are_the_same_ahead(lengths, masked, combine, cut):
+    start, stop = sorted(cut)
+    start, stop = min(start, len(lengths)), min(stop, len(lengths)) or None
+    with tempfile.TemporaryDirectory() as tmp:
+        _, path = write(Path(tmp), lengths, masked)
+        ahead = DecodeAhead()
+        want = read(path, start, stop, None, masked, masked and combine)
+        got = read(path, start, stop, ahead, masked, masked and combine)
+        ahead.close()
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        for a, b in zip(g if isinstance(g, tuple) else [g], w if isinstance(w, tuple) else [w]):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_a_corrupt_frame_fails_at_the_same_document(tmp_path):
+    _, path = write(tmp_path, [37] * 200, masked=False, frame_size=400)
+    manifest = load_manifest(path)
+    shard = path / manifest.shards[0].file
+    reader = ShardStreamReader(io.BytesIO(shard.read_bytes()), "probe")
+    frame = reader.meta.frames[5]
+    data = bytearray(shard.read_bytes())
+    data[
+        reader.head.bin_header.data_offset + frame.compressed_offset + frame.compressed_size // 2
+    ] ^= 0xFF
+
+    def until_error(ahead):
+        reader = ShardStreamReader(io.BytesIO(bytes(data)), "damaged.tar")
+        seen = 0
+        with pytest.raises(CorruptShardError) as error:
+            for _ in reader.documents(**({"ahead": ahead} if ahead else {})):
+                seen += 1
+        return seen, str(error.value)
+
+    ahead = DecodeAhead()
+    assert until_error(ahead) == until_error(None)
+    assert until_error(None)[0] == frame.first_document  # every earlier frame's documents
+    ahead.close()
+
+
+# -- whole streams ----------------------------------------------------------------------------
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    lengths=st.lists(st.integers(1, 200), min_size=20, max_size=80),
+    masked=st.booleans(),
+    packing=st.sampled_from(["concat", "greedy", "bfd"]),
+    labels_format=st.sampled_from(["shifted", "hf"]),
+    shuffle_buffer=st.sampled_from([0, 9]),
+    workers=st.sampled_from([1, 2]),
+)
+def test_streams_are_the_same_ahead(
+    lengths, masked, packing, labels_format, shuffle_buffer, workers
+):
+    options = StreamOptions(seq_len=15, batch_size=2, packing=packing, seed=3, interleave=2,
+                            labels_format=labels_format, shuffle_buffer=shuffle_buffer,
+                            bfd_window=5)  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        known = Known(lengths)
+        path = known.write(Path(tmp) / "d", masked=masked, frame_size=128, shard_size=900)
+        for worker in range(workers):
+            placement = dict(worker=worker, num_workers=workers)
+            try:
+                fast = SliceStream(path, options, **placement)
+            except Exception as exc:  # too little data for this layout: both refuse alike
+                with pytest.raises(type(exc)):
+                    SliceStream(path, options, **placement)
+                continue
+            slow = in_place(SliceStream(path, options, **placement))
+            same_batches(copies(fast), copies(slow))
+            assert fast.state_dict() == slow.state_dict()
+            # and resumed halfway, from a state either path wrote
+            half = len(fast) // 2
+            again = SliceStream(path, options, **placement)
+            take(again, half)
+            state = json.loads(json.dumps(again.state_dict()))
+            resumed = SliceStream(path, options, **placement)
+            resumed.reset(state)
+            reference = in_place(SliceStream(path, options, **placement))
+            reference.reset(state)
+            same_batches(copies(resumed), copies(reference))
+            again.close()  # left halfway: its thread ends here (else when it is collected)
+            assert not settle_threads()
+
+
+@pytest.fixture
+def dataset(tmp_path) -> Path:
+    return Known([int(n) for n in np.random.default_rng(0).integers(1, 200, 250)]).write(
+        tmp_path / "d", masked=False, frame_size=512, shard_size=6000
+    )
+
+
+OPTIONS = StreamOptions(seq_len=31, batch_size=2, seed=1, shuffle_buffer=16)
+
+
+def test_no_thread_after_the_slice_is_read(dataset):
+    stream = SliceStream(dataset, OPTIONS)
+    batches = list(stream)
+    assert batches
+    assert not settle_threads()  # ended with the slice, without a collection
+
+
+def test_no_thread_after_an_abandoned_iterator(dataset):
+    torch = pytest.importorskip("torch")
+    del torch
+    from shardtok.torch import ShardLoader, ShardStreamDataset
+
+    loader = ShardLoader(ShardStreamDataset(dataset, options=OPTIONS), num_workers=0)
+    it = iter(loader)
+    next(it)
+    next(it)
+    assert ahead_threads()
+    del it  # the loader and its dataset (which keeps the stream's state) stay
+    assert not settle_threads()
+    assert loader.state_dict()["workers"][0]["stream"] is not None
+
+
+def test_no_thread_after_an_error(dataset):
+    manifest = load_manifest(dataset)
+    shard = dataset / manifest.shards[1].file
+    reader = ShardStreamReader(io.BytesIO(shard.read_bytes()), "probe")
+    frame = reader.meta.frames[-1]
+    data = bytearray(shard.read_bytes())
+    data[reader.head.bin_header.data_offset + frame.compressed_offset + 10] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    stream = SliceStream(dataset, OPTIONS)
+    with pytest.raises(CorruptShardError, match=manifest.shards[1].file):
+        list(stream)
+    del stream
+    gc.collect()
+    assert not settle_threads()
+
+
+def _forked_batches(dataset: str, out) -> None:
+    out.put(copies(SliceStream(dataset, OPTIONS)))
+
+
+def test_a_stream_started_before_a_fork_streams_in_the_child(dataset):
+    stream = SliceStream(dataset, OPTIONS)
+    first = copies(take(stream, 2))
+    assert ahead_threads()
+    context = multiprocessing.get_context("fork")
+    out = context.Queue()
+    child = context.Process(target=_forked_batches, args=(str(dataset), out))
+    child.start()
+    from_child = out.get(timeout=60)
+    child.join(60)
+    assert child.exitcode == 0
+    same_batches(from_child, first + copies(stream))
