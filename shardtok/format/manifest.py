@@ -18,14 +18,13 @@ import numpy as np
 
 from shardtok.errors import CorruptShardError
 from shardtok.format.compact_manifest import COMPACT_NAME, ShardTable, compact_bytes
-from shardtok.format.mmidx import token_dtype
 from shardtok.format.shard_entry import ShardEntry
 from shardtok.format.shard_groups import group_count, group_sums
 from shardtok.format.validate import (
-    check_vocab,
     want_dict,
     want_int,
     want_str,
+    want_token_fields,
 )
 
 MANIFEST_NAME = "index.json"
@@ -134,12 +133,7 @@ class Manifest:
         if not isinstance(shards_doc, list):
             raise fail(f"field 'shards' is {shards_doc!r}, not a list")
         shards = tuple(ShardEntry.from_json(s, fail) for s in shards_doc)
-        try:
-            dtype = token_dtype(want_str(doc, "dtype", fail))
-        except (TypeError, ValueError) as exc:
-            raise fail(f"field 'dtype': {exc}") from None
-        vocab_size = want_int(doc, "vocab_size", fail, minimum=1)
-        check_vocab(vocab_size, dtype, fail)
+        dtype, vocab_size = want_token_fields(doc, fail)
         manifest = cls(
             name=want_str(doc, "name", fail),
             dtype=dtype,
@@ -198,12 +192,7 @@ class Manifest:
             return h.fail(FIELDS_AT, f"dataset fields: {reason}")
 
         doc = h.meta
-        try:
-            dtype = token_dtype(want_str(doc, "dtype", fail))
-        except (TypeError, ValueError) as exc:
-            raise fail(f"field 'dtype': {exc}") from None
-        vocab_size = want_int(doc, "vocab_size", fail, minimum=1)
-        check_vocab(vocab_size, dtype, fail)
+        dtype, vocab_size = want_token_fields(doc, fail)
         masked = "sft" in doc
         if masked != (h.trained_tokens is not None):
             raise fail("sft and the trained_tokens column must be both present or both absent")

@@ -15,14 +15,14 @@ import numpy as np
 
 from shardtok.errors import CorruptShardError
 from shardtok.format.mask_meta import MaskInfo, check_mask, parse_mask
-from shardtok.format.mmidx import MMIndex, token_dtype
+from shardtok.format.mmidx import MMIndex
 from shardtok.format.validate import (
-    check_vocab,
     want_dict,
     want_int,
     want_plain_name,
     want_sha256,
     want_str,
+    want_token_fields,
 )
 
 SHARD_FORMAT = "shardtok-shard"
@@ -154,12 +154,7 @@ class ShardMeta:
         if not isinstance(frames_doc, list):
             raise fail(f"field 'frames' is {frames_doc!r}, not a list")
         frames = tuple(_frame(f, fail) for f in frames_doc)
-        try:
-            dtype = token_dtype(want_str(doc, "dtype", fail))
-        except (TypeError, ValueError) as exc:
-            raise fail(f"field 'dtype': {exc}") from None
-        vocab_size = want_int(doc, "vocab_size", fail, minimum=1)
-        check_vocab(vocab_size, dtype, fail)
+        dtype, vocab_size = want_token_fields(doc, fail)
         level = doc.get("compression_level")
         if level is not None:
             level = want_int(doc, "compression_level", fail, minimum=None)

@@ -7,6 +7,8 @@ import re
 
 import numpy as np
 
+from shardtok.format.mmidx import token_dtype
+
 # Plain relative file names: no separators, no scheme, no leading dot (so no "..", no hidden
 # temporary files), nothing a URL or a shell would read differently.
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,254}")
@@ -74,3 +76,15 @@ def check_vocab(vocab_size: int, dtype: np.dtype, fail) -> None:
     limit = int(np.iinfo(dtype).max) + 1
     if not 0 < vocab_size <= limit:
         raise fail(f"vocab_size {vocab_size} does not fit {dtype} token ids (1..{limit})")
+
+
+def want_token_fields(doc: dict, fail) -> tuple[np.dtype, int]:
+    """The ``dtype`` and ``vocab_size`` fields of a manifest or a shard's json, checked against
+    each other (every id below the vocabulary must fit the dtype)."""
+    try:
+        dtype = token_dtype(want_str(doc, "dtype", fail))
+    except (TypeError, ValueError) as exc:
+        raise fail(f"field 'dtype': {exc}") from None
+    vocab_size = want_int(doc, "vocab_size", fail, minimum=1)
+    check_vocab(vocab_size, dtype, fail)
+    return dtype, vocab_size
