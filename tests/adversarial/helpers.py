@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -79,3 +80,14 @@ def republish(folder, edit, kind: str) -> None:
         sft=doc.get("sft"),
     ).write(folder)
     assert (folder / COMPACT_NAME).exists()  # what DatasetSource reads first
+
+
+def peak_while(fn) -> int:
+    """Peak bytes Python allocated while `fn` ran (tracemalloc): what a bomb made us allocate."""
+    tracemalloc.start()
+    try:
+        fn()
+    finally:
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    return peak

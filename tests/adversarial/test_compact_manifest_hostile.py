@@ -15,7 +15,6 @@ import shutil
 import struct
 import subprocess
 import sys
-import tracemalloc
 import zlib
 
 import numpy as np
@@ -25,7 +24,7 @@ from shardtok.errors import CorruptShardError, StorageError
 from shardtok.format.compact_manifest import COMPACT_NAME, FIXED, HEADER_CRC_AT, ShardTable
 from shardtok.storage.dataset import DatasetSource
 from shardtok.stream import SliceStream, StreamOptions
-from tests.adversarial.helpers import republish, stream_tokens
+from tests.adversarial.helpers import peak_while, republish, stream_tokens
 from tests.helpers.format_data import write_dataset
 from tests.helpers.origins import CANARY_HEADER, origins, seen_headers  # noqa: F401
 
@@ -107,16 +106,6 @@ def _manifest(folder):
     return lambda: DatasetSource(folder).manifest
 
 
-def _peak_while(fn) -> int:
-    tracemalloc.start()
-    try:
-        fn()
-    finally:
-        peak = tracemalloc.get_traced_memory()[1]
-        tracemalloc.stop()
-    return peak
-
-
 def test_the_forger_keeps_a_clean_file_readable(ds):
     # Without this, every refusal below could be the forger's own damage.
     expected, before = stream_tokens(ds), (ds / COMPACT_NAME).read_bytes()
@@ -167,7 +156,7 @@ def test_a_hostile_names_pattern_is_refused_in_one_line(ds, names, match):
 
 def test_a_pattern_width_of_a_billion_is_refused_without_building_names(ds):
     _forge(ds, meta={"names": {**PATTERN, "width": 10**9}})
-    assert _peak_while(lambda: _refused(_manifest(ds), 128, "above 255")) < 4 << 20
+    assert peak_while(lambda: _refused(_manifest(ds), 128, "above 255")) < 4 << 20
 
 
 @pytest.mark.parametrize(
@@ -243,7 +232,7 @@ def test_a_truncated_file_is_refused(ds):
 )
 def test_declared_counts_and_sizes_are_checked_before_use(ds, fields, offset, match):
     _forge(ds, fields=fields)
-    assert _peak_while(lambda: _refused(_manifest(ds), offset, match)) < 4 << 20
+    assert peak_while(lambda: _refused(_manifest(ds), offset, match)) < 4 << 20
 
 
 def test_a_size_claimed_beyond_the_file_is_refused_without_allocating(ds):
@@ -257,7 +246,7 @@ def test_a_size_claimed_beyond_the_file_is_refused_without_allocating(ds):
         return data[offset : offset + length]
 
     claimed = 1 << 40
-    peak = _peak_while(lambda: _refused(lambda: ShardTable(read, claimed, "x/index.compact"),
+    peak = peak_while(lambda: _refused(lambda: ShardTable(read, claimed, "x/index.compact"),
                                         0, f"read {len(data)} bytes of 65536"))  # fmt: skip
     assert peak < 4 << 20 and max(length for _, length in calls) <= 64 << 10
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import io
 import json
 import shutil
-import tracemalloc
 
 import numpy as np
 import pytest
@@ -23,7 +22,7 @@ from shardtok.index.gpt import build_gpt_indices
 from shardtok.memmap.samples import GPTSamples
 from shardtok.memmap.tokens import open_local_tokens
 from shardtok.storage.dataset import DatasetSource
-from tests.adversarial.helpers import KINDS, random_tokens, republish, stream_tokens
+from tests.adversarial.helpers import KINDS, peak_while, random_tokens, republish, stream_tokens
 from tests.helpers.format_data import write_dataset
 
 VOCAB = 5000
@@ -207,16 +206,6 @@ def test_damaged_gpt_index_cache_is_rebuilt_with_a_warning(tmp_path, caplog):
 # -- 11: resource bombs ----------------------------------------------------------------------------
 
 
-def _peak_while(fn) -> int:
-    tracemalloc.start()
-    try:
-        fn()
-    finally:
-        peak = tracemalloc.get_traced_memory()[1]
-        tracemalloc.stop()
-    return peak
-
-
 def _readers(path):
     yield lambda: ShardReader(path)
 
@@ -241,7 +230,7 @@ def test_idx_header_declaring_8_gib_is_refused_without_allocating(tmp_path):
     assert at > idx_offset
     path.write_bytes(bytes(data))
     for read in _readers(path):
-        assert _peak_while(lambda read=read: _expect_corrupt(read)) < 16 << 20
+        assert peak_while(lambda read=read: _expect_corrupt(read)) < 16 << 20
     _both_paths_refuse(tmp_path / "ds", "claims")
 
 
@@ -286,7 +275,7 @@ def _zstd_bomb_dataset(tmp_path, declare_size: bool, kind: str):
 def test_zstd_bomb_is_refused_without_decoding_it(tmp_path, declare_size, kind):
     path = _zstd_bomb_dataset(tmp_path, declare_size, kind)
     for read in _readers(path):
-        assert _peak_while(lambda read=read: _expect_corrupt(read)) < 16 << 20
+        assert peak_while(lambda read=read: _expect_corrupt(read)) < 16 << 20
     _both_paths_refuse(tmp_path / "ds", "frame 0")
 
 
