@@ -244,7 +244,7 @@ class DatasetSource:
         index = self.root.join(MANIFEST_NAME)
         try:
             with open_source(index, self.storage_options or None, self.retry) as source:
-                index_size = source.size
+                index_size = source.stat_size()  # a HEAD: no byte of index.json
         except ObjectNotFoundError as exc:
             raise self._missing(index.display, exc, _NO_MANIFEST) from None
         if index_size != table.header.index_size:
