@@ -24,7 +24,7 @@ from shardtok.format.compact_manifest import COMPACT_NAME, ShardTable, differenc
 from shardtok.format.identity import check_shard_identity
 from shardtok.format.manifest import MANIFEST_NAME, Manifest, ShardEntry
 from shardtok.format.shard_reader import ShardReader, ShardStreamReader
-from shardtok.storage.base import ByteSource, ObjectNotFoundError
+from shardtok.storage.base import AccessDeniedError, ByteSource, ObjectNotFoundError
 from shardtok.storage.cache import LocalCache
 from shardtok.storage.endpoints import endpoint_of, note_reached, was_reached
 from shardtok.storage.location import Location
@@ -212,6 +212,13 @@ class DatasetSource:
         try:
             size = ranges.size
         except ObjectNotFoundError:
+            return None
+        except AccessDeniedError:
+            # S3 answers 403 for a missing key to a reader without s3:ListBucket (CDNs in front
+            # of it too): a dataset of an earlier release has no index.compact. index.json is
+            # read next, so a store that refuses everything is still named there.
+            if self.is_local:
+                raise
             return None
         return ShardTable(ranges, size, ranges.target.display)
 
