@@ -166,8 +166,12 @@ class CompactHeader:
         self.where = where
         self.bytes_read = 0
         self.first = first = self._read(read, 0, min(size, FIRST_READ))
-        if len(first) < FIXED.size or first[:8] != MAGIC:
+        if not MAGIC.startswith(first[:8]):
             raise self.fail(0, "not a shardtok compact manifest (bad magic)")
+        if len(first) < FIXED.size:  # the magic (what is left of it) is ours: cut short
+            raise self.fail(
+                size, f"file is {size} bytes, shorter than its {FIXED.size}-byte header"
+            )
         (
             _, version, flags, n, groups, row_size, self.num_tokens, self.num_documents,
             self.num_bytes, trained, index_sha, self.index_size, meta_size, name_width,

@@ -71,6 +71,11 @@ class ByteSource(ABC):
         """A file-like reader from ``offset``: ``read(n)`` returns ``n`` bytes until the end,
         then ``b""``. Close it (or use ``with``)."""
 
+    def stat_size(self) -> int:
+        """The size, reading no byte of the object: for a check that needs nothing else of
+        it (remote sources answer ``size`` with a GET of their head, which this avoids)."""
+        return self.size
+
     def prefetch(self, offset: int = 0) -> None:  # noqa: B027 - optional for a source
         """Start fetching the start of a later ``open_stream(offset)`` in the background."""
 

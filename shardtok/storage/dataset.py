@@ -24,7 +24,7 @@ from shardtok.format.compact_manifest import COMPACT_NAME, ShardTable, differenc
 from shardtok.format.identity import check_shard_identity
 from shardtok.format.manifest import MANIFEST_NAME, Manifest, ShardEntry
 from shardtok.format.shard_reader import ShardReader, ShardStreamReader
-from shardtok.storage.base import ByteSource, ObjectNotFoundError
+from shardtok.storage.base import AccessDeniedError, ByteSource, ObjectNotFoundError
 from shardtok.storage.cache import LocalCache
 from shardtok.storage.endpoints import endpoint_of, note_reached, was_reached
 from shardtok.storage.location import Location
@@ -213,6 +213,13 @@ class DatasetSource:
             size = ranges.size
         except ObjectNotFoundError:
             return None
+        except AccessDeniedError:
+            # S3 answers 403 for a missing key to a reader without s3:ListBucket (CDNs in front
+            # of it too): a dataset of an earlier release has no index.compact. index.json is
+            # read next, so a store that refuses everything is still named there.
+            if self.is_local:
+                raise
+            return None
         return ShardTable(ranges, size, ranges.target.display)
 
     def verified_manifest(self) -> Manifest:
@@ -244,7 +251,7 @@ class DatasetSource:
         index = self.root.join(MANIFEST_NAME)
         try:
             with open_source(index, self.storage_options or None, self.retry) as source:
-                index_size = source.size
+                index_size = source.stat_size()  # a HEAD: no byte of index.json
         except ObjectNotFoundError as exc:
             raise self._missing(index.display, exc, _NO_MANIFEST) from None
         if index_size != table.header.index_size:

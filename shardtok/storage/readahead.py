@@ -1,6 +1,6 @@
 """Read-ahead: a stream that keeps ranged GETs in flight ahead of its reader.
 
-How far ahead follows the link (``readahead_plan.window_bytes``: one block plus the measured
+How far ahead follows the link (``readahead_plan.window_bytes``: two blocks plus the measured
 bandwidth-delay product); memory is bounded by ``read_ahead_bytes`` all the same: the bytes a
 ``BlockStream`` has requested and not yet handed out, the block being read included, never
 exceed it (one request is always allowed, of at most that size, so a small cap still reads).

@@ -192,14 +192,19 @@ class RemoteSource(ByteSource):
         self._with_retries(attempt, lambda: offset + received, cancel, lambda: received == length)
         return b"".join(parts)
 
+    def stat_size(self) -> int:
+        """The size from a HEAD when nothing was read yet (no byte of the object)."""
+        with self._info_lock:
+            if self._info is None:
+                self._info = self._with_retries(self._backend.head, lambda: None)
+        return self._info.size
+
     def cache_identity(self) -> str:
         """What names this object in a cache: URL, endpoint, size and ETag (no credentials).
 
         Asked with a HEAD when nothing was read yet: on a cache hit no byte of the object
         is needed, so a GET of its head would be wasted."""
-        with self._info_lock:
-            if self._info is None:
-                self._info = self._with_retries(self._backend.head, lambda: None)
+        self.stat_size()
         info = self._info
         return f"{self.url}\0{self.endpoint}\0{info.size}\0{info.etag or ''}"
 

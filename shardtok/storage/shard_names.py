@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shardtok.errors import UsageError
+from shardtok.format.compact_manifest import COMPACT_NAME
 from shardtok.format.manifest import MANIFEST_NAME
 from shardtok.storage.location import Location, display_url, name_problem
 
@@ -348,12 +349,14 @@ def check_shard_name(entry: str, name: str) -> None:
 
 
 def check_not_manifest(text: str) -> None:
-    """Refuse a dataset's ``index.json`` given for the dataset (read as a folder, it would be
-    looked for at ``.../index.json/index.json``): the dataset is its folder or URL prefix."""
-    if Location(text).name == MANIFEST_NAME:
-        folder = text.rsplit(MANIFEST_NAME, 1)[0].rstrip("/") or "."
+    """Refuse a dataset's ``index.json`` or ``index.compact`` given for the dataset (read as a
+    folder, it would be looked for at ``.../index.json/index.json``; a local index.compact
+    would be read as a damaged shard): the dataset is its folder or URL prefix."""
+    name = Location(text).name
+    if name in (MANIFEST_NAME, COMPACT_NAME):
+        folder = text.rsplit(name, 1)[0].rstrip("/") or "."
         raise UsageError(
-            f"{_shown(text)} is the dataset's {MANIFEST_NAME}: name the dataset by its folder "
+            f"{_shown(text)} is the dataset's {name}: name the dataset by its folder "
             f"or URL prefix, {_shown(folder)}"
         )
 

@@ -163,6 +163,15 @@ def test_a_truncated_file_is_refused(tmp_path):
         table_of(path)
 
 
+@pytest.mark.parametrize("size", [0, 100])
+def test_a_file_cut_inside_its_fixed_header_is_named_truncated_not_foreign(tmp_path, size):
+    golden_manifest().write(tmp_path)
+    path = tmp_path / COMPACT_NAME
+    path.write_bytes(path.read_bytes()[:size])  # the magic is intact at 100 bytes
+    with pytest.raises(CorruptShardError, match=f"file is {size} bytes, shorter than its 128"):
+        table_of(path)
+
+
 def test_an_index_json_edited_without_its_compact_manifest_is_a_difference(tmp_path):
     manifest = golden_manifest()
     manifest.write(tmp_path)

@@ -11,6 +11,7 @@ from shardtok.errors import UsageError
 from shardtok.storage.shard_names import (
     MIX_HINT,
     ShardSelection,
+    check_not_manifest,
     expand_braces,
     expand_urls,
     select_shards,
@@ -139,3 +140,22 @@ def test_anything_but_shards_of_one_dataset_is_refused(tmp_path):
         select_shards([str(data), str(other)])
     with pytest.raises(UsageError, match="empty list"):
         select_shards([])
+
+
+def test_either_manifest_given_for_its_dataset_names_the_folder(tmp_path):
+    # index.compact is the dataset's too: read as a lone shard it was "tar header checksum
+    # field ... is not octal", read as a remote prefix "no dataset manifest here".
+    (tmp_path / "index.compact").write_bytes(b"STKCMAN\0")
+    for given, folder in {
+        f"{tmp_path}/index.compact": str(tmp_path),
+        "s3://bucket/ds/index.compact": "s3://bucket/ds",
+    }.items():
+        with pytest.raises(
+            UsageError,
+            match=re.escape(
+                f"index.compact: name the dataset by its folder or URL prefix, '{folder}'"
+            ),
+        ):
+            check_not_manifest(given)
+        with pytest.raises(UsageError, match="is the dataset's index.compact"):
+            select_shards(given)

@@ -10,6 +10,7 @@ from shardtok.stream.nodes.base import take
 from shardtok.stream.options import StreamOptions
 from shardtok.stream.slice_stream import SliceStream
 from shardtok.testing.synthetic import write_synthetic_dataset
+from tests.helpers.fault_proxy import fault_proxy  # noqa: F401
 from tests.helpers.servers import http_server  # noqa: F401  (a real nginx on loopback)
 
 
@@ -48,3 +49,50 @@ def test_masks_stream_from_http_and_a_local_cache_like_from_disk(tmp_path, http_
             for a, b in zip(got, want):
                 assert all(np.array_equal(a[k], b[k]) for k in b)
         assert any(b["num_trained_tokens"] < b["labels"].size for b in want)
+
+
+def test_compact_dataset_reads_no_byte_of_index_json(tmp_path, http_server, fault_proxy):  # noqa: F811
+    # docs/FORMAT.md 6.1: index.compact is trusted beside an index.json of the size its header
+    # records, checked by a HEAD. A GET of index.json's head (up to 1 MiB) would cost every
+    # worker of every rank as much again as the compact manifest it reads instead.
+    from shardtok.storage.dataset import DatasetSource
+
+    local = tmp_path / "ds"
+    write_synthetic_dataset(
+        local, num_tokens=20_000, mean_length=80, shard_size=5000, frame_size=2000
+    )
+    shutil.copytree(local, http_server.root / "ds-compact")
+    proxy = fault_proxy(http_server.port)  # no faults: it logs the requests
+    source = DatasetSource(f"{proxy.endpoint}/ds-compact")
+    assert len(source.manifest.shards) == len(DatasetSource(local).manifest.shards) > 1
+    asked = [head.split(b"\r\n", 1)[0] for _, _, head in proxy.request_log()]
+    assert b"HEAD /ds-compact/index.json HTTP/1.1" in asked
+    assert not [line for line in asked if line.startswith(b"GET /ds-compact/index.json")]
+
+
+def test_an_earlier_release_s_dataset_streams_where_a_missing_object_answers_403(tmp_path):
+    # S3 answers 403, not 404, for a missing key when the reader lacks s3:ListBucket (so do
+    # CDNs in front of it): index.compact is then "denied", not "missing", and a dataset of
+    # an earlier release, which has none, must still be read from its index.json.
+    from shardtok.storage.dataset import DatasetSource
+    from tests.helpers.servers import Nginx
+
+    local = tmp_path / "ds"
+    write_synthetic_dataset(
+        local, num_tokens=20_000, mean_length=80, shard_size=5000, frame_size=2000
+    )
+    server = Nginx(tmp_path / "nginx", server_extra="\n location /s3/ { try_files $uri =403; }")
+    server.start()
+    try:
+        shutil.copytree(local, server.root / "s3" / "ds")
+        (server.root / "s3" / "ds" / "index.compact").unlink()  # as an earlier release wrote it
+        options = StreamOptions(seq_len=31, batch_size=2, shuffle_buffer=20, packing="concat")
+        source = DatasetSource(server.url("s3/ds"))
+        assert list(source.manifest.shards) == list(DatasetSource(local).manifest.shards)
+        want = take(SliceStream(local, options), None)
+        got = take(SliceStream(source, options), None)
+        assert len(got) == len(want) > 0
+        for a, b in zip(got, want):
+            assert all(np.array_equal(a[k], b[k]) for k in b)
+    finally:
+        server.stop()
