@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from shardtok.errors import CorruptShardError, UsageError
-from shardtok.format.compact_manifest import COMPACT_NAME, ShardTable, differences
+from shardtok.format.compact_manifest import COMPACT_NAME, FIRST_READ, ShardTable, differences
 from shardtok.format.identity import check_shard_identity
 from shardtok.format.manifest import MANIFEST_NAME, Manifest, ShardEntry
 from shardtok.format.shard_reader import ShardReader, ShardStreamReader
@@ -428,7 +428,11 @@ class _Ranges:
 
     def _open(self) -> ByteSource:
         if self._source is None or self._pid != os.getpid():
-            self._source = open_source(self.target, self._options, self._retry)
+            # The first GET of a remote object also reads its head: only what the table's
+            # first read takes, not a stream's first MiB (twice the manifest a worker needs).
+            self._source = open_source(
+                self.target, self._options, self._retry, block_size=FIRST_READ
+            )
             self._pid = os.getpid()
         return self._source
 

@@ -96,3 +96,32 @@ def test_an_earlier_release_s_dataset_streams_where_a_missing_object_answers_403
             assert all(np.array_equal(a[k], b[k]) for k in b)
     finally:
         server.stop()
+
+
+def test_a_remote_index_compact_is_opened_with_the_tables_first_read(
+    tmp_path,
+    http_server,  # noqa: F811
+    fault_proxy,  # noqa: F811
+):
+    # A remote object's first GET also reads its head; for index.compact that head is what the
+    # table reads first (FIRST_READ), not a stream's first MiB: at 10^6 shards a worker's
+    # manifest is ~0.53 MB, and a 1 MiB first GET would double it.
+    from shardtok.format.compact_manifest import FIRST_READ
+    from shardtok.storage.dataset import DatasetSource
+
+    local = tmp_path / "ds"
+    write_synthetic_dataset(
+        local, num_tokens=20_000, mean_length=80, shard_size=5000, frame_size=2000
+    )
+    shutil.copytree(local, http_server.root / "ds-head")
+    proxy = fault_proxy(http_server.port)
+    source = DatasetSource(f"{proxy.endpoint}/ds-head")
+    assert source.manifest.num_tokens == DatasetSource(local).manifest.num_tokens
+    heads = [head for _, _, head in proxy.request_log() if b"/ds-head/index.compact" in head]
+    ranges = [
+        line.split(b"=", 1)[1]
+        for head in heads
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"range:")
+    ]
+    assert ranges and ranges[0] == b"0-%d" % (FIRST_READ - 1), ranges
