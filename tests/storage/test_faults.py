@@ -140,7 +140,11 @@ def test_seaweedfs_restarted_mid_stream(private_s3_server):  # noqa: F811
     server = private_s3_server
     data = os.urandom(6 * MiB)
     url = server.put("outage/six.bin", data)
-    policy = RetryPolicy(max_attempts=40, initial_delay=0.05, max_delay=0.3, timeout=2)
+    # At most 2 MiB requested ahead of the reader: the last 3 MiB are asked for after the crash,
+    # whatever the machine's speed (a larger window could have fetched the whole object first).
+    policy = RetryPolicy(
+        max_attempts=40, initial_delay=0.05, max_delay=0.3, timeout=2, read_ahead_bytes=2 * MiB
+    )
     src = open_source(url, server.storage_options(), policy, block_size=MiB)
     with src.open_stream() as f:
         head = f.read(MiB + 5)
