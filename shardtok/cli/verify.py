@@ -50,11 +50,14 @@ def run(args) -> int:
             listed = len(dataset.dataset_manifest.shards)
             subset = f" (a subset: {len(dataset.manifest.shards)} of the {listed} shards"
             subset += f" {dataset.where_of(MANIFEST_NAME)} lists)"
+        compact: list[str] = []  # index.compact's problems: the shards are still checked
         report = verify_dataset(
-            dataset.verified_manifest,  # index.json whole, index.compact checked against it
+            # index.json whole, index.compact checked against it
+            lambda: dataset.verified_manifest(on_problem=compact.append),
             lambda name: opener(dataset.root.join(name)),
             dataset.where_of,
         )
+        report.errors[:0] = compact
     else:
         report = VerifyReport(shards=[verify_shard(opener(chosen), shown)])
     for error in report.errors:

@@ -12,7 +12,7 @@ for them.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -222,21 +222,27 @@ class DatasetSource:
             return None
         return ShardTable(ranges, size, ranges.target.display)
 
-    def verified_manifest(self) -> Manifest:
+    def verified_manifest(self, on_problem: Callable[[str], None] | None = None) -> Manifest:
         """What ``manifest`` gives, from index.json read whole, after checking that the
         dataset's index.compact (if any) agrees with it field by field and row by row; the
-        source then streams from index.json. For ``verify``, which must not trust either."""
+        source then streams from index.json. For ``verify``, which must not trust either: with
+        `on_problem`, a damaged or disagreeing index.compact is reported there (one line) and
+        the shards are still checked against index.json, instead of raising."""
         data = self._json_bytes()
         full = Manifest.from_bytes(data, self.where_of(MANIFEST_NAME))
-        table = self.compact_table()
-        if table is not None:
-            problems = differences(full, data, table)
+        try:
+            table = self.compact_table()
+            problems = [] if table is None else differences(full, data, table)
             if problems:
                 raise CorruptShardError(
-                    table.where, None, None,
+                    table.where, None, None,  # type: ignore[union-attr]
                     f"does not agree with {MANIFEST_NAME}: {'; '.join(problems)} (write the "
                     f"dataset again, or delete {COMPACT_NAME} to read {MANIFEST_NAME} alone)",
                 )  # fmt: skip
+        except CorruptShardError as exc:
+            if on_problem is None:
+                raise
+            on_problem(str(exc))
         self._reset()
         self._manifest = full
         return self.manifest
