@@ -132,7 +132,7 @@ def _masked_rows(
     """
     dtype = grid.dtype if grid.dtype.kind == "i" else np.dtype(np.int64)
     floor, values = _constants(grid.shape, dtype)
-    work = np.bitwise_and(grid, values, dtype=dtype)
+    work = np.bitwise_and(grid, values)  # of `dtype`, as `values` is
     np.copyto(input_ids, work[:, :-1], casting="unsafe")
     np.maximum(grid, floor, out=work, casting="unsafe")
     if ignored:
@@ -361,8 +361,10 @@ def assemble_contiguous_batch(
     # come out in order with their numbers within the row.
     starts: list[int] = []
     local_ids: list[int] = []
-    ignored: list[int] = []  # flat label positions of targets that begin a document
-    targets: list[int] = []  # the same targets' flat positions in `tokens`
+    # Targets that begin a document, to set to -100: by flat label position, or for flagged
+    # tokens (labels made on the token rows, boundaries always masked) by position in `tokens`.
+    ignored: list[int] = []
+    targets: list[int] = []
     row = -1
     number = 0
     for position in boundaries:
@@ -378,8 +380,10 @@ def assemble_contiguous_batch(
                 starts.append(r * seq_len + column)
                 local_ids.append(number)
             # The target before a document's first token is that token: unpredictable.
-            ignored.append(r * seq_len + column - 1)
-            targets.append(position)
+            if masked:
+                targets.append(position)
+            elif mask_boundary_labels:
+                ignored.append(r * seq_len + column - 1)
     while row < rows - 1:
         row += 1
         starts.append(row * seq_len)
@@ -388,8 +392,6 @@ def assemble_contiguous_batch(
         trained = _masked_rows(input_ids, labels, grid, targets, labels_format)
     else:
         _copy_inputs(input_ids, grid)
-        if not mask_boundary_labels:
-            ignored = []
         _fill_labels(labels, grid, ignored, labels_format)
         trained = _trained(labels, ignored, labels_format)
     batch = _with_segments(out, starts, local_ids, total)
