@@ -147,7 +147,7 @@ def _masked_rows(
         labels[:, 0] = IGNORE_INDEX
         targets = labels.size - len(labels)
         work[:, -1] = 0
-    work[:, 0] = 0  # inputs only: counted below as trained, never -100
+    work[:, 0] = 0  # column 0 is an input only, no label: kept out of the count below
     return targets - int(np.count_nonzero(work == floor))
 
 
