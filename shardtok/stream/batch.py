@@ -95,24 +95,60 @@ def check_labels_format(labels_format: object) -> None:
         raise UsageError(f"labels_format must be one of {LABELS_FORMATS}, got {labels_format!r}")
 
 
-_FLOORS: dict[tuple[int, ...], np.ndarray] = {}
+_CONSTANTS: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
 
 
-def _floor(shape: tuple[int, ...]) -> np.ndarray:
-    """An int64 array of -100 (numpy's ``maximum`` with a scalar is not vectorized, with an
-    array it is: 1.8 µs against 6 µs for a batch)."""
-    out = _FLOORS.get(shape)
+def _constants(shape: tuple[int, ...], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """Read-only arrays of -100 and of VALUES: numpy's binary loops are vectorized against an
+    array, not against a scalar (``maximum``: 1.8 µs against 6 µs for a batch)."""
+    key = (shape, dtype.char)
+    out = _CONSTANTS.get(key)
     if out is None:
-        out = _FLOORS[shape] = np.full(shape, IGNORE_INDEX, dtype=np.int64)
+        out = _CONSTANTS[key] = (np.full(shape, IGNORE_INDEX, dtype), np.full(shape, VALUES, dtype))
+        for array in out:
+            array.flags.writeable = False
     return out
 
 
-def _copy_targets(labels: np.ndarray, targets: np.ndarray, flagged: bool) -> None:
-    """labels = targets; with `flagged` tokens (``stream.masked``), -100 where a target is
-    untrained (negative) and the token id elsewhere: max(target, -100), no compare-and-set."""
-    np.copyto(labels, targets, casting="unsafe")
-    if flagged:
-        np.maximum(labels, _floor(labels.shape), out=labels)
+def _masked_rows(
+    input_ids: np.ndarray,
+    labels: np.ndarray,
+    grid: np.ndarray,
+    ignored: list[int],
+    labels_format: str,
+    padded: Sequence[tuple[int, int]] = (),
+) -> int:
+    """Write the inputs and labels of flagged token rows `grid` [B, S + 1] (``stream.masked``)
+    into `input_ids` and `labels` [B, S] and return how many labels are trained: -100 where a
+    target is untrained, at the flat `grid` positions `ignored` (targets that begin a
+    document), from column `c` on in each `padded` row ``(b, c)`` and, for hf, in column 0.
+
+    The work happens on the token rows (int32 in a stream: half the bytes of the outputs) in
+    one scratch array: the flags cleared, then ``max(token, -100)`` (an untrained token is
+    negative) with the ignored targets set; each result reaches its int64 output in one
+    widening copy, as unflagged tokens do. Writing the outputs first and fixing them there
+    (a flag strip fused with the widening, a clamp and a count over the labels) cost twice the
+    time (issue 18's profile).
+    """
+    dtype = grid.dtype if grid.dtype.kind == "i" else np.dtype(np.int64)
+    floor, values = _constants(grid.shape, dtype)
+    work = np.bitwise_and(grid, values)  # of `dtype`, as `values` is
+    np.copyto(input_ids, work[:, :-1], casting="unsafe")
+    np.maximum(grid, floor, out=work, casting="unsafe")
+    if ignored:
+        work.reshape(-1)[ignored] = IGNORE_INDEX
+    for b, column in padded:
+        work[b, column:] = IGNORE_INDEX
+    if labels_format == "shifted":
+        np.copyto(labels, work[:, 1:], casting="unsafe")
+        targets = labels.size
+    else:  # hf: each target one column right; the last column's has no place
+        np.copyto(labels[:, 1:], work[:, 1:-1], casting="unsafe")
+        labels[:, 0] = IGNORE_INDEX
+        targets = labels.size - len(labels)
+        work[:, -1] = 0
+    work[:, 0] = 0  # column 0 is an input only, no label: kept out of the count below
+    return targets - int(np.count_nonzero(work == floor))
 
 
 def _fill_labels(
@@ -120,29 +156,34 @@ def _fill_labels(
     grid: np.ndarray,
     ignored: list[int],
     labels_format: str,
-    flagged: bool = False,
+    padded: Sequence[tuple[int, int]] = (),
 ) -> None:
-    """Write the labels of token rows `grid` [B, S + 1] into `labels` [B, S], with -100 at the
-    flat shifted positions `ignored` and, for `flagged` rows, where the target is untrained;
-    the result equals `to_hf_labels` of the shifted labels.
+    """Write the labels of (unflagged) token rows `grid` [B, S + 1] into `labels` [B, S], with
+    -100 at the flat shifted positions `ignored` and at the targets from column `c` of `grid`
+    on in each `padded` row ``(b, c)``; the result equals `to_hf_labels` of the shifted labels.
 
     The hf labels are copied straight from the tokens and the ignored positions moved one
     column instead of shifting the finished labels: an overlapping in-place shift goes
-    through a temporary buffer and cost a third of the whole batch assembly.
+    through a temporary buffer and cost a third of the whole batch assembly. Padding is a
+    slice per row, not a list of positions (numpy converts such a list element by element).
     """
     if labels_format == "shifted":
-        _copy_targets(labels, grid[:, 1:], flagged)
+        np.copyto(labels, grid[:, 1:], casting="unsafe")
         if ignored:
             labels.reshape(-1)[ignored] = IGNORE_INDEX
+        for b, column in padded:
+            labels[b, column - 1 :] = IGNORE_INDEX
         return
     seq_len = labels.shape[1]
-    _copy_targets(labels[:, 1:], grid[:, 1:-1], flagged)
+    np.copyto(labels[:, 1:], grid[:, 1:-1], casting="unsafe")
     labels[:, 0] = IGNORE_INDEX
     if ignored:
         flat = np.asarray(ignored, dtype=np.int64)
         # A masked last column is the dropped target; it has no hf column to mask.
         flat = flat[flat % seq_len != seq_len - 1]
         labels.reshape(-1)[flat + 1] = IGNORE_INDEX
+    for b, column in padded:
+        labels[b, column:] = IGNORE_INDEX
 
 
 def build_batch(
@@ -198,9 +239,14 @@ def assemble_batch(
     input_ids, labels = out["input_ids"], out["labels"]
     seg_starts: list[int] = []  # flat (row * seq_len + column) start of every input segment
     local_ids: list[int] = []  # segment number within its row
-    ignored: list[int] = []  # flat label positions to set to IGNORE_INDEX
+    # Labels to set to IGNORE_INDEX: targets that begin a document by flat position, in the
+    # labels or for flagged tokens (whose labels are made on the token rows) in `tokens`; a
+    # padded row's tail as one slice (`padded`: the row, its first padding target's column).
+    ignored: list[int] = []
+    padded: list[tuple[int, int]] = []
     for b in range(rows):
         row = b * seq_len
+        label0 = b * window + 1 if masked else row  # where label 0 of the row is counted
         length = lengths[b]
         boundary = mask_boundary_labels or (masked and (sft_rows is None or sft_rows[b]))
         n = 0
@@ -209,17 +255,21 @@ def assemble_batch(
                 seg_starts.append(row + column)
                 n += 1
             if boundary and column > 0:
-                ignored.append(row + column - 1)
+                ignored.append(label0 + column - 1)
         if length < window:
             if length < seq_len:
                 seg_starts.append(row + length)  # padding is a segment of its own
                 n += 1
-            ignored.extend(range(row + max(length - 1, 0), row + seq_len))
+            padded.append((b, max(length, 1)))
         local_ids.extend(range(n))
-    _copy_inputs(input_ids, tokens, masked)
-    _fill_labels(labels, tokens, ignored, labels_format, masked)
+    if masked:
+        trained = _masked_rows(input_ids, labels, tokens, ignored, labels_format, padded)
+    else:
+        _copy_inputs(input_ids, tokens)
+        _fill_labels(labels, tokens, ignored, labels_format, padded)
+        trained = _trained(labels, ignored, labels_format, padded)
     batch = _with_segments(out, seg_starts, local_ids, rows * seq_len)
-    batch["num_trained_tokens"] = _trained(labels, ignored, labels_format, masked)
+    batch["num_trained_tokens"] = trained
     batch["source_ids"] = _source_ids(out, rows, 0 if source_ids is None else source_ids)
     return batch
 
@@ -234,25 +284,26 @@ def _source_ids(out: dict, rows: int, values) -> np.ndarray:
     return ids
 
 
-def _copy_inputs(input_ids: np.ndarray, grid: np.ndarray, flagged: bool) -> None:
-    if flagged:  # the token ids without the untrained flag
-        np.bitwise_and(grid[:, :-1], VALUES, out=input_ids, casting="unsafe")
-    else:
-        np.copyto(input_ids, grid[:, :-1], casting="unsafe")
+def _copy_inputs(input_ids: np.ndarray, grid: np.ndarray) -> None:
+    np.copyto(input_ids, grid[:, :-1], casting="unsafe")
 
 
-def _trained(labels: np.ndarray, ignored: list[int], labels_format: str, flagged: bool) -> int:
-    """How many labels are not -100. Without a loss mask it follows from the ignored
-    positions (distinct by construction), sparing the unmasked hot path a pass over the
-    labels; with one, counting the labels is cheaper than matching the positions to it."""
-    if flagged:
-        return int(labels.size - np.count_nonzero(labels == IGNORE_INDEX))
+def _trained(
+    labels: np.ndarray,
+    ignored: list[int],
+    labels_format: str,
+    padded: Sequence[tuple[int, int]] = (),
+) -> int:
+    """How many labels of unflagged tokens are not -100 (`_fill_labels`'s arguments): it
+    follows from the ignored positions (distinct by construction), without a pass over the
+    labels."""
     rows, seq_len = labels.shape
     if labels_format == "shifted":
-        return rows * seq_len - len(ignored)
+        return rows * seq_len - len(ignored) - sum(seq_len + 1 - c for _, c in padded)
     # hf: column 0 is never trained and each row's last shifted target is dropped.
     last = seq_len - 1
-    return rows * last - sum(1 for p in ignored if p % seq_len != last)
+    ignored_hf = sum(1 for p in ignored if p % seq_len != last)
+    return rows * last - ignored_hf - sum(seq_len - c for _, c in padded)
 
 
 def _with_segments(out: dict, starts: list[int], local_ids: list[int], total: int) -> dict:
@@ -304,14 +355,16 @@ def assemble_contiguous_batch(
     out = allocate(rows, seq_len)
     grid = tokens.reshape(rows, window)
     input_ids, labels = out["input_ids"], out["labels"]
-    _copy_inputs(input_ids, grid, masked)
 
     # A batch has a few dozen segments: plain Python beats a dozen tiny numpy calls here. The
     # boundaries ascend, so the segment starts (row starts and documents starting mid-row)
     # come out in order with their numbers within the row.
     starts: list[int] = []
     local_ids: list[int] = []
+    # Targets that begin a document, to set to -100: by flat label position, or for flagged
+    # tokens (labels made on the token rows, boundaries always masked) by position in `tokens`.
     ignored: list[int] = []
+    targets: list[int] = []
     row = -1
     number = 0
     for position in boundaries:
@@ -327,15 +380,21 @@ def assemble_contiguous_batch(
                 starts.append(r * seq_len + column)
                 local_ids.append(number)
             # The target before a document's first token is that token: unpredictable.
-            ignored.append(r * seq_len + column - 1)
+            if masked:
+                targets.append(position)
+            elif mask_boundary_labels:
+                ignored.append(r * seq_len + column - 1)
     while row < rows - 1:
         row += 1
         starts.append(row * seq_len)
         local_ids.append(0)
-    if not (mask_boundary_labels or masked):
-        ignored = []
-    _fill_labels(labels, grid, ignored, labels_format, masked)
+    if masked:
+        trained = _masked_rows(input_ids, labels, grid, targets, labels_format)
+    else:
+        _copy_inputs(input_ids, grid)
+        _fill_labels(labels, grid, ignored, labels_format)
+        trained = _trained(labels, ignored, labels_format)
     batch = _with_segments(out, starts, local_ids, total)
-    batch["num_trained_tokens"] = _trained(labels, ignored, labels_format, masked)
+    batch["num_trained_tokens"] = trained
     batch["source_ids"] = _source_ids(out, rows, 0)  # one token stream: one source
     return batch

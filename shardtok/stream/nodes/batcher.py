@@ -13,7 +13,20 @@ from shardtok.stream.batch import (
     assemble_contiguous_batch,
 )
 from shardtok.stream.nodes.base import Node
+from shardtok.stream.nodes.bfd import BFDPacker
+from shardtok.stream.nodes.concat import ConcatPacker
+from shardtok.stream.nodes.greedy import GreedyPacker
 from shardtok.stream.nodes.packer import Packer
+
+
+def _row_dtype(packer: Packer) -> np.dtype:
+    """The staging rows' dtype: int32 for flagged tokens (masked data: half the bytes to write
+    and to turn into inputs and labels) where every value a row gets fits it -- token ids do,
+    the padding id of one dataset's packer is checked, a mix keeps int64 -- else int64."""
+    one_dataset = isinstance(packer, (ConcatPacker, GreedyPacker, BFDPacker))
+    if one_dataset and packer.masked and getattr(packer, "pad_id", 0) <= np.iinfo(np.int32).max:
+        return np.dtype(np.int32)
+    return np.dtype(np.int64)
 
 
 class Batcher(Node[dict]):
@@ -120,7 +133,7 @@ class Batcher(Node[dict]):
             # Not enough data for a whole batch: the row path below reports exactly where.
         # One reused staging array: the packer writes each sequence straight into its row.
         if self._rows is None:
-            self._rows = np.empty((self.batch_size, upstream.window), dtype=np.int64)
+            self._rows = np.empty((self.batch_size, upstream.window), dtype=_row_dtype(upstream))
             self._sources = np.empty(self.batch_size, dtype=np.int64)
         rows = self._rows
         starts, lengths = [], []
