@@ -20,6 +20,9 @@ PACKINGS = ("concat", "greedy", "bfd")
 UNMASKED_DEFAULTS = {"packing": "concat", "overlong": "split"}
 
 
+MAX_TOKEN_ID = 2**31 - 1  # int32, the widest token dtype
+
+
 @dataclass(frozen=True)
 class StreamOptions:
     seq_len: int
@@ -51,6 +54,11 @@ class StreamOptions:
                           ("interleave", 1), ("lookahead", 1), ("pad_id", 0),
                           ("bfd_window", 1)):  # fmt: skip
             _check_int(name, getattr(self, name), low)
+        if self.pad_id > MAX_TOKEN_ID:
+            raise UsageError(
+                f"pad_id must be a token id at most {MAX_TOKEN_ID:,} (tokens are stored as int32 at "
+                f"the widest), got {self.pad_id:,}"
+            )
         if self.bfd_window > HISTORY:
             raise UsageError(
                 f"bfd_window must be at most {HISTORY} (a window is re-read on resume from "
