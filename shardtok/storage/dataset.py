@@ -11,7 +11,6 @@ for them.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -20,20 +19,18 @@ from typing import Any
 import numpy as np
 
 from shardtok.errors import CorruptShardError, UsageError
-from shardtok.format.compact_manifest import COMPACT_NAME, FIRST_READ, ShardTable, differences
+from shardtok.format.compact_manifest import ShardTable
 from shardtok.format.identity import check_shard_identity
 from shardtok.format.manifest import MANIFEST_NAME, Manifest, ShardEntry
 from shardtok.format.shard_reader import ShardReader, ShardStreamReader
-from shardtok.storage.base import AccessDeniedError, ByteSource, ObjectNotFoundError
+from shardtok.storage.base import ByteSource, ObjectNotFoundError
 from shardtok.storage.cache import LocalCache
 from shardtok.storage.endpoints import endpoint_of, note_reached, was_reached
 from shardtok.storage.location import Location
+from shardtok.storage.manifest_files import ManifestFiles, missing
 from shardtok.storage.prefetch import Prefetcher
 from shardtok.storage.shard_names import check_shard_name, select_shards
-from shardtok.storage.source import open_source, read_bytes
 
-_NO_MANIFEST = "no dataset manifest here (is this a shardtok dataset folder?)"
-INDEX_SIZE_AT = 96  # the offset of index.compact's index_size field (docs/FORMAT.md)
 PREFETCH_DEPTH = 8  # first blocks of the next shard group kept ready (2 groups of 4)
 
 
@@ -181,9 +178,11 @@ class DatasetSource:
         return self._opener().source(self.path_of(name))
 
     def _missing(self, where: str, exc: ObjectNotFoundError, what: str) -> Exception:
-        # A local folder without its files is a damaged dataset, reported as before; a remote
-        # 404 keeps its storage error, which names the URL safely.
-        return CorruptShardError(where, None, None, what) if self.is_local else exc
+        return missing(where, exc, what, self.is_local)
+
+    @property
+    def _files(self) -> ManifestFiles:
+        return ManifestFiles(self.root, self.storage_options or None, self.retry, self.is_local)
 
     @property
     def dataset_manifest(self) -> Manifest:
@@ -191,99 +190,27 @@ class DatasetSource:
         ``index.compact`` when the dataset has one (its header now, rows as they are needed),
         else ``index.json`` whole."""
         if self._manifest is None:
-            self._manifest = self._compact_manifest() or self._json_manifest()
+            files = self._files
+            self._manifest = files.compact_manifest()
+            if self._manifest is None:
+                data = files.json_bytes()
+                self._json_size = len(data)
+                self._manifest = files.json_manifest(data)
         return self._manifest
-
-    def _json_manifest(self) -> Manifest:
-        data = self._json_bytes()
-        self._json_size = len(data)
-        return Manifest.from_bytes(data, self.where_of(MANIFEST_NAME))
-
-    def _json_bytes(self) -> bytes:
-        target = self.root.join(MANIFEST_NAME)
-        try:
-            return read_bytes(target, self.storage_options or None, self.retry)
-        except ObjectNotFoundError as exc:
-            raise self._missing(target.display, exc, _NO_MANIFEST) from None
-
-    def compact_table(self) -> ShardTable | None:
-        """``index.compact`` opened (its header read and checked), None without one."""
-        ranges = _Ranges(self.root.join(COMPACT_NAME), self.storage_options or None, self.retry)
-        try:
-            size = ranges.size
-        except ObjectNotFoundError:
-            return None
-        except AccessDeniedError:
-            # S3 answers 403 for a missing key to a reader without s3:ListBucket (CDNs in front
-            # of it too): a dataset of an earlier release has no index.compact. index.json is
-            # read next, so a store that refuses everything is still named there.
-            if self.is_local:
-                raise
-            return None
-        return ShardTable(ranges, size, ranges.target.display)
 
     def verified_manifest(self, on_problem: Callable[[str], None] | None = None) -> Manifest:
         """What ``manifest`` gives, from index.json read whole, after checking that the
-        dataset's index.compact (if any) agrees with it field by field and row by row; the
-        source then streams from index.json. For ``verify``, which must not trust either: with
-        `on_problem`, a damaged or disagreeing index.compact is reported there (one line) and
-        the shards are still checked against index.json, instead of raising."""
-        data = self._json_bytes()
-        full = Manifest.from_bytes(data, self.where_of(MANIFEST_NAME))
-        try:
-            table = self.compact_table()
-            problems = [] if table is None else differences(full, data, table)
-            if problems:
-                raise CorruptShardError(
-                    table.where, None, None,  # type: ignore[union-attr]
-                    f"does not agree with {MANIFEST_NAME}: {'; '.join(problems)} (write the "
-                    f"dataset again, or delete {COMPACT_NAME} to read {MANIFEST_NAME} alone)",
-                )  # fmt: skip
-        except CorruptShardError as exc:
-            if on_problem is None:
-                raise
-            on_problem(str(exc))
+        dataset's index.compact (if any) agrees with it; the source then streams from
+        index.json. For ``verify``, which must not trust either (``ManifestFiles.verified``:
+        with `on_problem`, index.compact's problems are reported there, not raised)."""
+        full = self._files.verified(on_problem)
         self._reset()
         self._manifest = full
         return self.manifest
 
-    def _compact_manifest(self) -> Manifest | None:
-        """The manifest of ``index.compact``, None without one. It is trusted only beside the
-        index.json it was written with: that file must exist with the size its header records
-        (a stat or HEAD; ``shardtok inspect`` compares the two in full)."""
-        table = self.compact_table()
-        if table is None:
-            return None
-        index = self.root.join(MANIFEST_NAME)
-        try:
-            with open_source(index, self.storage_options or None, self.retry) as source:
-                index_size = source.stat_size()  # a HEAD: no byte of index.json
-        except ObjectNotFoundError as exc:
-            raise self._missing(index.display, exc, _NO_MANIFEST) from None
-        if index_size != table.header.index_size:
-            raise table.header.fail(
-                INDEX_SIZE_AT,
-                f"written with an index.json of {table.header.index_size:,} bytes, but "
-                f"{index.display} is {index_size:,} bytes: the two manifests are not of one "
-                f"write (delete {COMPACT_NAME} to read index.json alone)",
-            )
-        return Manifest.from_compact(table)
-
     def manifests(self) -> dict:
-        """Which manifests the dataset has, their sizes, and whether index.compact agrees with
-        index.json (both read whole): what ``shardtok inspect`` shows."""
-        data = self._json_bytes()
-        out: dict = {MANIFEST_NAME: {"bytes": len(data)}}
-        table = self.compact_table()
-        if table is None:
-            out[COMPACT_NAME] = None
-            return out
-        full = Manifest.from_bytes(data, self.where_of(MANIFEST_NAME))
-        problems = differences(full, data, table)
-        size = table.header.records_at + len(table) * table.header.dtype.itemsize
-        size += 4 * table.header.groups
-        out[COMPACT_NAME] = {"bytes": size, "agrees": not problems, "differences": problems}
-        return out
+        """Which manifests the dataset has, their sizes, and whether they agree (inspect)."""
+        return self._files.summary()
 
     @property
     def manifest_bytes_read(self) -> int:
@@ -421,30 +348,3 @@ def _subset_positions(
                 f"{source.where_of(MANIFEST_NAME)} lists {count}, not this one"
             )
     return tuple(sorted(found.values()))  # type: ignore[type-var]
-
-
-class _Ranges:
-    """Range reads of one file for a ``ShardTable``, through the storage layer. The source is
-    opened on first use and again in a forked child (a parent's connection is not its own)."""
-
-    def __init__(self, target: Location, storage_options: dict | None, retry: Any):
-        self.target, self._options, self._retry = target, storage_options, retry
-        self._source: ByteSource | None = None
-        self._pid = 0
-
-    def _open(self) -> ByteSource:
-        if self._source is None or self._pid != os.getpid():
-            # The first GET of a remote object also reads its head: only what the table's
-            # first read takes, not a stream's first MiB (twice the manifest a worker needs).
-            self._source = open_source(
-                self.target, self._options, self._retry, block_size=FIRST_READ
-            )
-            self._pid = os.getpid()
-        return self._source
-
-    @property
-    def size(self) -> int:
-        return self._open().size
-
-    def __call__(self, offset: int, length: int) -> bytes:
-        return self._open().read_range(offset, length)
