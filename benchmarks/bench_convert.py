@@ -193,7 +193,8 @@ def timed_encode(encode, texts: list[str]) -> dict:
 
 def tiktoken_encode(tokenizer_dir: Path, lists: bool = False):
     """convert's tiktoken encoder: texts -> each text's ids (arrays, or lists with `lists`)."""
-    from shardtok.convert.tokenizer import BatchEncoder, load_tokenizer
+    from shardtok.convert.encoder import BatchEncoder
+    from shardtok.convert.tokenizer import load_tokenizer
 
     encoder = BatchEncoder(load_tokenizer(str(tokenizer_dir), backend="tiktoken"))
     return encoder.encode_ids if lists else encoder.encode_arrays

@@ -28,12 +28,13 @@ from pathlib import Path
 import numpy as np
 
 from shardtok.convert.background import BackgroundWriter
+from shardtok.convert.encoder import BatchEncoder
 from shardtok.convert.failures import EncoderMismatch, UnitFailure
 from shardtok.convert.inputs import InputError, InputFile
 from shardtok.convert.records import BlockCache, RangeReader, Reject
 from shardtok.convert.sft.conversation import SFTBad
 from shardtok.convert.sft.setup import SFTSetup
-from shardtok.convert.tokenizer import BatchEncoder, TokenizerSpec
+from shardtok.convert.tokenizer import TokenizerSpec
 from shardtok.convert.unit_result import UnitResult
 from shardtok.convert.units import Unit
 from shardtok.convert.workdir import ChecksumWriter, WorkDir, unit_base

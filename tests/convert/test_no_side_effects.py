@@ -37,7 +37,7 @@ work = Path(sys.argv[1])
 before = snapshot()
 import shardtok  # noqa: F401
 from shardtok.convert import ConvertOptions, convert, load_tokenizer
-from shardtok.convert.tokenizer import BatchEncoder
+from shardtok.convert.encoder import BatchEncoder
 
 after_import = snapshot()
 spec = load_tokenizer("bundled")

@@ -19,7 +19,8 @@ from tokenizers import AddedToken, Regex, Tokenizer, models, pre_tokenizers
 from shardtok.convert import ConvertOptions, convert, load_tokenizer
 from shardtok.convert import tiktoken_backend as tb
 from shardtok.convert import tokenizer as tokmod
-from shardtok.convert.tokenizer import BUNDLED_PATH, BatchEncoder, TokenizerLoadError
+from shardtok.convert.encoder import BatchEncoder
+from shardtok.convert.tokenizer import BUNDLED_PATH, TokenizerLoadError
 from shardtok.errors import TokenizerMismatchError
 
 ROOT = Path(__file__).resolve().parents[2]

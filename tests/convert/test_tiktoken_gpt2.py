@@ -20,7 +20,8 @@ from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 
 from shardtok.convert import ConvertOptions, convert, load_tokenizer
 from shardtok.convert import tiktoken_backend as tb
-from shardtok.convert.tokenizer import BUNDLED_PATH, BatchEncoder, TokenizerLoadError
+from shardtok.convert.encoder import BatchEncoder
+from shardtok.convert.tokenizer import BUNDLED_PATH, TokenizerLoadError
 from tests.convert.gpt2 import make_gpt2_folder
 from tests.convert.test_tiktoken import tree_digest, varied_texts, write_corpus
 

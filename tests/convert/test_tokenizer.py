@@ -10,7 +10,8 @@ import pytest
 from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 
 from shardtok.convert import ConvertOptions, convert, load_tokenizer
-from shardtok.convert.tokenizer import BUNDLED_PATH, BatchEncoder, TokenizerLoadError
+from shardtok.convert.encoder import BatchEncoder
+from shardtok.convert.tokenizer import BUNDLED_PATH, TokenizerLoadError
 from shardtok.format.manifest import load_manifest
 from shardtok.format.shard_reader import ShardReader
 from shardtok.storage import open_source
