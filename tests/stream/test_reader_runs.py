@@ -107,3 +107,30 @@ def test_round_robin_consumed_matches_the_rotation():
     for ordinal in range(len(order) + 1):
         taken, _ = round_robin_consumed(counts, ordinal)
         assert taken == [order[:ordinal].count(i) for i in range(len(counts))]
+
+
+def test_a_reader_that_ends_early_is_an_error_naming_the_shard_not_a_short_slice():
+    import pytest
+
+    from shardtok.errors import CorruptShardError
+    from shardtok.stream.nodes.reader import _OpenPiece
+    from shardtok.stream.plan import Piece
+
+    class Short:  # a stand-in reader whose documents stop one short of its offsets
+        where, mask_source = "ds/shard-000000.tar", None
+        offsets = np.array([0, 3, 6, 9])
+
+        def documents(self, start, stop, with_masks=False):
+            return iter([np.arange(3)] * (stop - start - 1))
+
+    class Source:
+        def open_stream(self, name, with_masks=False):
+            return Short(), None
+
+    piece = _OpenPiece(Source(), Piece(0, "shard-000000.tar", 0, 9), 9)
+    piece.start(0)
+    assert len(piece.take(2)) == 2
+    with pytest.raises(
+        CorruptShardError, match="shard-000000.tar.*documents end at 2, the piece reads to 3"
+    ):
+        piece.take(1)

@@ -24,6 +24,7 @@ from itertools import islice
 
 import numpy as np
 
+from shardtok.errors import CorruptShardError
 from shardtok.format.decode_ahead import DecodeAhead
 from shardtok.format.shard_reader import ShardStreamReader
 from shardtok.storage.dataset import DatasetSource
@@ -110,7 +111,14 @@ class _OpenPiece:
         run, at = self._run, self._at
         while len(out) < count:
             if at == len(run):
-                run, at = next(self._runs), 0
+                # A StopIteration here would end the whole slice quietly, one piece short.
+                run, at = next(self._runs, None), 0
+                if run is None:
+                    got = self._next_doc + len(out)
+                    raise CorruptShardError(
+                        self.reader.where, None, None,
+                        f"documents end at {got:,}, the piece reads to {self.stop:,}",
+                    )  # fmt: skip
             took = run[at : at + count - len(out)]
             at += len(took)
             out += took
@@ -130,10 +138,8 @@ class _OpenPiece:
         if runs is not None:
             self._runs = None
             if hasattr(runs, "close"):
-                runs.close()  # the reader's generator: waits for a frame read ahead
+                runs.close()  # the reader's generator: settles any frame read ahead
         if self._file is not None:
-            if self.ahead is not None:  # a frame read ahead in the helper thread: wait for it
-                self.reader.settle()
             self._file.close()
             self._file = None
             if self.reader.mask_source is not None:  # the range reads of the mask frames
