@@ -311,3 +311,20 @@ def test_a_stream_started_before_a_fork_streams_in_the_child(dataset):
     child.join(60)
     assert child.exitcode == 0
     same_batches(from_child, first + copies(stream))
+
+
+def test_no_thread_after_an_abandoned_iterator_over_a_mix(tmp_path):
+    torch = pytest.importorskip("torch")
+    del torch
+    from shardtok.torch import ShardLoader, ShardStreamDataset
+    from tests.helpers.stages import write_sources
+
+    paths = write_sources(tmp_path)
+    mix = {paths[0]: 0.5, paths[1]: 0.5}
+    dataset = ShardStreamDataset(mix, options=OPTIONS, num_batches=20)
+    it = iter(ShardLoader(dataset, num_workers=0))
+    next(it)
+    next(it)
+    assert len(ahead_threads()) >= 2  # one per source's slice reader
+    del it  # closing the stream reaches every source's reader, not only a single upstream
+    assert not settle_threads()

@@ -243,6 +243,12 @@ class SourceSequences(Packer):
             documents, dropped = documents + counted.documents, dropped + counted.dropped
         return documents, dropped
 
+    def close(self) -> None:
+        # The packer of the source's current epoch holds its readers (Node.close follows a
+        # single ``upstream``; this node's is made per epoch).
+        if self._packer is not None:
+            self._packer.close()
+
 
 class MixedSequences(Packer):
     """Packed sequences drawn from several sources by the greedy weighted schedule."""
@@ -287,6 +293,10 @@ class MixedSequences(Packer):
         self.step = state["step"]
         for source, source_state in zip(self.sources, state["sources"], strict=True):
             source.reset(source_state)
+
+    def close(self) -> None:
+        for source in self.sources:
+            source.close()
 
     def state_dict(self) -> dict:
         if not self._started:
