@@ -47,6 +47,7 @@ FLAG_TRAINED_TOKENS = 2
 FLAG_NAMES = 4  # an explicit name per row (names that follow no pattern)
 _NUMBERED = re.compile(r"(.*?)(\d+)(\D*)")
 FIELDS_AT = FIXED.size  # where the dataset fields (JSON) begin
+INDEX_SIZE_AT = 96  # FIXED's index_size: the size of the index.json written with this file
 NAME_WIDTH_AT = 108
 MAX_NAME = 255  # the longest plain file name (validate._PLAIN_NAME)
 OWN_NAMES = ("index.json", COMPACT_NAME)  # a manifest never lists itself as a shard

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from shardtok.errors import CorruptShardError
-from shardtok.format.compact_manifest import COMPACT_NAME, ShardTable, compact_bytes
+from shardtok.format.compact_manifest import COMPACT_NAME, FIELDS_AT, ShardTable, compact_bytes
 from shardtok.format.shard_entry import ShardEntry
 from shardtok.format.shard_groups import group_count, group_sums
 from shardtok.format.validate import (
@@ -28,7 +28,6 @@ from shardtok.format.validate import (
 )
 
 MANIFEST_NAME = "index.json"
-FIELDS_AT = 128  # where index.compact's dataset fields (JSON) begin
 DATASET_FORMAT = "shardtok-dataset"
 DATASET_FORMAT_VERSION = 1
 

@@ -19,7 +19,7 @@ def cut_ranges(lengths, count: int) -> list[tuple[int, int, tuple[tuple[int, int
     total = int(begins[-1])
     out = []
     for s in range(count):
-        a, b = s * total // count, (s + 1) * total // count
+        a, b = slice_bounds(s, total, count)
         parts = []
         j = int(np.searchsorted(begins, a, side="right")) - 1
         while j < len(sizes) and begins[j] < b:
@@ -30,3 +30,9 @@ def cut_ranges(lengths, count: int) -> list[tuple[int, int, tuple[tuple[int, int
             j += 1
         out.append((a, b, tuple(parts)))
     return out
+
+
+def slice_bounds(s: int, total: int, count: int) -> tuple[int, int]:
+    """Token range [a, b) of slice `s` of `count` equal slices of `total` tokens (the epoch
+    plan and elastic resume cut by this one rule)."""
+    return s * total // count, (s + 1) * total // count

@@ -12,14 +12,19 @@ from collections.abc import Callable
 from typing import Any
 
 from shardtok.errors import CorruptShardError
-from shardtok.format.compact_manifest import COMPACT_NAME, FIRST_READ, ShardTable, differences
+from shardtok.format.compact_manifest import (
+    COMPACT_NAME,
+    FIRST_READ,
+    INDEX_SIZE_AT,
+    ShardTable,
+    differences,
+)
 from shardtok.format.manifest import MANIFEST_NAME, Manifest
 from shardtok.storage.base import AccessDeniedError, ByteSource, ObjectNotFoundError
 from shardtok.storage.location import Location
 from shardtok.storage.source import open_source, read_bytes
 
 NO_MANIFEST = "no dataset manifest here (is this a shardtok dataset folder?)"
-INDEX_SIZE_AT = 96  # the offset of index.compact's index_size field (docs/FORMAT.md)
 
 
 def missing(where: str, exc: ObjectNotFoundError, what: str, is_local: bool) -> Exception:

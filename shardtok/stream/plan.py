@@ -30,6 +30,7 @@ import numpy as np
 from shardtok.errors import UsageError
 from shardtok.format.manifest import Manifest
 from shardtok.format.shard_groups import group_count, group_members
+from shardtok.index.slices import slice_bounds
 from shardtok.stream.nodes.concat import concat_window_count
 from shardtok.stream.options import PACKINGS
 
@@ -118,7 +119,7 @@ class EpochPlan:
         if self._slices is not None:
             return self._slices[index]
         total, count = self.total_tokens, self.count
-        a, b = index * total // count, (index + 1) * total // count
+        a, b = slice_bounds(index, total, count)
         pieces = self.order.pieces(a, b)
         long = (0, 0)
         if self.counts_overlong:

@@ -22,17 +22,14 @@ from collections.abc import Sequence
 import numpy as np
 
 from shardtok.memmap.samples import GPTSamples, read_paired_ranges, read_ranges, zero_or_one
-from shardtok.stream.batch import IGNORE_INDEX, Allocator, allocate_arrays, check_labels_format
+from shardtok.stream.batch import (
+    IGNORE_INDEX,
+    Allocator,
+    _arange,
+    allocate_arrays,
+    check_labels_format,
+)
 from shardtok.stream.masked import VALUES, flag_untrained
-
-_ARANGES: dict[int, np.ndarray] = {}
-
-
-def _arange(n: int) -> np.ndarray:
-    out = _ARANGES.get(n)
-    if out is None:
-        out = _ARANGES[n] = np.arange(n, dtype=np.int64)
-    return out
 
 
 class _Counts(dict):
