@@ -330,10 +330,11 @@ class ShardStreamReader:
         array, applied once per frame; the documents are then slices of what it returns (the
         stream keeps masks as flag bits of the tokens this way: one pass per frame).
 
-        `ahead`: a helper thread that reads, decodes and combines frame n + 1 while frame n's
-        documents are handed out (``decode_ahead``); same documents, same errors at the same
-        document. Until the generator ends or is closed, only that thread reads the stream:
-        ``settle()`` waits for it before the stream is closed."""
+        `ahead`: a helper thread that decodes and combines the next frames (their compressed
+        bytes are read here, their mask frames there) while frame n's documents are handed out
+        (``decode_ahead``); same documents, and a frame that does not decode fails at the same
+        document (a read error can come up to ``AHEAD_FRAMES`` frames earlier). ``settle()``
+        waits for the thread's frames before the stream is closed."""
         runs = self.document_runs(start, stop, with_masks=with_masks, combine=combine, ahead=ahead)
         try:
             for run in runs:

@@ -172,7 +172,7 @@ class SliceReader(DocumentNode):
         self._counts: dict[int, int] = {}  # group -> documents in it
         self._docs: bool | None = None  # whether a group is open
         self._open: list[_OpenPiece] = []
-        # Frames are read and decoded one ahead in a helper thread (started on first use, ended
+        # Frames are decoded up to AHEAD_FRAMES ahead in a helper thread (started on first use, ended
         # with the slice, on close() or when this reader is collected).
         self._ahead = DecodeAhead() if decode_ahead else None
 
