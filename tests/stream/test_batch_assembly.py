@@ -54,8 +54,8 @@ def make_mask(kind, shape, rng):
     return (rng.random(shape) < 0.5).astype(np.uint8)
 
 
-@settings(max_examples=150, deadline=None)
-@given(
+# what both property tests draw: the rows of a batch and how they are labelled
+ROWS = dict(
     rows=st.integers(1, 4),
     seq_len=st.integers(1, 12),
     seed=st.integers(0, 10_000),
@@ -63,8 +63,11 @@ def make_mask(kind, shape, rng):
     masked=st.booleans(),
     boundary=st.booleans(),
     labels_format=st.sampled_from(["shifted", "hf"]),
-    staging=st.sampled_from([np.int32, np.int64]),
 )
+
+
+@settings(max_examples=150, deadline=None)
+@given(**ROWS, staging=st.sampled_from([np.int32, np.int64]))
 def test_rows_match_the_reference(
     rows, seq_len, seed, mask_kind, masked, boundary, labels_format, staging
 ):
@@ -104,15 +107,7 @@ def test_rows_match_the_reference(
 
 
 @settings(max_examples=150, deadline=None)
-@given(
-    rows=st.integers(1, 4),
-    seq_len=st.integers(1, 12),
-    seed=st.integers(0, 10_000),
-    mask_kind=st.sampled_from(MASKS),
-    masked=st.booleans(),
-    boundary=st.booleans(),
-    labels_format=st.sampled_from(["shifted", "hf"]),
-)
+@given(**ROWS)
 def test_one_token_run_matches_the_reference(
     rows, seq_len, seed, mask_kind, masked, boundary, labels_format
 ):
