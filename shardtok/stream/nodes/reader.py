@@ -259,7 +259,11 @@ class SliceReader(DocumentNode):
             self._active = [i for i in active if remaining[i] > 0]
         out = ready[at : at + count]
         at += len(out)
-        if at > 4096:  # drop what was emitted
+        # Drop what was emitted soon: a document kept here keeps its whole frame in memory.
+        if at == len(ready):
+            ready.clear()
+            at = 0
+        elif at > 256:
             del ready[:at]
             at = 0
         self._ready_at = at
