@@ -38,7 +38,19 @@ def add_stream_options(p: argparse.ArgumentParser) -> None:
         metavar="K",
         help="DataLoader workers (0: in process); the epoch is split over world size x max(K, 1)",
     )
-    p.add_argument("--shuffle-buffer", type=at_least(0), metavar="N", help="documents; 0 = off")
+    p.add_argument(
+        "--shuffle-buffer",
+        type=at_least(0),
+        metavar="N",
+        help="documents the shuffle buffer holds at most (default 4096; 0 = no shuffling)",
+    )
+    p.add_argument(
+        "--shuffle-tokens",
+        type=at_least(0),
+        metavar="N",
+        help="tokens it holds at most, about (default 4194304; 0 = documents only, as "
+        "before this option existed: a state saved then resumes with 0)",
+    )
     p.add_argument(
         "--interleave", type=at_least(1), metavar="N", help="shards read at once per worker"
     )

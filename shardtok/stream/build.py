@@ -60,7 +60,7 @@ def document_stream(
     node: DocumentNode = SliceReader(source, slice_plan.pieces, options.interleave, masked)
     if options.shuffle_buffer:
         seed = (options.seed, epoch, SHUFFLE_STREAM, slice_plan.index)
-        node = ShuffleBuffer(node, options.shuffle_buffer, seed)
+        node = ShuffleBuffer(node, options.shuffle_buffer, seed, options.shuffle_tokens)
     return node
 
 

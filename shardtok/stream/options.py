@@ -45,13 +45,15 @@ class StreamOptions:
     # its first seq_len + 1 tokens, or "drop"; None: truncate fine-tuning data (a conversation's
     # tail without its prompt teaches nothing good), split the rest (keeps every token)
     overlong: str | None = None
+    # The shuffle buffer also holds fewer than about this many tokens (0: documents only).
+    shuffle_tokens: int = 1 << 22
 
     def __post_init__(self) -> None:
         # Checked here, once, so that a bad value is one clear error where the options are
         # made (the constructor, a mix config, the command line), not a ValueError deep in a
         # DataLoader worker.
         for name, low in (("seq_len", 1), ("batch_size", 1), ("seed", 0), ("shuffle_buffer", 0),
-                          ("interleave", 1), ("lookahead", 1), ("pad_id", 0),
+                          ("shuffle_tokens", 0), ("interleave", 1), ("lookahead", 1), ("pad_id", 0),
                           ("bfd_window", 1)):  # fmt: skip
             _check_int(name, getattr(self, name), low)
         if self.pad_id > MAX_TOKEN_ID:

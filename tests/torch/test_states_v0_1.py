@@ -20,7 +20,8 @@ from shardtok.torch import ShardLoader, ShardStreamDataset
 
 HERE = Path(__file__).resolve().parents[1] / "fixtures" / "v0_1"
 CASES = json.loads((HERE / "states.json").read_text())
-BASE = dict(seq_len=16, batch_size=2, seed=3, shuffle_buffer=32)
+# shuffle_tokens=0: 0.1's shuffle buffer had no token bound (a state saved then names it).
+BASE = dict(seq_len=16, batch_size=2, seed=3, shuffle_buffer=32, shuffle_tokens=0)
 
 
 def expected(name: str) -> list[dict]:
@@ -46,6 +47,12 @@ def assert_batches(got, want):
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
         for key, value in w.items():
             assert np.array_equal(np.asarray(g[key]), value), f"batch {i}, {key}"
+
+
+def test_a_0_1_state_under_the_token_bound_is_refused_naming_the_way_to_resume():
+    ds = dataset({**CASES["concat"]["options"], "shuffle_tokens": 1 << 22})
+    with pytest.raises(ResumeStateError, match="resume it exactly with shuffle_tokens=0"):
+        ds.load_state_dict(CASES["concat"]["state"])
 
 
 @pytest.mark.parametrize("name", ["concat", "greedy", "mix", "elastic"])
@@ -88,7 +95,11 @@ def test_cli_state_file_of_0_1_resumes_exactly(tmp_path):
     state.write_text((HERE / "cli_state.json").read_text())
     args = ["stream", str(HERE / "dataset_a"), "--seq-len", "16", "--batch-size", "2",
             "--seed", "3", "--shuffle-buffer", "32", "--num-workers", "2"]  # fmt: skip
-    assert cli([*args, "--max-batches", "5", "--state-in", str(state), "--dump", str(out)]) == 0
+    resume = [*args, "--max-batches", "5", "--state-in", str(state), "--dump", str(out)]
+    # The shuffle buffer's token bound came after 0.1: such a state says how to resume it.
+    with pytest.raises(ResumeStateError, match="--shuffle-tokens 0"):
+        cli(resume)
+    assert cli([*resume, "--shuffle-tokens", "0"]) == 0
     got, want = np.load(out), np.load(HERE / "cli.npz")
     for key in ("input_ids", "labels", "position_ids", "document_ids", "cu_seqlens"):
         assert np.array_equal(got[key], want[key]), key

@@ -50,6 +50,8 @@ SHARD_ORDER_VERSION = "grouped-v2"
 OPTION_DEFAULTS = {
     **{f.name: f.default for f in fields(StreamOptions) if f.default is not MISSING},
     **UNMASKED_DEFAULTS,
+    # Before the option, the shuffle buffer had no token bound: such a state resumes with 0.
+    "shuffle_tokens": 0,
 }
 
 
@@ -202,9 +204,17 @@ def _option_differences(saved: dict, current: dict, skip: tuple[str, ...]) -> li
     b_opts = {**OPTION_DEFAULTS, **current.get("options", {})}
     return [
         f"option {key}: {a_opts.get(key)!r} saved, {b_opts.get(key)!r} now"
+        + (_BEFORE_OPTION.get(key, "") if key not in saved.get("options", {}) else "")
         for key in sorted(set(a_opts) | set(b_opts))
         if key not in skip and a_opts.get(key) != b_opts.get(key)
     ]
+
+
+# What to do about an option a state was saved before, where its default changed since.
+_BEFORE_OPTION = {
+    "shuffle_tokens": " (saved before the shuffle buffer had a token bound: resume it exactly "
+    "with shuffle_tokens=0, --shuffle-tokens 0)",
+}
 
 
 def _is_mix(fingerprint: dict) -> bool:
