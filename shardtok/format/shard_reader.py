@@ -33,7 +33,6 @@ from shardtok.format.frame_documents import (
     frame_range,
     frame_view,
 )
-from shardtok.format.frame_pool import FramePool
 from shardtok.format.frames import FrameDecoder
 from shardtok.format.mask_reader import MaskFrames, check_mask_member
 from shardtok.format.shard_head import ShardHead, read_head, read_mask_header
@@ -351,11 +350,9 @@ class ShardStreamReader:
         with_masks: bool = False,
         combine=None,
         ahead: DecodeAhead | None = None,
-        pool: FramePool | None = None,
     ) -> Iterator[list]:
         """``documents``, one list per frame: the documents of [start, stop) that begin in it
-        (a stream reader takes them in runs, without a Python step per document). `pool`:
-        frames are decompressed into its buffers (``frame_pool``), the documents view them."""
+        (a stream reader takes them in runs, without a Python step per document)."""
         masks = self._open_masks() if with_masks else None
         if self._consumed:
             raise RuntimeError(f"{self.where}: a stream reader yields its documents once")
@@ -369,7 +366,7 @@ class ShardStreamReader:
         try:
             for i, frame_no in enumerate(frames):
                 if ahead is None:
-                    raw, view = self._load_frame(frame_no, masks, combine, i == 0, pool)
+                    raw, view = self._load_frame(frame_no, masks, combine, i == 0)
                 else:
                     pending = self._pending
                     while len(pending) <= AHEAD_FRAMES and self._submitted < len(frames):
@@ -378,9 +375,7 @@ class ShardStreamReader:
                         # frame (after decompressing), not once more after each read.
                         stored = self._read_frame(frames[n], n == 0)
                         pending.append(
-                            ahead.submit(
-                                self._decode_frame, frames[n], stored, masks, combine, pool
-                            )
+                            ahead.submit(self._decode_frame, frames[n], stored, masks, combine)
                         )
                         self._submitted += 1
                     raw, view = pending.popleft().result()
@@ -401,11 +396,10 @@ class ShardStreamReader:
                 )
             self._check_end()
 
-    def _load_frame(self, frame_no: int, masks: MaskFrames | None, combine, first: bool, pool=None):
+    def _load_frame(self, frame_no: int, masks: MaskFrames | None, combine, first: bool):
         """Frame `frame_no` read (the `first` one wanted: after skipping the frames before
         it), decoded, checked, and as the array its documents are cut from: (raw, view)."""
-        stored = self._read_frame(frame_no, first)
-        return self._decode_frame(frame_no, stored, masks, combine, pool)
+        return self._decode_frame(frame_no, self._read_frame(frame_no, first), masks, combine)
 
     def _read_frame(self, frame_no: int, first: bool) -> bytes:
         offset = self.head.bin_header.data_offset + self.meta.frames[frame_no].compressed_offset
@@ -413,13 +407,9 @@ class ShardStreamReader:
             self._discard(offset - self._position)
         return self._read_at(offset, self.meta.frames[frame_no].compressed_size)
 
-    def _decode_frame(
-        self, frame_no: int, stored: bytes, masks: MaskFrames | None, combine, pool=None
-    ):
-        raw = self._decoder.decode(self.meta.frames[frame_no], stored, frame_no, pool)
+    def _decode_frame(self, frame_no: int, stored: bytes, masks: MaskFrames | None, combine):
+        raw = self._decoder.decode(self.meta.frames[frame_no], stored, frame_no)
         bits = None if masks is None else masks.frame(self.mask_source, frame_no)
-        if combine is not None and pool is not None:  # the combined frame in pooled memory too
-            combine = _into_pool(combine, pool)
         return raw, frame_view(self.head, raw, bits=bits, combine=combine)
 
     def settle(self) -> None:
@@ -443,15 +433,6 @@ class ShardStreamReader:
             raise CorruptShardError(
                 self.where, None, offset + BLOCK, "archive does not end with two zero blocks"
             )
-
-
-def _into_pool(combine, pool: FramePool):
-    """`combine(tokens, mask, out=...)` writing into an int32 array lent by `pool`."""
-
-    def combined(tokens, mask):
-        return combine(tokens, mask, out=pool.take(4 * len(tokens)).view(np.int32))
-
-    return combined
 
 
 __all__ = [

@@ -28,13 +28,10 @@ VALUES = 0x7FFFFFFF  # the token id bits under the flag
 FLAGGED_DTYPE = np.dtype(np.int32)
 
 
-def flag_untrained(
-    tokens: np.ndarray, mask: np.ndarray, out: np.ndarray | None = None
-) -> np.ndarray:
+def flag_untrained(tokens: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """`tokens` (uint16 or int32 ids) as int32, negative where `mask` (uint8 0/1) is 0: a new
-    array (or `out`, int32 of the same length), built in two passes."""
-    # 1 << 31 is the int32 sign bit
-    out = np.left_shift(mask ^ 1, 31, dtype=FLAGGED_DTYPE, out=out)
+    array, built in two passes."""
+    out = np.left_shift(mask ^ 1, 31, dtype=FLAGGED_DTYPE)  # 1 << 31 is the int32 sign bit
     out |= tokens
     return out
 

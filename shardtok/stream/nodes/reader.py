@@ -26,7 +26,6 @@ import numpy as np
 
 from shardtok.errors import CorruptShardError
 from shardtok.format.decode_ahead import DecodeAhead
-from shardtok.format.frame_pool import FramePool
 from shardtok.format.shard_reader import ShardStreamReader
 from shardtok.storage.dataset import DatasetSource
 from shardtok.stream import state as envelope
@@ -73,7 +72,6 @@ class _OpenPiece:
         expected_tokens: int,
         masked: bool = False,
         ahead: DecodeAhead | None = None,
-        pool: FramePool | None = None,
     ):
         self.piece = piece
         self.masked = masked
@@ -81,7 +79,6 @@ class _OpenPiece:
         self.reader, self._file = source.open_stream(piece.file, with_masks=masked)
         # Only a shard's own reader decodes frames (a provenance trace's stands-in does not).
         self.ahead = ahead if isinstance(self.reader, ShardStreamReader) else None
-        self.pool = pool
         offsets = self.reader.offsets
         if not 0 <= piece.start < piece.stop <= expected_tokens:
             raise ValueError(f"piece {piece} outside the shard's {expected_tokens} tokens")
@@ -93,9 +90,7 @@ class _OpenPiece:
 
     def start(self, skip: int) -> None:
         """Read the piece's documents from the `skip`-th on (``take``)."""
-        more = {"pool": self.pool}
-        if self.ahead is not None:
-            more["ahead"] = self.ahead
+        more = {} if self.ahead is None else {"ahead": self.ahead}
         first = self.first + skip
         if isinstance(self.reader, ShardStreamReader):
             self._runs = self.reader.document_runs(
@@ -180,8 +175,6 @@ class SliceReader(DocumentNode):
         # Frames are decoded up to AHEAD_FRAMES ahead in a helper thread (started on first use, ended
         # with the slice, on close() or when this reader is collected).
         self._ahead = DecodeAhead() if decode_ahead else None
-        # Decoded frames go into memory used before (its pages already faulted in).
-        self._pool = FramePool()
 
     @property
     def num_groups(self) -> int:
@@ -212,12 +205,7 @@ class SliceReader(DocumentNode):
         members = self.pieces[group * self.interleave : (group + 1) * self.interleave]
         self._open = [
             _OpenPiece(
-                self.source,
-                p,
-                manifest.shards[p.shard].num_tokens,
-                self.masked,
-                self._ahead,
-                self._pool,
+                self.source, p, manifest.shards[p.shard].num_tokens, self.masked, self._ahead
             )
             for p in members
         ]
