@@ -13,7 +13,6 @@ import numpy as np
 import zstandard
 
 from shardtok.errors import CorruptShardError
-from shardtok.format.frame_pool import FramePool
 from shardtok.format.shard_meta import Frame
 
 DEFAULT_FRAME_SIZE = 1 << 20  # uncompressed bytes of tokens per frame
@@ -113,9 +112,7 @@ class FrameDecoder:
         # is only needed for uncompressed frames -- unless the caller asks for every check.
         self._check_crc = full_checks or not compressed
 
-    def decode(self, frame: Frame, stored: bytes, number: int, pool: FramePool | None = None):
-        """The frame's bytes, checked: `bytes`, or with `pool` a uint8 array lent by it (a
-        compressed frame is then decompressed straight into memory used before)."""
+    def decode(self, frame: Frame, stored: bytes, number: int) -> bytes:
         offset = self.member_data_offset + frame.compressed_offset
         if len(stored) != frame.compressed_size:
             raise CorruptShardError(
@@ -143,12 +140,7 @@ class FrameDecoder:
                         f"frame {number} declares {declared} bytes, the frame table "
                         f"{frame.uncompressed_size}",
                     )
-                if pool is None:
-                    raw = self._decompressor.decompress(
-                        stored, max_output_size=frame.uncompressed_size
-                    )
-                else:
-                    raw = self._decompress_into(pool.take(frame.uncompressed_size), stored)
+                raw = self._decompressor.decompress(stored, max_output_size=frame.uncompressed_size)
             except zstandard.ZstdError as exc:
                 raise CorruptShardError(
                     self.where, self.member, offset, f"frame {number} does not decode: {exc}"
@@ -165,20 +157,3 @@ class FrameDecoder:
                 self.where, self.member, offset, f"frame {number} fails its crc32 check"
             )
         return raw
-
-    def _decompress_into(self, out: np.ndarray, stored: bytes) -> np.ndarray:
-        """`stored` decompressed into `out`: `out` when it holds the whole frame, a shorter
-        view when the frame ends early, and one element more when it goes on past `out`
-        (both refused by the caller's size check). A read may return less than asked for, so
-        it loops; the zstd content checksum is checked as the frame's end is read."""
-        reader = self._decompressor.stream_reader(stored, read_across_frames=False)
-        view = memoryview(out)
-        filled = 0
-        while filled < len(out):
-            n = reader.readinto(view[filled:])
-            if not n:
-                return out[:filled]
-            filled += n
-        if reader.readinto(bytearray(1)):
-            return np.empty(len(out) + 1, dtype=np.uint8)
-        return out
