@@ -8,14 +8,14 @@ decoding there while the main thread assembles batches.
 
 What stays as it was:
 
-* bounded memory: a reader keeps at most ``AHEAD_FRAMES`` (2) frames in flight beyond the one
-  it is cutting, so each open shard holds at most that many more decoded frames (and their
-  compressed bytes), times the shards a slice reader interleaves;
+* bounded memory: a reader keeps a fixed number of frames in flight beyond the one it is
+  cutting (a slice reader shares 8 among its open shards, at least 2 each), so a slice holds at
+  most that many more decoded frames (and their compressed bytes);
 * the same tokens in the same order: the thread computes exactly the frames the reader asks
   for, and the reader takes each result where it would have computed it itself, so a frame
   that does not decode (corrupt, a bad mask frame) is raised at the same document as without
   the thread. Compressed bytes are still read on the caller's thread, ahead: a shard cut short
-  or a storage error can surface up to two frames' documents earlier than in place.
+  or a storage error can surface up to that many frames' documents earlier than in place.
 * no thread left behind: it starts at the first ``submit`` in the process that submits (a
   forked child that inherits an instance starts its own), and ends on ``close()``, when its
   owner is garbage collected, or at interpreter exit. Nothing is process-wide.

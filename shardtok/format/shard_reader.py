@@ -42,7 +42,7 @@ from shardtok.format.tar import BLOCK, END_OF_ARCHIVE, decode_header
 # allocated up front: memory grows only with the bytes that actually arrive.
 READ_CHUNK = 8 << 20
 # Frames a reader keeps in flight in its helper thread beyond the one it is cutting
-# (``documents(ahead=...)``): each costs one decoded frame of memory per open shard.
+# (``documents(ahead=...)``), by default: each costs one decoded frame of memory.
 AHEAD_FRAMES = 2
 
 
@@ -333,7 +333,8 @@ class ShardStreamReader:
         `ahead`: a helper thread that decodes and combines the next frames (their compressed
         bytes are read here, their mask frames there) while frame n's documents are handed out
         (``decode_ahead``); same documents, and a frame that does not decode fails at the same
-        document (a read error can come up to ``AHEAD_FRAMES`` frames earlier). ``settle()``
+        document (a read error can come up to ``AHEAD_FRAMES`` frames earlier, or as many as
+        ``document_runs`` is told to decode ahead). ``settle()``
         waits for the thread's frames before the stream is closed."""
         runs = self.document_runs(start, stop, with_masks=with_masks, combine=combine, ahead=ahead)
         try:
@@ -350,9 +351,11 @@ class ShardStreamReader:
         with_masks: bool = False,
         combine=None,
         ahead: DecodeAhead | None = None,
+        ahead_frames: int = AHEAD_FRAMES,
     ) -> Iterator[list]:
         """``documents``, one list per frame: the documents of [start, stop) that begin in it
-        (a stream reader takes them in runs, without a Python step per document)."""
+        (a stream reader takes them in runs, without a Python step per document);
+        `ahead_frames`: how many frames `ahead` decodes beyond the one cut."""
         masks = self._open_masks() if with_masks else None
         if self._consumed:
             raise RuntimeError(f"{self.where}: a stream reader yields its documents once")
@@ -369,7 +372,7 @@ class ShardStreamReader:
                     raw, view = self._load_frame(frame_no, masks, combine, i == 0)
                 else:
                     pending = self._pending
-                    while len(pending) <= AHEAD_FRAMES and self._submitted < len(frames):
+                    while len(pending) <= ahead_frames and self._submitted < len(frames):
                         n = self._submitted
                         # Read here, decoded there: the helper then needs the GIL once per
                         # frame (after decompressing), not once more after each read.
