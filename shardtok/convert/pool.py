@@ -1,7 +1,7 @@
 """Worker processes of a conversion: the cores to use, the start method, the tokenizing pool.
 
-The one-command convert and run-units tokenize in :func:`worker_pool` (a UnitPool); the merge writes shards
-in a plain pool of :func:`mp_context` (its tasks need no worker state).
+The one-command convert and run-units tokenize in :func:`worker_pool` (a UnitPool); the merge
+writes shards in a plain pool of :func:`mp_context` (its tasks need no worker state).
 """
 
 from __future__ import annotations
@@ -58,8 +58,8 @@ class UnitPool:
     the worker with the fewest in hand, so a slow unit delays no other worker.
 
     A worker that dies (killed, out of memory) fails its units and every unit not yet sent
-    with WorkerLost (a BrokenProcessPool), as ProcessPoolExecutor does. Workers exit when this process dies,
-    however it dies (see worker.py)."""
+    with WorkerLost (a BrokenProcessPool), as ProcessPoolExecutor does. Workers exit when this
+    process dies, however it dies (see worker.py). Only the collector thread reaps them."""
 
     _AHEAD = 2
 
@@ -73,7 +73,6 @@ class UnitPool:
         self._ids = itertools.count()
         self._broken: str | None = None
         self._closing = False
-        self._retiring: threading.Thread | None = None
         try:
             for number in range(workers):
                 tasks_r, tasks_w = context.Pipe(duplex=False)
@@ -89,6 +88,8 @@ class UnitPool:
                 self._workers.append(_Worker(process, tasks_w, results_r))
         except BaseException:
             self._stop_workers()
+            for worker in self._workers:
+                worker.process.join()
             raise
         self._collector = threading.Thread(
             target=self._collect, name="shardtok-pool-results", daemon=True
@@ -110,7 +111,7 @@ class UnitPool:
 
     def _dispatch(self) -> None:
         # Under the lock. Sends never block: a pipe holds far more than _AHEAD units.
-        while self._queue:
+        while self._queue and not self._closing:
             live = [w for w in self._workers if w.running is not None]
             if not live:
                 return
@@ -187,14 +188,10 @@ class UnitPool:
                 future.set_exception(WorkerLost(self._broken))
 
     def retire(self) -> None:
-        """Start shutting down, on a thread of its own, once every unit is done: the workers
-        exit (~10 ms: a forked worker unmaps its parent's memory) while the caller writes the
-        last shard; :meth:`close` waits for them."""
-        if self._retiring is None:
-            self._retiring = threading.Thread(
-                target=self._stop_workers, name="shardtok-pool-shutdown", daemon=True
-            )
-            self._retiring.start()
+        """Tell the workers to exit, once every unit is done: they exit (~10 ms: a forked
+        worker unmaps its parent's memory) while the caller writes the last shard;
+        :meth:`close` waits for them."""
+        self._stop_workers()
 
     def close(self) -> None:
         """Cancel the units not yet sent, let the workers finish the ones they hold and exit,
@@ -203,22 +200,21 @@ class UnitPool:
             for future, _ in self._queue:
                 future.cancel()
             self._queue.clear()
-        if self._retiring is not None:
-            self._retiring.join()
         self._stop_workers()
         self._collector.join()
+        for worker in self._workers:
+            worker.tasks.close()
         self._alive_r.close()
         self._alive_w.close()
 
     def _stop_workers(self) -> None:
         with self._lock:
+            if self._closing:
+                return
             self._closing = True
             for worker in self._workers:
-                with contextlib.suppress(OSError):
+                with contextlib.suppress(OSError):  # one that is gone already
                     worker.tasks.send(None)
-        for worker in self._workers:
-            worker.process.join()
-            worker.tasks.close()
 
 
 @dataclass
