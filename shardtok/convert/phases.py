@@ -41,7 +41,6 @@ from shardtok.convert.runner import (
 from shardtok.convert.unit_result import UnitResult
 from shardtok.convert.unit_status import describe_failure, pending_units
 from shardtok.convert.workdir import WorkDir
-from shardtok.convert.worker import tokenize_unit
 from shardtok.errors import UsageError
 from shardtok.storage.folder import Folder
 
@@ -216,7 +215,7 @@ def run_units(
                 config = job_worker_config(job, output, storage_options)
                 pool = stack.enter_context(worker_pool(config, workers, start_method))
                 # In index order: a rank's earliest failure is found first.
-                futures = {pool.submit(tokenize_unit, u): u.index for u in pending.todo}
+                futures = {pool.submit(u): u.index for u in pending.todo}
             logger.info(
                 "rank %d of %d: %d work units, %d done before, %d to tokenize in %d process(es)",
                 rank, world_size, len(mine), len(pending.kept), len(pending.todo), workers,

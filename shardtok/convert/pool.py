@@ -1,20 +1,32 @@
 """Worker processes of a conversion: the cores to use, the start method, the tokenizing pool.
 
-The one-command convert and run-units tokenize in :func:`worker_pool`; the merge writes shards
-in a plain pool of :func:`mp_context` (its tasks need no worker state).
+The one-command convert and run-units tokenize in :func:`worker_pool` (a UnitPool); the merge
+writes shards in a plain pool of :func:`mp_context` (its tasks need no worker state).
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import itertools
 import multiprocessing
+import multiprocessing.process
 import os
 import sys
 import threading
 from collections.abc import Iterator
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
+from multiprocessing import connection
 
-from shardtok.convert.worker import WorkerConfig, init_worker
+from shardtok.convert.worker import WorkerConfig, serve_units
+from shardtok.errors import ShardtokError
+
+
+class WorkerLost(ShardtokError, BrokenProcessPool):
+    """A worker process ended while it held units (killed, out of memory): not the data's
+    fault nor a bug, so the command prints it as one line; a rerun resumes."""
 
 
 def usable_cores() -> int:
@@ -33,38 +45,201 @@ def mp_context(start_method: str | None):
     return multiprocessing.get_context("spawn")
 
 
+class UnitPool:
+    """Worker processes that tokenize units: :meth:`submit` gives a Future of the unit's
+    outcome (worker.tokenize_unit's).
+
+    Not a ProcessPoolExecutor: there, a worker returns a unit's outcome only once the unit is
+    persisted, and gets its next unit only then, so every unit's end waited for its last
+    frame's compression and its files' publishing (~1 ms), then for a round trip through the
+    main process. Here each worker has up to `_AHEAD` units sent ahead on a pipe of its own:
+    its tokenizing thread starts the next unit as soon as the last one's text is tokenized,
+    and its writer thread sends each outcome once persisted (worker.serve_units). Units go to
+    the worker with the fewest in hand, so a slow unit delays no other worker.
+
+    A worker that dies (killed, out of memory) fails its units and every unit not yet sent
+    with WorkerLost (a BrokenProcessPool), as ProcessPoolExecutor does. Workers exit when this
+    process dies, however it dies (see worker.py). Only the collector thread reaps them."""
+
+    _AHEAD = 2
+
+    def __init__(self, config: WorkerConfig, workers: int, start_method: str | None = None):
+        context = mp_context(start_method)
+        # This process only ever holds the write end; it is never written.
+        self._alive_r, self._alive_w = context.Pipe(duplex=False)
+        self._lock = threading.Lock()
+        self._queue: collections.deque[tuple[Future, object]] = collections.deque()
+        self._workers: list[_Worker] = []
+        self._ids = itertools.count()
+        self._broken: str | None = None
+        self._closing = False
+        try:
+            for number in range(workers):
+                tasks_r, tasks_w = context.Pipe(duplex=False)
+                results_r, results_w = context.Pipe(duplex=False)
+                process = context.Process(
+                    target=serve_units, name=f"shardtok-convert-{number}", daemon=True,
+                    args=(config, tasks_r, results_w, self._alive_r, self._alive_w),
+                )  # fmt: skip
+                process.start()
+                # The worker's ends: closed here, so that its death is an EOF here.
+                tasks_r.close()
+                results_w.close()
+                self._workers.append(_Worker(process, tasks_w, results_r))
+        except BaseException:
+            self._stop_workers()
+            for worker in self._workers:
+                worker.process.join()
+            raise
+        self._collector = threading.Thread(
+            target=self._collect, name="shardtok-pool-results", daemon=True
+        )
+        self._collector.start()
+
+    def submit(self, unit) -> Future:
+        """The Future of `unit`'s outcome; cancel() works until the unit is sent to a worker."""
+        future: Future = Future()
+        with self._lock:
+            if self._broken is not None:
+                future.set_exception(WorkerLost(self._broken))
+                return future
+            if self._closing:
+                raise RuntimeError("the pool is shut down")
+            self._queue.append((future, unit))
+            self._dispatch()
+        return future
+
+    def _dispatch(self) -> None:
+        # Under the lock. Sends never block: a pipe holds far more than _AHEAD units.
+        while self._queue and not self._closing:
+            live = [w for w in self._workers if w.running is not None]
+            if not live:
+                return
+            worker = min(live, key=lambda w: len(w.running))
+            if len(worker.running) >= self._AHEAD:
+                return
+            future, unit = self._queue.popleft()
+            if not future.set_running_or_notify_cancel():
+                continue
+            task_id = next(self._ids)
+            worker.running[task_id] = future
+            # A worker that is gone: its sentinel says so to the collector.
+            with contextlib.suppress(OSError):
+                worker.tasks.send((task_id, unit))
+
+    def _collect(self) -> None:
+        while True:
+            with self._lock:
+                live = [w for w in self._workers if w.running is not None]
+            if not live:
+                return
+            waitables: dict = {}
+            for worker in live:
+                waitables[worker.results] = worker
+                waitables[worker.process.sentinel] = worker
+            for ready in connection.wait(list(waitables)):
+                worker = waitables[ready]
+                if worker.running is None:
+                    continue
+                if ready is worker.results:
+                    try:
+                        message = worker.results.recv()
+                    except (EOFError, OSError):
+                        message = None
+                    if message is not None:
+                        self._finish(worker, *message)
+                        continue
+                # Exited: take what it sent before, then fail what it still held.
+                while True:
+                    try:
+                        if not worker.results.poll():
+                            break
+                        self._finish(worker, *worker.results.recv())
+                    except (EOFError, OSError):
+                        break
+                worker.process.join()
+                self._lost(worker)
+
+    def _finish(self, worker: _Worker, task_id: int, outcome, error) -> None:
+        with self._lock:
+            future = worker.running.pop(task_id, None) if worker.running is not None else None
+            self._dispatch()
+        if future is None:
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(outcome)
+
+    def _lost(self, worker: _Worker) -> None:
+        with self._lock:
+            held, worker.running = worker.running or {}, None
+            failed = list(held.values())
+            if held or not self._closing:
+                code = worker.process.exitcode
+                self._broken = (
+                    f"a conversion worker process ended abruptly (exit code {code}) while "
+                    "tokenizing; run the conversion again to resume it"
+                )
+                failed += [future for future, _ in self._queue]
+                self._queue.clear()
+        for future in failed:
+            if not future.done():
+                future.set_exception(WorkerLost(self._broken))
+
+    def retire(self) -> None:
+        """Tell the workers to exit, once every unit is done: they exit (~10 ms: a forked
+        worker unmaps its parent's memory) while the caller writes the last shard;
+        :meth:`close` waits for them."""
+        self._stop_workers()
+
+    def close(self) -> None:
+        """Cancel the units not yet sent, let the workers finish the ones they hold and exit,
+        and wait for them."""
+        with self._lock:
+            for future, _ in self._queue:
+                future.cancel()
+            self._queue.clear()
+        self._stop_workers()
+        self._collector.join()
+        for worker in self._workers:
+            worker.tasks.close()
+        self._alive_r.close()
+        self._alive_w.close()
+
+    def _stop_workers(self) -> None:
+        with self._lock:
+            if self._closing:
+                return
+            self._closing = True
+            for worker in self._workers:
+                with contextlib.suppress(OSError):  # one that is gone already
+                    worker.tasks.send(None)
+
+
+@dataclass
+class _Worker:
+    process: multiprocessing.process.BaseProcess
+    tasks: connection.Connection
+    results: connection.Connection
+    # task id -> its Future, for the units sent and not yet back; None once the worker is gone
+    running: dict[int, Future] | None = field(default_factory=dict)
+
+
 @contextlib.contextmanager
 def worker_pool(
     config: WorkerConfig, workers: int, start_method: str | None = None
-) -> Iterator[ProcessPoolExecutor]:
-    """`workers` processes ready to run worker.tokenize_unit. Start it before anything starts a
-    thread here (tqdm's monitor), so forking is safe; fork also spares each worker re-importing
-    and unpickling. Workers exit when this process dies, however it dies (see worker.py)."""
-    context = mp_context(start_method)
-    # This process only ever holds the write end; it is never written.
-    alive_r, alive_w = context.Pipe(duplex=False)
+) -> Iterator[UnitPool]:
+    """`workers` processes ready to tokenize units. Start it before anything starts a thread
+    here (tqdm's monitor), so forking is safe; fork also spares each worker re-importing and
+    unpickling. Leaving it waits for the workers (see :meth:`UnitPool.close`)."""
+    pool = UnitPool(config, workers, start_method)
     try:
-        pool = ProcessPoolExecutor(
-            workers, mp_context=context, initializer=init_worker,
-            initargs=(config, alive_r, alive_w),
-        )  # fmt: skip
-        try:
-            yield pool
-        finally:
-            retiring = getattr(pool, "_shardtok_retiring", None)
-            if retiring is not None:
-                retiring.join()
-            pool.shutdown(wait=True, cancel_futures=True)
+        yield pool
     finally:
-        alive_r.close()
-        alive_w.close()
+        pool.close()
 
 
-def retire(pool: ProcessPoolExecutor) -> None:
-    """Start shutting down `pool`, whose tasks are all done, on a thread of its own: its workers
-    exit (~10 ms: a forked worker unmaps its parent's memory) while the caller writes the last
-    shard; leaving :func:`worker_pool` waits for them."""
-    if getattr(pool, "_shardtok_retiring", None) is None:
-        thread = threading.Thread(target=pool.shutdown, name="shardtok-pool-shutdown", daemon=True)
-        pool._shardtok_retiring = thread  # type: ignore[attr-defined]
-        thread.start()
+def retire(pool: UnitPool) -> None:
+    """See :meth:`UnitPool.retire`."""
+    pool.retire()

@@ -58,7 +58,7 @@ from shardtok.convert.tokenizer import TokenizerSpec
 from shardtok.convert.unit_result import UnitResult
 from shardtok.convert.units import Unit, auto_unit_size, plan_units
 from shardtok.convert.workdir import WorkDir
-from shardtok.convert.worker import WorkerConfig, tokenize_unit
+from shardtok.convert.worker import WorkerConfig
 from shardtok.errors import UsageError
 from shardtok.format.dataset_writer import DEFAULT_SHARD_SIZE
 from shardtok.format.frames import DEFAULT_FRAME_SIZE
@@ -301,9 +301,7 @@ def _convert(planned: Planned, started: float) -> ConvertResult:
                 worker_pool(worker_config(opts, files), workers, opts.start_method)
             )
         try:
-            pending: dict[Future, int] = (
-                {pool.submit(tokenize_unit, u): u.index for u in todo} if pool else {}
-            )
+            pending: dict[Future, int] = {pool.submit(u): u.index for u in todo} if pool else {}
             progress = ConvertProgress(sum(f.size for f in files), opts.progress)
             for result in ready.values():
                 progress.unit_done(

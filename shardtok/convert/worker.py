@@ -20,7 +20,7 @@ import contextlib
 import functools
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -241,13 +241,80 @@ def tokenize_unit(unit: Unit) -> UnitResult | UnitFailure | EncoderMismatch:
 
     A failure (the unit's first bad record under --on-bad-record error, or a tokenizer backend
     mismatch) is persisted too, with the mode that found it, then returned."""
+    ending: list = []
+    start_unit(unit, lambda outcome, error: ending.append((outcome, error)))
+    _sink().drain()
+    outcome, error = ending[0]
+    if error is not None:
+        raise error
+    return outcome
+
+
+Deliver = Callable[[object, BaseException | None], None]
+
+
+def start_unit(unit: Unit, deliver: Deliver) -> None:
+    """Tokenize `unit` on this thread and return once its last batch is handed to the writer
+    thread, which persists the unit and then calls `deliver(outcome, None)` (outcome as
+    :func:`tokenize_unit` returns it) or `deliver(None, error)`. The next unit may start at
+    once: each unit's files, verdict and marker are its own (see background.py)."""
     assert _config is not None and (_encoder or _sft) is not None, "init_worker was not called"
     workdir = _workdir(_config)
-    with _scratch(workdir, unit.index) as scratch:
-        outcome = _tokenize(unit, _config, workdir, scratch)
-    if not isinstance(outcome, UnitResult):
-        workdir.save_failure(outcome, _config.stop_at_bad_record)
-    return outcome
+    scratch = _Scratch(workdir, unit.index)
+    try:
+        conclusion = _tokenize(unit, _config, workdir, scratch)
+    except BaseException:
+        scratch.close()
+        raise
+    stop_mode = _config.stop_at_bad_record
+
+    def conclude(error: BaseException | None) -> None:
+        try:
+            try:
+                outcome = conclusion(error)
+            finally:
+                scratch.close()
+            if not isinstance(outcome, UnitResult):
+                workdir.save_failure(outcome, stop_mode)
+        except BaseException as exc:
+            deliver(None, exc)
+            return
+        deliver(outcome, None)
+
+    _sink().conclude(conclude)
+
+
+def serve_units(
+    config: WorkerConfig,
+    tasks: Connection,
+    results: Connection,
+    alive: Connection | None = None,
+    alive_w: Connection | None = None,
+) -> None:
+    """A worker process of pool.UnitPool: (task id, unit) pairs from `tasks` until None,
+    (task id, outcome, error) on `results` as each unit is persisted (sent by the writer
+    thread, while this thread tokenizes the next unit)."""
+    init_worker(config, alive, alive_w)
+    lock = threading.Lock()  # the writer thread sends; this one only when a unit cannot start
+
+    def send(task_id: int, outcome, error: BaseException | None) -> None:
+        with lock:
+            try:
+                results.send((task_id, outcome, error))
+            except Exception as exc:  # an exception that does not pickle
+                results.send((task_id, None, RuntimeError(f"{type(error).__name__}: {error}")))
+                del exc
+
+    while True:
+        task = tasks.recv()
+        if task is None:
+            break
+        task_id, unit = task
+        try:
+            start_unit(unit, functools.partial(send, task_id))
+        except Exception as exc:
+            send(task_id, None, exc)
+    _sink().close()
 
 
 _workdirs: dict = {}
@@ -268,46 +335,57 @@ def _workdir(config: WorkerConfig) -> WorkDir:
 def _sink() -> BackgroundWriter:
     global _sink_of
     if _sink_of is None or _sink_of[0] != os.getpid():
-        # Room for a unit's last jobs (its last batch, its last frame, publishing, the drain),
-        # so the canary starts at once instead of waiting for the queue.
+        # Room for a unit's last jobs (its last batch, its last frame, publishing, the
+        # conclusion), so the canary starts at once instead of waiting for the queue.
         _sink_of = (os.getpid(), BackgroundWriter(depth=4))
     return _sink_of[1]
 
 
-@contextlib.contextmanager
-def _scratch(workdir: WorkDir, index: int) -> Iterator[Callable[[str], Path]]:
-    """Names for a unit's files before they are published (`name` -> a path).
+class _Scratch:
+    """Names for a unit's files before they are published (`scratch(name)` -> a path).
 
     Locally they are temporaries in the work folder itself, so publishing is a rename; a
     scratch folder per unit cost a mkdir and an rmtree each, ~4% of a worker's time with
     256 KiB units. A remote work folder gets a local temporary folder (published by PUTs).
-    What is left on the way out (a failed unit's files) is removed; a killed worker's
+    What is left at :meth:`close` (a failed unit's files) is removed; a killed worker's
     temporaries are swept by the next run, like any other."""
-    if not workdir.is_local:
-        with workdir.folder.scratch() as folder:
-            yield lambda name: folder / name
-        return
-    made: list[Path] = []
 
-    def path(name: str) -> Path:
-        made.append(workdir.path / temporary_name(f"{unit_base(index)}.{name}"))
-        return made[-1]
+    def __init__(self, workdir: WorkDir, index: int):
+        self.workdir = workdir
+        self.index = index
+        self.made: list[Path] = []
+        self.folder = None
+        if not workdir.is_local:
+            self.folder = contextlib.ExitStack()
+            self.local = self.folder.enter_context(workdir.folder.scratch())
 
-    path.published = made.clear  # all were moved into place: nothing to remove (5 syscalls)
-    try:
-        yield path
-    finally:
-        for left in made:
+    def __call__(self, name: str) -> Path:
+        if self.folder is not None:
+            return self.local / name
+        self.made.append(self.workdir.path / temporary_name(f"{unit_base(self.index)}.{name}"))
+        return self.made[-1]
+
+    def published(self) -> None:
+        self.made.clear()  # all were moved into place: nothing to remove (5 syscalls)
+
+    def close(self) -> None:
+        if self.folder is not None:
+            self.folder.close()
+        for left in self.made:
             left.unlink(missing_ok=True)
+        self.made.clear()
 
 
 def _tokenize(
-    unit: Unit, config: WorkerConfig, workdir: WorkDir, scratch: Callable[[str], Path]
-) -> UnitResult | UnitFailure | EncoderMismatch:
+    unit: Unit, config: WorkerConfig, workdir: WorkDir, scratch: _Scratch
+) -> Callable[[BaseException | None], UnitResult | UnitFailure | EncoderMismatch]:
+    """Read and tokenize `unit`, handing its writes to the sink; returns the unit's
+    conclusion, to be run on the sink's thread after them with the first failure among them
+    (see start_unit)."""
     sft = _sft
     suffixes = [".tokens", ".frames"] + ([".mask"] if sft else []) + [".docs.npy", ".json"]
     paths = {suffix: scratch(suffix[1:]) for suffix in suffixes}
-    # Created, written and (frames) compressed on the sink's thread; read here once it is done.
+    # Created, written and (frames) compressed on the sink's thread; read there at the end.
     writers = {suffix: ChecksumWriter(None) for suffix in suffixes}
     out, frames_out, mask_out = writers[".tokens"], writers[".frames"], writers.get(".mask")
     # Frames end at the unit's end, so the worker can compress them: the assembler
@@ -327,7 +405,25 @@ def _tokenize(
     verdict: list = []  # the canary's: None or where the encoders differ
     finished: list[np.ndarray] = []  # the frame table, from the sink
     sink = _sink()
-    published = False
+
+    def close_files(published: bool) -> None:
+        for suffix, writer in writers.items():
+            if writer.file is not None and not (published and suffix == ".json"):
+                writer.file.close()
+
+    def ended(make):
+        """The conclusion: `make(error, mismatch)` gives the outcome or raises; the files
+        are closed whatever happens."""
+
+        def conclusion(error: BaseException | None):
+            try:
+                return make(error, _canary_mismatch(unit, canary, verdict))
+            finally:
+                close_files(False)
+
+        return conclusion
+
+    batcher = None
     try:
         # Creating a file costs ~0.15 ms of CPU here (ext4): done beside the tokenizer.
         sink.submit(functools.partial(_open_into, writers, paths))
@@ -336,91 +432,102 @@ def _tokenize(
         else:
             sft.start_unit()
             batcher = _SFTUnitWriter(config.tokenizer.dtype, out, mask_out, framer, sink)
-        try:
-            for piece_no, piece in enumerate(unit.pieces):
-                file = config.files[piece.input_index]
-                reader = RangeReader(
-                    file, piece, config.text_key, config.txt_mode,
-                    objects=sft is not None, fields=sft.fields if sft is not None else None,
-                    storage_options=config.storage_options, cache=_blocks,
-                )  # fmt: skip
-                for record, item in _guarded(reader, file.path):
-                    records_read += 1
-                    if sft is not None and not isinstance(item, Reject):
-                        item = sft.encode(item)
-                    if isinstance(item, (Reject, SFTBad)):
-                        if config.stop_at_bad_record:
-                            failure = UnitFailure(
-                                unit.index, piece_no, record, item.reason, item.detail
-                            )
-                            error = _settle(sink)
-                            mismatch = _canary_mismatch(unit, canary, verdict)
-                            if error is not None:
-                                raise error
-                            return mismatch or failure
-                        rejects.append([piece_no, record, item.reason, item.detail])
-                    elif sft is not None:
-                        doc_rows.append((piece_no, record))
-                        batcher.add(item.ids, item.mask)
-                    else:
-                        if canary is None:
-                            budget = max(_CANARY_MIN_CHARS, unit.nbytes // _CANARY_SHARE)
-                            canary = (piece_no, record, item[:budget])
-                            sink.submit(functools.partial(_run_canary, canary[2], verdict))
-                        doc_rows.append((piece_no, record))
-                        batcher.add(item)
-                piece_records.append(reader.records)
-            batcher.flush()
-            sink.submit(lambda: finished.append(framer.finish()))
-            sizes = np.concatenate(batcher.sizes) if batcher.sizes else np.empty(0, np.int32)
-            docs = np.empty((len(doc_rows), 3), dtype=np.int64)
-            if doc_rows:
-                docs[:, :2] = np.asarray(doc_rows, dtype=np.int64)
-            docs[:, 2] = sizes
-            # Every file but the marker goes into place beside the canary; without a marker
-            # they are what a killed worker leaves, and a redo replaces them.
-            sink.submit(functools.partial(_publish, workdir, unit.index, writers, paths, docs))
-        except Exception:
-            error = _settle(sink)
-            mismatch = _canary_mismatch(unit, canary, verdict)
-            if mismatch is None:
-                raise
-            if error is not None:
-                raise error from None
-            return mismatch
-        error = _settle(sink)
-        mismatch = _canary_mismatch(unit, canary, verdict)
-        if error is not None:
-            raise error
-        if mismatch is not None:
-            return mismatch
-        published = True
-    finally:
-        # Whatever way the unit ends, the sink is idle before its files are closed (a job's
-        # failure is raised above or, on the way out of an error, lost to that error).
+        for piece_no, piece in enumerate(unit.pieces):
+            file = config.files[piece.input_index]
+            reader = RangeReader(
+                file, piece, config.text_key, config.txt_mode,
+                objects=sft is not None, fields=sft.fields if sft is not None else None,
+                storage_options=config.storage_options, cache=_blocks,
+            )  # fmt: skip
+            for record, item in _guarded(reader, file.path):
+                records_read += 1
+                if sft is not None and not isinstance(item, Reject):
+                    item = sft.encode(item)
+                if isinstance(item, (Reject, SFTBad)):
+                    if config.stop_at_bad_record:
+                        failure = UnitFailure(
+                            unit.index, piece_no, record, item.reason, item.detail
+                        )
+                        return ended(functools.partial(_failed, failure))
+                    rejects.append([piece_no, record, item.reason, item.detail])
+                elif sft is not None:
+                    doc_rows.append((piece_no, record))
+                    batcher.add(item.ids, item.mask)
+                else:
+                    if canary is None:
+                        budget = max(_CANARY_MIN_CHARS, unit.nbytes // _CANARY_SHARE)
+                        canary = (piece_no, record, item[:budget])
+                        sink.submit(functools.partial(_run_canary, canary[2], verdict))
+                    doc_rows.append((piece_no, record))
+                    batcher.add(item)
+            piece_records.append(reader.records)
+        batcher.flush()
+        sink.submit(lambda: finished.append(framer.finish()))
+        sizes = np.concatenate(batcher.sizes) if batcher.sizes else np.empty(0, np.int32)
+        docs = np.empty((len(doc_rows), 3), dtype=np.int64)
+        if doc_rows:
+            docs[:, :2] = np.asarray(doc_rows, dtype=np.int64)
+        docs[:, 2] = sizes
+        # Every file but the marker goes into place beside the canary; without a marker
+        # they are what a killed worker leaves, and a redo replaces them.
+        sink.submit(functools.partial(_publish, workdir, unit.index, writers, paths, docs))
+    except Exception as exc:
+        return ended(functools.partial(_raised, exc))
+    except BaseException:
         with contextlib.suppress(BaseException):
             sink.drain()
-        for suffix, writer in writers.items():
-            if writer.file is not None and not (published and suffix == ".json"):
-                writer.file.close()
-    result = UnitResult(
-        index=unit.index,
-        num_documents=len(doc_rows),
-        num_tokens=batcher.num_tokens,
-        input_bytes=unit.nbytes,
-        piece_records=piece_records,
-        records_read=records_read,
-        rejects=rejects,
-        frames=finished[0].tolist(),
-        frame_settings=[config.frame_size, config.compression_level],
-        sft=None if sft is None else sft.unit_stats(batcher.trained),
-        checksums={suffix: writers[suffix].crc for suffix in suffixes[:-1]},
-    )
-    with writers[".json"].file as marker:  # created by the sink: only written here
-        marker.write(result.to_json())
-    workdir.publish_marker(unit.index, paths[".json"])
-    getattr(scratch, "published", lambda: None)()
-    return result
+        close_files(False)
+        raise
+    # Known now, on this thread: the next unit resets the SFT counts.
+    sft_stats = None if sft is None else sft.unit_stats(batcher.trained)
+    num_tokens = batcher.num_tokens
+
+    def done(error: BaseException | None):
+        mismatch = _canary_mismatch(unit, canary, verdict)
+        if error is not None or mismatch is not None:
+            close_files(False)
+            if error is not None:
+                raise error
+            return mismatch
+        close_files(True)
+        result = UnitResult(
+            index=unit.index,
+            num_documents=len(doc_rows),
+            num_tokens=num_tokens,
+            input_bytes=unit.nbytes,
+            piece_records=piece_records,
+            records_read=records_read,
+            rejects=rejects,
+            frames=finished[0].tolist(),
+            frame_settings=[config.frame_size, config.compression_level],
+            sft=sft_stats,
+            checksums={suffix: writers[suffix].crc for suffix in suffixes[:-1]},
+        )
+        with writers[".json"].file as marker:  # created by the sink: only written here
+            marker.write(result.to_json())
+        workdir.publish_marker(unit.index, paths[".json"])
+        scratch.published()
+        return result
+
+    return done
+
+
+def _failed(failure: UnitFailure, error: BaseException | None, mismatch):
+    """A bad record under --on-bad-record error: a failed write before it wins, then a
+    canary mismatch (an earlier finding than the record)."""
+    if error is not None:
+        raise error
+    return mismatch or failure
+
+
+def _raised(exc: Exception, error: BaseException | None, mismatch):
+    """An exception while tokenizing: a canary mismatch explains it best when there is one
+    (then a failed write, else the mismatch); otherwise it stands."""
+    if mismatch is None:
+        raise exc
+    if error is not None:
+        raise error from None
+    return mismatch
 
 
 def _open_into(writers: dict, paths: dict) -> None:
@@ -438,17 +545,6 @@ def _publish(workdir: WorkDir, index: int, writers: dict, paths: dict, docs: np.
             writers[suffix].file.close()
             files[suffix] = path
     workdir.publish_files(index, files)
-
-
-def _settle(sink: BackgroundWriter) -> BaseException | None:
-    """Wait for the sink's jobs; the first one's failure, if any (raised by the caller once the
-    canary's verdict is known: as when the sink was left at the unit's end, its failure wins
-    over the unit's outcome)."""
-    try:
-        sink.drain()
-    except Exception as exc:
-        return exc
-    return None
 
 
 def _run_canary(text: str, verdict: list) -> None:

@@ -87,3 +87,55 @@ def _submit_until_it_raises(sink: BackgroundWriter) -> None:
         while time.monotonic() < deadline:
             sink.submit(lambda: None)
             time.sleep(0.001)
+
+
+# -- units: conclude ---------------------------------------------------------------------------
+
+
+def test_a_units_conclusion_gets_its_own_failure_and_the_next_unit_runs_clean():
+    done, verdicts = [], []
+    sink = BackgroundWriter(depth=4)
+    sink.submit(lambda: 1 / 0)
+    sink.submit(lambda: done.append("skipped"))  # the same unit: skipped
+    sink.conclude(lambda error: verdicts.append(type(error).__name__))
+    sink.submit(lambda: done.append("next unit"))  # never raises the last unit's failure
+    sink.conclude(verdicts.append)
+    sink.drain()
+    assert done == ["next unit"]
+    assert verdicts == ["ZeroDivisionError", None]
+    sink.close()
+
+
+def test_a_failure_raised_by_submit_is_not_handed_to_the_conclusion_again():
+    verdicts = []
+    sink = BackgroundWriter()
+    sink.submit(lambda: 1 / 0)
+    _submit_until_it_raises(sink)
+    sink.conclude(verdicts.append)
+    sink.drain()
+    assert verdicts == [None]
+    sink.close()
+
+
+def test_a_failing_conclusion_skips_nothing_and_is_raised_by_close():
+    done = []
+
+    def broken(error):
+        raise OSError("cannot send")
+
+    sink = BackgroundWriter()
+    sink.conclude(broken)
+    sink.submit(lambda: done.append("next unit"))
+    sink.conclude(lambda error: done.append(error))
+    with pytest.raises(OSError, match="cannot send"):
+        sink.close()
+    assert done == ["next unit", None]
+
+
+def test_conclude_does_not_wait_for_the_thread():
+    gate = threading.Event()
+    sink = BackgroundWriter(depth=4)
+    sink.submit(gate.wait)
+    sink.conclude(lambda error: None)  # returns although the unit's first job still waits
+    gate.set()
+    sink.close()
