@@ -1,0 +1,406 @@
+"""Tokenizing one work unit and persisting its result, inside a worker process.
+
+With ``--sft`` each record goes record -> Conversation -> Rendered -> (ids, mask) instead, one
+record at a time (its mask needs the offsets of that record's own encoding), and the unit's
+masks (one uint8 per token) are persisted next to its tokens.
+
+Texts are encoded in batches of about `_BATCH_CHARS` characters; tokens stream to a temporary file
+so a unit made of one large compressed file never holds all its tokens in memory. The unit's
+files are created, written, its frames compressed and its files but the marker published on a
+second thread (background.py: one per worker, drained at each unit's end), beside the tokenizer,
+which also runs the tiktoken canary; a worker still tokenizes on one core. Under
+``--on-bad-record error`` a worker stops at the unit's first bad record and persists only that
+failure (no tokens); the assembler raises it once every earlier unit is known to be clean, so the
+error reported is always the first bad record of the input.
+
+worker.py is the process (its configuration, its encoder or SFT pipeline, its writer thread, the
+pool's protocol); this module is what happens to one unit there, so each can be read alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from shardtok.convert.background import BackgroundWriter
+from shardtok.convert.encoder import BatchEncoder
+from shardtok.convert.failures import EncoderMismatch, UnitFailure
+from shardtok.convert.inputs import InputError
+from shardtok.convert.records import BlockCache, RangeReader, Reject
+from shardtok.convert.sft.conversation import SFTBad
+from shardtok.convert.sft.setup import SFTSetup
+from shardtok.convert.tokenizer import TokenizerSpec
+from shardtok.convert.unit_result import UnitResult
+from shardtok.convert.units import Unit
+from shardtok.convert.workdir import ChecksumWriter, WorkDir, unit_base
+from shardtok.format.frames import FrameBuilder
+from shardtok.storage.folder import temporary_name
+
+_BATCH_CHARS = 1 << 20
+_BATCH_DOCS = 4096
+# The tiktoken canary re-encodes the start of each unit's first document with tokenizers: about
+# 0.5% of the input (tokenizers is ~4x slower, so ~2% of a worker's time), at least 1 KiB.
+_CANARY_SHARE = 200
+_CANARY_MIN_CHARS = 1024
+
+
+class _UnitTokenizer:
+    """Texts to token batches; each batch's writes (tokens file, frames) go to `sink`."""
+
+    def __init__(self, encoder: BatchEncoder, out, frames: FrameBuilder, sink: BackgroundWriter):
+        self.encoder = encoder
+        self.out = out
+        self.frames = frames
+        self.sink = sink
+        self.texts: list[str] = []
+        self.chars = 0
+        self.sizes: list[np.ndarray] = []
+        self.num_tokens = 0
+
+    def add(self, text: str) -> None:
+        self.texts.append(text)
+        self.chars += len(text)
+        if self.chars >= _BATCH_CHARS or len(self.texts) >= _BATCH_DOCS:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.texts:
+            return
+        tokens, sizes = self.encoder.encode(self.texts)
+        self.sink.submit(functools.partial(_store, self.out, self.frames, tokens, sizes))
+        self.sizes.append(sizes)
+        self.num_tokens += tokens.size
+        self.texts, self.chars = [], 0
+
+
+def _store(out, frames: FrameBuilder, tokens: np.ndarray, sizes: np.ndarray) -> None:
+    out.write(tokens.data)
+    frames.add(tokens, sizes)
+
+
+class SFTRecords:
+    """A worker's SFT pipeline (built once per worker: the jq patterns compile here) and the
+    current unit's counts."""
+
+    def __init__(self, setup: SFTSetup, spec: TokenizerSpec):
+        from shardtok.convert.sft.encode import SFTEncoder
+        from shardtok.convert.sft.formats import make_converter
+
+        config = setup.config
+        self.fields = config.record_fields()
+        self.convert = make_converter(config)
+        self.renderer = setup.renderer
+        self.encoder = SFTEncoder(
+            spec,
+            max_tokens=config.max_tokens,
+            truncation=config.truncation,
+            split_special_tokens=config.split_special_tokens,
+        )
+        self.start_unit()
+
+    def start_unit(self) -> None:
+        self.boundary = self.truncated = 0
+        # The jq rewrites a unit used travel in its result, so the note is the same whichever
+        # worker (or earlier run) did the unit.
+        if hasattr(self.convert, "rewrites"):
+            self.convert.rewrites.clear()
+
+    def encode(self, record):
+        """EncodedRecord (ids, mask, boundary_tokens, truncated) or SFTBad."""
+        conversation = self.convert(record)
+        if isinstance(conversation, SFTBad):
+            return conversation
+        encoded = self.encoder.encode(conversation, self.renderer)
+        if not isinstance(encoded, SFTBad):
+            self.boundary += int(encoded.boundary_tokens)
+            self.truncated += bool(encoded.truncated)
+        return encoded
+
+    def unit_stats(self, trained: int) -> dict:
+        rewrites = getattr(self.convert, "rewrites", [])
+        return {
+            "trained_tokens": trained,
+            "boundary_tokens": self.boundary,
+            "truncated_records": self.truncated,
+            "jq_rewrites": [list(r) for r in rewrites],
+        }
+
+
+class _SFTUnitWriter:
+    """Encoded records to the unit's token, mask and frame files, in batches."""
+
+    def __init__(self, dtype, out, mask_out, frames: FrameBuilder, sink: BackgroundWriter):
+        self.dtype = dtype
+        self.out = out
+        self.mask_out = mask_out
+        self.frames = frames
+        self.sink = sink
+        self.ids: list = []
+        self.masks: list = []
+        self.pending = 0
+        self.sizes: list[np.ndarray] = []
+        self.num_tokens = 0
+        self.trained = 0
+
+    def add(self, ids, mask) -> None:
+        self.ids.append(np.asarray(ids, dtype=self.dtype))
+        self.masks.append(np.asarray(mask, dtype=np.uint8))
+        self.pending += len(self.ids[-1])
+        if self.pending >= _BATCH_CHARS // 4 or len(self.ids) >= _BATCH_DOCS:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.ids:
+            return
+        tokens, mask = np.concatenate(self.ids), np.concatenate(self.masks)
+        sizes = np.fromiter(map(len, self.ids), dtype=np.int32, count=len(self.ids))
+        self.sink.submit(functools.partial(self.mask_out.write, mask.data))
+        self.sink.submit(functools.partial(_store, self.out, self.frames, tokens, sizes))
+        self.sizes.append(sizes)
+        self.num_tokens += tokens.size
+        self.trained += int(np.count_nonzero(mask))
+        self.ids, self.masks, self.pending = [], [], 0
+
+
+def _guarded(reader: RangeReader, path: str):
+    """Turn a damaged input (truncated .gz, corrupt .zst or .parquet) into an error naming the file."""
+    try:
+        yield from reader
+    except (OSError, EOFError, ValueError) as exc:
+        raise InputError(f"{path}: cannot read the input: {exc}") from None
+    except Exception as exc:  # zstandard.ZstdError, pyarrow.ArrowInvalid and kin
+        if type(exc).__module__.split(".")[0] in ("zstandard", "pyarrow", "gzip"):
+            raise InputError(f"{path}: cannot read the input: {exc}") from None
+        raise
+
+
+class Scratch:
+    """Names for a unit's files before they are published (`scratch(name)` -> a path).
+
+    Locally they are temporaries in the work folder itself, so publishing is a rename; a
+    scratch folder per unit cost a mkdir and an rmtree each, ~4% of a worker's time with
+    256 KiB units. A remote work folder gets a local temporary folder (published by PUTs).
+    What is left at :meth:`close` (a failed unit's files) is removed; a killed worker's
+    temporaries are swept by the next run, like any other."""
+
+    def __init__(self, workdir: WorkDir, index: int):
+        self.workdir = workdir
+        self.index = index
+        self.made: list[Path] = []
+        self.folder = None
+        if not workdir.is_local:
+            self.folder = contextlib.ExitStack()
+            self.local = self.folder.enter_context(workdir.folder.scratch())
+
+    def __call__(self, name: str) -> Path:
+        if self.folder is not None:
+            return self.local / name
+        self.made.append(self.workdir.path / temporary_name(f"{unit_base(self.index)}.{name}"))
+        return self.made[-1]
+
+    def published(self) -> None:
+        self.made.clear()  # all were moved into place: nothing to remove (5 syscalls)
+
+    def close(self) -> None:
+        if self.folder is not None:
+            self.folder.close()
+        for left in self.made:
+            left.unlink(missing_ok=True)
+        self.made.clear()
+
+
+def tokenize(
+    unit: Unit,
+    config,
+    workdir: WorkDir,
+    scratch: Scratch,
+    encoder: BatchEncoder | None,
+    sft: SFTRecords | None,
+    blocks: BlockCache,
+    sink: BackgroundWriter,
+) -> Callable[[BaseException | None], UnitResult | UnitFailure | EncoderMismatch]:
+    """Read and tokenize `unit`, handing its writes to the sink; returns the unit's
+    conclusion, to be run on the sink's thread after them with the first failure among them
+    (see worker.start_unit). `config` is the worker's WorkerConfig (not imported: worker.py
+    imports this module); `encoder` or `sft`, `blocks` and `sink` are the worker's own."""
+    suffixes = [".tokens", ".frames"] + ([".mask"] if sft else []) + [".docs.npy", ".json"]
+    paths = {suffix: scratch(suffix[1:]) for suffix in suffixes}
+    # Created, written and (frames) compressed on the sink's thread; read there at the end.
+    writers = {suffix: ChecksumWriter(None) for suffix in suffixes}
+    out, frames_out, mask_out = writers[".tokens"], writers[".frames"], writers.get(".mask")
+    # Frames end at the unit's end, so the worker can compress them: the assembler
+    # then only appends them to shards (see FrameBuilder).
+    framer = FrameBuilder(config.frame_size, config.compression_level, frames_out)
+    doc_rows: list[tuple[int, int]] = []  # (piece, record) of each document
+    piece_records: list[int] = []
+    rejects: list[list] = []
+    records_read = 0
+    # (piece, record, text) of the unit's first document, for the canary. It runs on the
+    # sink's thread as soon as that document is read (tokenizers holds the GIL, tiktoken does
+    # not: the two encoders mostly overlap), and its verdict is awaited wherever the unit can
+    # end (a bad record in error mode, an exception, its last record), so the outcome is what
+    # checking the first document first would give; the unit's marker, the only thing that
+    # makes its files count, is written after it.
+    canary = None
+    verdict: list = []  # the canary's: None or where the encoders differ
+    finished: list[np.ndarray] = []  # the frame table, from the sink
+
+    def close_files(published: bool) -> None:
+        for suffix, writer in writers.items():
+            if writer.file is not None and not (published and suffix == ".json"):
+                writer.file.close()
+
+    def ended(make):
+        """The conclusion: `make(error, mismatch)` gives the outcome or raises; the files
+        are closed whatever happens."""
+
+        def conclusion(error: BaseException | None):
+            try:
+                return make(error, _canary_mismatch(encoder, unit, canary, verdict))
+            finally:
+                close_files(False)
+
+        return conclusion
+
+    batcher = None
+    try:
+        # Creating a file costs ~0.15 ms of CPU here (ext4): done beside the tokenizer.
+        sink.submit(functools.partial(_open_into, writers, paths))
+        if sft is None:
+            batcher = _UnitTokenizer(encoder, out, framer, sink)
+        else:
+            sft.start_unit()
+            batcher = _SFTUnitWriter(config.tokenizer.dtype, out, mask_out, framer, sink)
+        for piece_no, piece in enumerate(unit.pieces):
+            file = config.files[piece.input_index]
+            reader = RangeReader(
+                file, piece, config.text_key, config.txt_mode,
+                objects=sft is not None, fields=sft.fields if sft is not None else None,
+                storage_options=config.storage_options, cache=blocks,
+            )  # fmt: skip
+            for record, item in _guarded(reader, file.path):
+                records_read += 1
+                if sft is not None and not isinstance(item, Reject):
+                    item = sft.encode(item)
+                if isinstance(item, (Reject, SFTBad)):
+                    if config.stop_at_bad_record:
+                        failure = UnitFailure(
+                            unit.index, piece_no, record, item.reason, item.detail
+                        )
+                        return ended(functools.partial(_failed, failure))
+                    rejects.append([piece_no, record, item.reason, item.detail])
+                elif sft is not None:
+                    doc_rows.append((piece_no, record))
+                    batcher.add(item.ids, item.mask)
+                else:
+                    if canary is None:
+                        budget = max(_CANARY_MIN_CHARS, unit.nbytes // _CANARY_SHARE)
+                        canary = (piece_no, record, item[:budget])
+                        sink.submit(functools.partial(_run_canary, encoder, canary[2], verdict))
+                    doc_rows.append((piece_no, record))
+                    batcher.add(item)
+            piece_records.append(reader.records)
+        batcher.flush()
+        sink.submit(lambda: finished.append(framer.finish()))
+        sizes = np.concatenate(batcher.sizes) if batcher.sizes else np.empty(0, np.int32)
+        docs = np.empty((len(doc_rows), 3), dtype=np.int64)
+        if doc_rows:
+            docs[:, :2] = np.asarray(doc_rows, dtype=np.int64)
+        docs[:, 2] = sizes
+        # Every file but the marker goes into place beside the canary; without a marker
+        # they are what a killed worker leaves, and a redo replaces them.
+        sink.submit(functools.partial(_publish, workdir, unit.index, writers, paths, docs))
+    except Exception as exc:
+        return ended(functools.partial(_raised, exc))
+    except BaseException:
+        with contextlib.suppress(BaseException):
+            sink.drain()
+        close_files(False)
+        raise
+    # Known now, on this thread: the next unit resets the SFT counts.
+    sft_stats = None if sft is None else sft.unit_stats(batcher.trained)
+    num_tokens = batcher.num_tokens
+
+    def done(error: BaseException | None):
+        mismatch = _canary_mismatch(encoder, unit, canary, verdict)
+        if error is not None or mismatch is not None:
+            close_files(False)
+            if error is not None:
+                raise error
+            return mismatch
+        close_files(True)
+        result = UnitResult(
+            index=unit.index,
+            num_documents=len(doc_rows),
+            num_tokens=num_tokens,
+            input_bytes=unit.nbytes,
+            piece_records=piece_records,
+            records_read=records_read,
+            rejects=rejects,
+            frames=finished[0].tolist(),
+            frame_settings=[config.frame_size, config.compression_level],
+            sft=sft_stats,
+            checksums={suffix: writers[suffix].crc for suffix in suffixes[:-1]},
+        )
+        with writers[".json"].file as marker:  # created by the sink: only written here
+            marker.write(result.to_json())
+        workdir.publish_marker(unit.index, paths[".json"])
+        scratch.published()
+        return result
+
+    return done
+
+
+def _failed(failure: UnitFailure, error: BaseException | None, mismatch):
+    """A bad record under --on-bad-record error: a failed write before it wins, then a
+    canary mismatch (an earlier finding than the record)."""
+    if error is not None:
+        raise error
+    return mismatch or failure
+
+
+def _raised(exc: Exception, error: BaseException | None, mismatch):
+    """An exception while tokenizing: a canary mismatch explains it best when there is one
+    (then a failed write, else the mismatch); otherwise it stands."""
+    if mismatch is None:
+        raise exc
+    if error is not None:
+        raise error from None
+    return mismatch
+
+
+def _open_into(writers: dict, paths: dict) -> None:
+    # As Folder.scratch did: a caller may hand units to a work folder not made yet.
+    next(iter(paths.values())).parent.mkdir(parents=True, exist_ok=True)
+    for suffix, path in paths.items():
+        writers[suffix].file = open(path, "wb")  # noqa: SIM115 (tokenize closes it)
+
+
+def _publish(workdir: WorkDir, index: int, writers: dict, paths: dict, docs: np.ndarray) -> None:
+    np.save(writers[".docs.npy"], docs)
+    files = {}
+    for suffix, path in paths.items():
+        if suffix != ".json":
+            writers[suffix].file.close()
+            files[suffix] = path
+    workdir.publish_files(index, files)
+
+
+def _run_canary(encoder: BatchEncoder, text: str, verdict: list) -> None:
+    verdict.append(encoder.canary(text))
+
+
+def _canary_mismatch(
+    encoder: BatchEncoder | None, unit: Unit, canary, verdict: list
+) -> EncoderMismatch | None:
+    """EncoderMismatch if tiktoken and tokenizers encode the unit's first document differently
+    (`verdict`: the sink's, once it is idle; checked here when a job before it failed)."""
+    if canary is None:
+        return None
+    piece_no, record, text = canary
+    mismatch = verdict[0] if verdict else encoder.canary(text)
+    return None if mismatch is None else EncoderMismatch(unit.index, piece_no, record, mismatch)
