@@ -7,8 +7,9 @@ masks (one uint8 per token) are persisted next to its tokens.
 Texts are encoded in batches of about `_BATCH_CHARS` characters; tokens stream to a temporary file
 so a unit made of one large compressed file never holds all its tokens in memory. The unit's
 files are created, written, its frames compressed and its files but the marker published on a
-second thread (background.py: one per worker, drained at each unit's end), beside the tokenizer,
-which also runs the tiktoken canary; a worker still tokenizes on one core. Under
+second thread (background.py: one per worker; it concludes a unit, verdict, marker and result,
+while the tokenizer starts the next), beside the tokenizer, which also runs the tiktoken canary;
+a worker still tokenizes on one core. Under
 ``--on-bad-record error`` a worker stops at the unit's first bad record and persists only that
 failure (no tokens); the assembler raises it once every earlier unit is known to be clean, so the
 error reported is always the first bad record of the input.
