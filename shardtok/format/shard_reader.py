@@ -314,29 +314,9 @@ class ShardStreamReader:
         header = read_mask_header(read_upto, self.head, self.where, size)
         return MaskFrames(self.head, header, self.where, self.full_checks)
 
-    def documents(
-        self,
-        start: int = 0,
-        stop: int | None = None,
-        *,
-        with_masks: bool = False,
-        combine=None,
-        ahead: DecodeAhead | None = None,
-    ) -> Iterator:
-        """Yield documents [start, stop) (with_masks: (tokens, mask) pairs); with full_checks, a
-        whole-shard read also checks bin_sha256, the mask member and the archive end.
-
-        `combine` (with masks): a function of a frame's (tokens, mask) arrays returning one
-        array, applied once per frame; the documents are then slices of what it returns (the
-        stream keeps masks as flag bits of the tokens this way: one pass per frame).
-
-        `ahead`: a helper thread that decodes and combines the next frames (their compressed
-        bytes are read here, their mask frames there) while frame n's documents are handed out
-        (``decode_ahead``); same documents, and a frame that does not decode fails at the same
-        document (a read error can come up to ``AHEAD_FRAMES`` frames earlier, or as many as
-        ``document_runs`` is told to decode ahead). ``settle()``
-        waits for the thread's frames before the stream is closed."""
-        runs = self.document_runs(start, stop, with_masks=with_masks, combine=combine, ahead=ahead)
+    def documents(self, start: int = 0, stop: int | None = None, **options) -> Iterator:
+        """Yield documents [start, stop) one at a time: ``document_runs``'s, same options."""
+        runs = self.document_runs(start, stop, **options)
         try:
             for run in runs:
                 yield from run
@@ -353,9 +333,20 @@ class ShardStreamReader:
         ahead: DecodeAhead | None = None,
         ahead_frames: int = AHEAD_FRAMES,
     ) -> Iterator[list]:
-        """``documents``, one list per frame: the documents of [start, stop) that begin in it
-        (a stream reader takes them in runs, without a Python step per document);
-        `ahead_frames`: how many frames `ahead` decodes beyond the one cut."""
+        """The documents [start, stop) (with_masks: (tokens, mask) pairs), one list per frame:
+        those that begin in it (a stream reader takes them in runs, without a Python step per
+        document). With full_checks, a whole-shard read also checks bin_sha256, the mask member
+        and the archive end.
+
+        `combine` (with masks): a function of a frame's (tokens, mask) arrays returning one
+        array, applied once per frame; the documents are then slices of what it returns (the
+        stream keeps masks as flag bits of the tokens this way: one pass per frame).
+
+        `ahead`: a helper thread that decodes and combines the next `ahead_frames` frames
+        (their compressed bytes are read here, their mask frames there) while frame n's
+        documents are handed out (``decode_ahead``); same documents, and a frame that does not
+        decode fails at the same document (a read error can come up to `ahead_frames` frames
+        earlier). ``settle()`` waits for the thread's frames before the stream is closed."""
         masks = self._open_masks() if with_masks else None
         if self._consumed:
             raise RuntimeError(f"{self.where}: a stream reader yields its documents once")

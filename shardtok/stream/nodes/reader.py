@@ -180,8 +180,8 @@ class SliceReader(DocumentNode):
         self._counts: dict[int, int] = {}  # group -> documents in it
         self._docs: bool | None = None  # whether a group is open
         self._open: list[_OpenPiece] = []
-        # Frames are decoded ahead (AHEAD_BUDGET shared by the open shards) in a helper thread (started on first use, ended
-        # with the slice, on close() or when this reader is collected).
+        # Frames are decoded ahead (AHEAD_BUDGET shared by the open shards) in a helper thread,
+        # started on first use, ended with the slice, on close() or when this reader is collected.
         self._ahead = DecodeAhead() if decode_ahead else None
 
     @property
