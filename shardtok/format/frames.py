@@ -107,7 +107,10 @@ class FrameDecoder:
         self.where = where
         self.member = member
         self.member_data_offset = member_data_offset
-        self._decompressor = zstandard.ZstdDecompressor() if compressed else None
+        # Idle decompression contexts. A context serves one call at a time, and a stream's
+        # frames can be decoded in two threads at once (``decode_ahead``: the caller helps
+        # while it waits), so each call takes one, making another only when all are busy.
+        self._contexts: list[zstandard.ZstdDecompressor] = []
         # A zstd frame's XXH64 content checksum already covers its decoded bytes, so the crc32
         # is only needed for uncompressed frames -- unless the caller asks for every check.
         self._check_crc = full_checks or not compressed
@@ -121,7 +124,7 @@ class FrameDecoder:
                 offset + len(stored),
                 f"frame {number} truncated: {len(stored)} of {frame.compressed_size} bytes",
             )
-        if self._decompressor is None:
+        if not self.compressed:
             raw = stored
         else:
             try:
@@ -140,7 +143,7 @@ class FrameDecoder:
                         f"frame {number} declares {declared} bytes, the frame table "
                         f"{frame.uncompressed_size}",
                     )
-                raw = self._decompressor.decompress(stored, max_output_size=frame.uncompressed_size)
+                raw = self._decompress(stored, frame.uncompressed_size)
             except zstandard.ZstdError as exc:
                 raise CorruptShardError(
                     self.where, self.member, offset, f"frame {number} does not decode: {exc}"
@@ -157,3 +160,14 @@ class FrameDecoder:
                 self.where, self.member, offset, f"frame {number} fails its crc32 check"
             )
         return raw
+
+    def _decompress(self, stored: bytes, size: int) -> bytes:
+        contexts = self._contexts
+        try:
+            context = contexts.pop()  # list.pop and append are atomic: no lock needed
+        except IndexError:
+            context = zstandard.ZstdDecompressor()
+        try:
+            return context.decompress(stored, max_output_size=size)
+        finally:
+            contexts.append(context)

@@ -4,6 +4,7 @@ token frames (size, zstd checksum or crc32), and refused unless every value is 0
 from __future__ import annotations
 
 import hashlib
+import threading
 
 import numpy as np
 
@@ -41,6 +42,9 @@ class MaskFrames:
             head.meta.compressed, where, header.name, header.data_offset, full_checks
         )
         self._cached: tuple[int, bytes] | None = None
+        # Frames of one stream can be decoded in two threads at once (``decode_ahead``); the
+        # mask source's reads and the cache are then taken one thread at a time.
+        self._lock = threading.Lock()
 
     def decode(self, frame_no: int, stored: bytes) -> np.ndarray:
         frame = self.frames[frame_no]
@@ -49,13 +53,15 @@ class MaskFrames:
         return check_mask_values(raw, self.decoder.where, self.header.name, offset, frame_no)
 
     def frame(self, source, frame_no: int) -> bytes:
-        if self._cached is None or self._cached[0] != frame_no:
-            frame = self.frames[frame_no]
-            stored = source.read_range(
-                self.header.data_offset + frame.compressed_offset, frame.compressed_size
-            )
-            self._cached = (frame_no, self.decode(frame_no, stored))
-        return self._cached[1]
+        with self._lock:
+            cached = self._cached
+            if cached is None or cached[0] != frame_no:
+                frame = self.frames[frame_no]
+                stored = source.read_range(
+                    self.header.data_offset + frame.compressed_offset, frame.compressed_size
+                )
+                cached = self._cached = (frame_no, self.decode(frame_no, stored))
+            return cached[1]
 
 
 def check_mask_member(read_at, head, header, where: str) -> None:
