@@ -1,17 +1,21 @@
-"""A helper thread that reads and decodes a shard's next frame while the stream uses the current.
+"""A helper thread that decodes a shard's next frames while the stream uses the current one.
 
 Why: decoding is about a third of the CPU an in-process stream spends per batch (zstd, ~40 µs
 per 8 x 2048 batch), and python-zstandard (like numpy's large-array loops) releases the GIL
 while it works. With DataLoader workers the cores are busy anyway; in one process (``num_workers
 =0``: notebooks, TPU hosts, simple scripts) the second core is idle, and this thread puts the
-decoding there while the main thread assembles batches.
+decoding there while the main thread assembles batches. Where decoding is the slower side (long
+documents: little Python per batch), a caller whose frame is not ready yet does not wait idle:
+it runs the tasks queued behind the helper's current one itself (``Pending.result``), so both
+cores decode. The tasks must therefore be safe to run two at a time (the shard readers' are:
+each decode takes a zstd context of its own, mask frames are read under a lock).
 
 What stays as it was:
 
 * bounded memory: a reader keeps a fixed number of frames in flight beyond the one it is
   cutting (a slice reader shares 8 among its open shards, at least 2 each), so a slice holds at
   most that many more decoded frames (and their compressed bytes);
-* the same tokens in the same order: the thread computes exactly the frames the reader asks
+* the same tokens in the same order: the frames computed are exactly those the reader asks
   for, and the reader takes each result where it would have computed it itself, so a frame
   that does not decode (corrupt, a bad mask frame) is raised at the same document as without
   the thread. Compressed bytes are still read on the caller's thread, ahead: a shard cut short
@@ -25,34 +29,44 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 import weakref
 from collections.abc import Callable
-from queue import SimpleQueue
+from queue import Empty, SimpleQueue
 from typing import Any
-
-# cooperate(): a task counts as stuck past 1.5 x recent tasks' CPU plus this, and the caller
-# waits for it at most this long.
-STALL_MARGIN_S = 0.0002
-STALL_WAIT_S = 0.002
 
 
 class Pending:
-    """The result of one submitted task, available once the helper has run it."""
+    """The result of one submitted task, available once the helper (or a caller helping while
+    it waits) has run it."""
 
-    __slots__ = ("_done", "_value", "_error")
+    __slots__ = ("_done", "_value", "_error", "_tasks")
 
-    def __init__(self) -> None:
+    def __init__(self, tasks: SimpleQueue | None = None) -> None:
         self._done = threading.Event()
         self._value: Any = None
         self._error: BaseException | None = None
+        self._tasks = tasks  # the queue it is in, for ``result`` to help with
 
     def wait(self) -> None:
         self._done.wait()
 
     def result(self) -> Any:
-        """The task's return value, or its exception raised here (in the caller's thread)."""
-        self._done.wait()
+        """The task's return value, or its exception raised here (in the caller's thread).
+
+        Until it is ready the caller runs tasks still queued behind the one the helper is on
+        (the ones its stream needs next) instead of blocking: where decoding is the slower
+        side, the caller's idle time goes into it and both cores decode."""
+        done, tasks = self._done, self._tasks
+        while tasks is not None and not done.is_set():
+            try:
+                item = tasks.get_nowait()
+            except Empty:
+                break
+            if item is None:  # the helper's stop: left for it
+                tasks.put(None)
+                break
+            _run(*item)
+        done.wait()
         if self._error is not None:
             error, self._error = self._error, None  # raised once; no traceback cycle kept
             raise error
@@ -60,35 +74,21 @@ class Pending:
         return value
 
 
-class _Progress:
-    """What the thread is doing, for its owner's ``cooperate``: since when (wall clock, 0 when
-    idle) it runs which task, and the CPU its recent tasks took."""
-
-    __slots__ = ("since", "current", "cpu")
-
-    def __init__(self) -> None:
-        self.since = 0.0
-        self.current: Pending | None = None
-        self.cpu = 0.0
+def _run(pending: Pending, fn: Callable[..., Any], args: tuple) -> None:
+    try:
+        pending._value = fn(*args)
+    except BaseException as exc:  # noqa: BLE001 - handed to the caller, raised there
+        pending._error = exc
+    pending._done.set()
 
 
-def _serve(tasks: SimpleQueue, progress: _Progress) -> None:
+def _serve(tasks: SimpleQueue) -> None:
     while True:
         item = tasks.get()
         if item is None:
             return
-        pending, fn, args = item
-        del item
-        progress.current, progress.since = pending, time.perf_counter()
-        cpu = time.thread_time()
-        try:
-            pending._value = fn(*args)
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller, raised there
-            pending._error = exc
-        progress.cpu += (time.thread_time() - cpu - progress.cpu) / 4
-        progress.since, progress.current = 0.0, None
-        pending._done.set()
-        del pending, fn, args  # hold nothing of a finished task while waiting for the next
+        _run(*item)
+        del item  # hold nothing of a finished task while waiting for the next
 
 
 def _stop(tasks: SimpleQueue, thread: threading.Thread, pid: int) -> None:
@@ -100,48 +100,30 @@ def _stop(tasks: SimpleQueue, thread: threading.Thread, pid: int) -> None:
 
 
 class DecodeAhead:
-    """One helper thread running submitted tasks in order (see the module docstring)."""
+    """One helper thread running submitted tasks in order, with callers waiting for a result
+    running queued ones too (see the module docstring)."""
 
     def __init__(self) -> None:
         self._tasks: SimpleQueue | None = None
-        self._progress: _Progress | None = None
         self._pid = -1
         self._finalizer: weakref.finalize | None = None
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Pending:
         if self._tasks is None or self._pid != os.getpid():
             self._start()
-        pending = Pending()
+        pending = Pending(self._tasks)
         self._tasks.put((pending, fn, args))  # type: ignore[union-attr]
         return pending
 
     def _start(self) -> None:
         tasks: SimpleQueue = SimpleQueue()
-        progress = _Progress()
         thread = threading.Thread(
-            target=_serve, args=(tasks, progress), name="shardtok-decode-ahead", daemon=True
+            target=_serve, args=(tasks,), name="shardtok-decode-ahead", daemon=True
         )
         thread.start()
-        self._tasks, self._pid, self._progress = tasks, os.getpid(), progress
+        self._tasks, self._pid = tasks, os.getpid()
         # The thread holds only its queue, never this object: dropping the owner ends it.
         self._finalizer = weakref.finalize(self, _stop, tasks, thread, self._pid)
-
-    def cooperate(self) -> None:
-        """Hand the GIL to the thread if it is stuck waiting for it (the caller, between two
-        batches). A thread that returns from decompressing needs the GIL back, and CPython
-        gives a waiting thread the GIL only when the holder blocks or after the switch interval
-        (5 ms): a busy main thread that merely releases it around numpy calls takes it straight
-        back, and the helper then finishes about one frame per 5 ms, fewer than the main thread
-        uses. So when the current task has run well past the CPU such tasks take, the caller
-        blocks on it (briefly: what is left of it runs at full speed once it has the GIL)."""
-        progress = self._progress
-        if progress is None:
-            return
-        since = progress.since
-        if since and time.perf_counter() - since > 1.5 * progress.cpu + STALL_MARGIN_S:
-            current = progress.current
-            if current is not None:
-                current._done.wait(STALL_WAIT_S)
 
     @property
     def running(self) -> bool:

@@ -74,6 +74,19 @@ def copies(stream) -> list[dict]:
 # -- the helper itself ------------------------------------------------------------------------
 
 
+def occupy(ahead: DecodeAhead, gate: threading.Event):
+    """A task the helper is running (returned once it has started), blocked until `gate`."""
+    started = threading.Event()
+
+    def block() -> bool:
+        started.set()
+        return gate.wait(30)
+
+    busy = ahead.submit(block)
+    assert started.wait(30)
+    return busy
+
+
 def test_results_in_order_and_errors_raised_where_asked():
     ahead = DecodeAhead()
     pending = [ahead.submit(pow, 2, n) for n in range(20)]
@@ -87,19 +100,48 @@ def test_results_in_order_and_errors_raised_where_asked():
     assert not settle_threads()
 
 
-def test_cooperating_changes_nothing_but_who_runs():
+def test_a_caller_waiting_runs_queued_tasks_itself():
     ahead = DecodeAhead()
-    ahead.cooperate()  # before the thread exists: nothing to hand over
     gate = threading.Event()
-    slow = ahead.submit(gate.wait, 30)  # a task "stuck" in a call that released the GIL
-    after = ahead.submit(sum, [4, 5])
-    ahead.cooperate()  # waits a bounded while for the stuck task, then returns
-    gate.set()
-    assert slow.result() is True and after.result() == 9
-    ahead.cooperate()
+    busy = occupy(ahead, gate)
+    ran: list[tuple[str, threading.Thread]] = []
+
+    def record(name: str, then_open: bool = False) -> str:
+        ran.append((name, threading.current_thread()))
+        if then_open:
+            gate.set()
+        return name
+
+    queued = [ahead.submit(record, "b"), ahead.submit(record, "c", True)]
+    # Waiting for the helper's task, the caller runs what is queued behind it, in order; the
+    # last of them opens the gate, so nothing here waits on anything but those tasks.
+    assert busy.result() is True
+    assert [p.result() for p in queued] == ["b", "c"]
+    assert ran == [("b", threading.main_thread()), ("c", threading.main_thread())]
     ahead.close()
-    ahead.cooperate()  # and after the thread ended
     assert not settle_threads()
+
+
+def test_a_waiting_caller_leaves_the_helpers_stop_to_it():
+    from queue import SimpleQueue
+
+    from shardtok.format.decode_ahead import Pending
+
+    class NotYet(threading.Event):
+        """Not done when the caller first looks, done once it waits (the helper's doing)."""
+
+        def wait(self, timeout=None) -> bool:
+            self.set()
+            return True
+
+    tasks: SimpleQueue = SimpleQueue()
+    tasks.put(None)
+    pending = Pending(tasks)
+    pending._done = NotYet()
+    pending._value = "value"
+    assert pending.result() == "value"
+    assert tasks.get_nowait() is None  # still queued, for the helper to end on
+    assert tasks.empty()
 
 
 def test_the_thread_ends_with_its_owner():
@@ -174,6 +216,52 @@ def test_reader_documents_are_the_same_ahead(lengths, masked, combine, cut):
     for g, w in zip(got, want):
         for a, b in zip(g if isinstance(g, tuple) else [g], w if isinstance(w, tuple) else [w]):
             np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_documents_decoded_by_the_waiting_caller_are_the_same(tmp_path, masked):
+    """The helper stays busy, so the reader's caller decodes (and flags) every frame itself
+    while it waits: documents equal to decoding in place."""
+    known, path = write(tmp_path, [(n * 37) % 300 + 1 for n in range(80)], masked)
+    want = read(path, 3, 77, None, masked, masked)
+    ahead = DecodeAhead()
+    gate = threading.Event()
+    busy = occupy(ahead, gate)
+    got = read(path, 3, 77, ahead, masked, masked)
+    gate.set()
+    assert busy.result() is True
+    ahead.close()
+    assert len(got) == len(want) == 74
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+
+
+def test_frames_decoded_in_two_threads_at_once_are_right(tmp_path):
+    """Decode contexts and the mask frame cache under two threads decoding one reader's frames
+    (what a helping caller and the helper do): every frame equal to a sequential decode."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from shardtok.format.shard_reader import PathSource
+
+    _, path = write(tmp_path, [(n * 53) % 200 + 1 for n in range(300)], True, frame_size=512)
+    shard = path / load_manifest(path).shards[0].file
+    with open(shard, "rb") as f:
+        reader = ShardStreamReader(f, str(shard), mask_source=PathSource(shard))
+        masks = reader._open_masks()
+        frames = list(range(len(reader.meta.frames)))
+        stored = [reader._read_frame(n, n == 0) for n in frames]
+
+        def decode(n: int) -> np.ndarray:
+            return np.copy(reader._decode_frame(n, stored[n], masks, flag_untrained)[1])
+
+        want = [decode(n) for n in frames]
+        assert len(frames) > 20
+        with ThreadPoolExecutor(2) as pool:
+            for _ in range(5):
+                order = frames[::-1] + frames  # neighbours decoded at once, cache shared
+                got = list(pool.map(decode, order))
+                for n, array in zip(order, got):
+                    np.testing.assert_array_equal(array, want[n])
 
 
 def test_a_corrupt_frame_fails_at_the_same_document(tmp_path):

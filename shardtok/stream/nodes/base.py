@@ -93,13 +93,6 @@ class DocumentNode(Node[np.ndarray]):
     def state_at(self, position: int) -> dict:
         raise NotImplementedError
 
-    def cooperate(self) -> None:
-        """Give a decode-ahead thread upstream the GIL if it is stuck waiting for it (nodes
-        that pull in runs call it once per run; ``DecodeAhead.cooperate``)."""
-        upstream = getattr(self, "upstream", None)
-        if isinstance(upstream, DocumentNode):
-            upstream.cooperate()
-
     def _next_many(self, count: int) -> list[np.ndarray]:
         """The next `count` documents, fewer only at the end (the node must be started).
 

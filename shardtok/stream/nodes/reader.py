@@ -302,13 +302,7 @@ class SliceReader(DocumentNode):
             raise StopIteration
         return docs[0]
 
-    def cooperate(self) -> None:
-        if self._ahead is not None:
-            self._ahead.cooperate()
-
     def _next_many(self, count: int) -> list[np.ndarray]:
-        if self._ahead is not None:
-            self._ahead.cooperate()
         out: list[np.ndarray] = []
         while len(out) < count and self._docs is not None:
             got = self._take(count - len(out))

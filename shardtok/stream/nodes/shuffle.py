@@ -221,7 +221,6 @@ class ShuffleBuffer(DocumentNode):
         return self._ready.popleft()
 
     def _next_many(self, count: int) -> list[np.ndarray]:
-        self.upstream.cooperate()  # a run per call: a decode-ahead thread gets its turn
         out: list[np.ndarray] = []
         ready = self._ready
         while len(out) < count and (ready or self._refill()):
