@@ -66,6 +66,9 @@ class Pending:
                 tasks.put(None)
                 break
             _run(*item)
+            error = item[0]._error
+            if error is not None and not isinstance(error, Exception):
+                raise error  # Ctrl-C in a task run here is this thread's: not held for later
         done.wait()
         if self._error is not None:
             error, self._error = self._error, None  # raised once; no traceback cycle kept

@@ -122,6 +122,23 @@ def test_a_caller_waiting_runs_queued_tasks_itself():
     assert not settle_threads()
 
 
+def test_an_interrupt_in_a_task_the_caller_runs_reaches_it_at_once():
+    ahead = DecodeAhead()
+    gate = threading.Event()
+    busy = occupy(ahead, gate)
+
+    def interrupted() -> None:
+        gate.set()
+        raise KeyboardInterrupt
+
+    stolen = ahead.submit(interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        busy.result()  # not held in `stolen` until someone asks for it
+    stolen.wait()  # and done, so a stream closing after the interrupt does not hang on it
+    ahead.close()
+    assert not settle_threads()
+
+
 def test_a_waiting_caller_leaves_the_helpers_stop_to_it():
     from queue import SimpleQueue
 
