@@ -26,7 +26,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, wait
+from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,6 +57,7 @@ from shardtok.convert.pool import retire, usable_cores, worker_pool
 from shardtok.convert.progress import ConvertProgress, ConvertResult
 from shardtok.convert.sft.setup import SFTSetup
 from shardtok.convert.tokenizer import TokenizerSpec
+from shardtok.convert.unit_feed import UnitFeed
 from shardtok.convert.unit_result import UnitResult
 from shardtok.convert.units import Unit, auto_unit_size, plan_units
 from shardtok.convert.workdir import WorkDir
@@ -340,9 +341,9 @@ def _convert(planned: Planned, started: float) -> ConvertResult:
             canary = UnitCanary.for_job(
                 opts.tokenizer, files, opts.text_key, opts.txt_mode, opts.sft
             )
-            pending: dict[Future, int] = {}
-            for unit in todo:
-                pending[pool.submit(unit, canary.check(unit) if canary else None)] = unit.index
+            feed = UnitFeed(pool, todo, canary, workers)
+            feed.top_up()
+            pending = feed.pending
             # tokenizer.json (9 MB for Llama 3, 5-15 ms to encode and write) only matters to the
             # phases after a kill: written beside the units instead of before the first one,
             # once the workers are forked (no thread may run here before) and have their first
@@ -361,6 +362,7 @@ def _convert(planned: Planned, started: float) -> ConvertResult:
             assembler = Assembler(opts, files, units, workdir, progress.note)
             for next_index in range(len(units)):
                 while next_index not in ready:
+                    feed.top_up()
                     finished, _ = wait(pending, return_when=FIRST_COMPLETED)
                     for future in finished:
                         index = pending.pop(future)
@@ -374,11 +376,8 @@ def _convert(planned: Planned, started: float) -> ConvertResult:
                                 result.input_bytes, result.num_documents, result.num_tokens, False
                             )
                         else:
-                            # The run will stop at this unit: later units are wasted work.
-                            for other in [f for f, i in pending.items() if i > index]:
-                                if other.cancel():
-                                    del pending[other]
-                if pool is not None and not pending:
+                            feed.stop_after(index)  # the run will stop at this unit
+                if pool is not None and feed.all_in:
                     retire(pool)  # every unit is in: the workers exit beside the assembly
                 result = ready.pop(next_index)
                 if isinstance(result, Exception):
