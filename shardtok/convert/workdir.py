@@ -29,7 +29,6 @@ run without them, nor the other way round.
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import os
@@ -84,7 +83,6 @@ class WorkDir:
     def __init__(self, out_dir: Folder | str | os.PathLike, storage_options: dict | None = None):
         self.output = out_dir if isinstance(out_dir, Folder) else Folder(out_dir, storage_options)
         self.folder = self.output.sub(WORK_DIR_NAME)
-        self._local: str | None = None  # the local folder's OS path, once asked for
 
     @property
     def is_local(self) -> bool:
@@ -211,15 +209,6 @@ class WorkDir:
         local file, consumed as by save_unit) go into place, and a failure marker an earlier
         run left is deleted. Until :meth:`publish_marker` they do not count."""
         base = unit_base(index)
-        if self.is_local:
-            # Renames straight to the folder's path: through Folder (a checked Location per
-            # name) they held a worker's GIL ~0.2 ms a unit, against its tokenizing thread.
-            folder = self._local_folder()
-            for suffix, local in files.items():
-                os.replace(local, os.path.join(folder, base + suffix))
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(folder, base + ".failed.json"))
-            return
         for suffix, local in files.items():
             self.folder.put_file(base + suffix, local)
         # A done unit wins over a failure an earlier run of the other mode left.
@@ -228,15 +217,7 @@ class WorkDir:
     def publish_marker(self, index: int, marker: Path) -> None:
         """The second half: the marker (`marker`: a local file holding UnitResult.to_json(),
         consumed), after every file it vouches for."""
-        if self.is_local:
-            os.replace(marker, os.path.join(self._local_folder(), unit_base(index) + ".json"))
-            return
         self.folder.put_file(unit_base(index) + ".json", marker)
-
-    def _local_folder(self) -> str:
-        if self._local is None:
-            self._local = self.folder.location.local_path
-        return self._local
 
     def load_result(
         self,
