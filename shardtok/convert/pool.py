@@ -68,7 +68,7 @@ class UnitPool:
         # This process only ever holds the write end; it is never written.
         self._alive_r, self._alive_w = context.Pipe(duplex=False)
         self._lock = threading.Lock()
-        self._queue: collections.deque[tuple[Future, object]] = collections.deque()
+        self._queue: collections.deque[tuple[Future, tuple]] = collections.deque()
         self._workers: list[_Worker] = []
         self._ids = itertools.count()
         self._broken: str | None = None
@@ -96,8 +96,9 @@ class UnitPool:
         )
         self._collector.start()
 
-    def submit(self, unit) -> Future:
-        """The Future of `unit`'s outcome; cancel() works until the unit is sent to a worker."""
+    def submit(self, unit, checked=None) -> Future:
+        """The Future of `unit`'s outcome; cancel() works until the unit is sent to a worker.
+        `checked`: the canary's verdict on the unit's first document, or None (canary.py)."""
         future: Future = Future()
         with self._lock:
             if self._broken is not None:
@@ -105,7 +106,7 @@ class UnitPool:
                 return future
             if self._closing:
                 raise RuntimeError("the pool is shut down")
-            self._queue.append((future, unit))
+            self._queue.append((future, (unit, checked)))
             self._dispatch()
         return future
 
@@ -118,14 +119,14 @@ class UnitPool:
             worker = min(live, key=lambda w: len(w.running))
             if len(worker.running) >= self._AHEAD:
                 return
-            future, unit = self._queue.popleft()
+            future, (unit, checked) = self._queue.popleft()
             if not future.set_running_or_notify_cancel():
                 continue
             task_id = next(self._ids)
             worker.running[task_id] = future
             # A worker that is gone: its sentinel says so to the collector.
             with contextlib.suppress(OSError):
-                worker.tasks.send((task_id, unit))
+                worker.tasks.send((task_id, unit, checked))
 
     def _collect(self) -> None:
         while True:

@@ -23,15 +23,17 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, wait
+from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from shardtok.convert.assembler import Assembler
+from shardtok.convert.canary import UnitCanary
 from shardtok.convert.failures import EncoderMismatch, UnitFailure
 from shardtok.convert.inputs import InputFile, discover
 from shardtok.convert.job import (
@@ -55,6 +57,7 @@ from shardtok.convert.pool import retire, usable_cores, worker_pool
 from shardtok.convert.progress import ConvertProgress, ConvertResult
 from shardtok.convert.sft.setup import SFTSetup
 from shardtok.convert.tokenizer import TokenizerSpec
+from shardtok.convert.unit_feed import UnitFeed
 from shardtok.convert.unit_result import UnitResult
 from shardtok.convert.units import Unit, auto_unit_size, plan_units
 from shardtok.convert.workdir import WorkDir
@@ -159,11 +162,14 @@ def plan_job(
     opts: ConvertOptions,
     files: list[InputFile],
     default_unit_size: Callable[[int], int] = auto_unit_size,
+    *,
+    tokenizer_file: bool = True,
 ) -> Planned:
     """Cut the inputs into units and get the output folder ready: a fresh work folder with
     plan.json and tokenizer.json, or the one of an earlier run of the same units (kept, with
     its finished units, and its plan updated to these options), or the finished dataset.
-    Call it inside :func:`open_job`."""
+    Call it inside :func:`open_job`. `tokenizer_file=False` leaves tokenizer.json to the
+    caller (:func:`write_tokenizer_file`), who must write it before the work is done."""
     folder = Folder(opts.output, opts.storage_options)
     unit_size = opts.unit_size or default_unit_size(sum(f.size for f in files))
     job_settings = settings(opts, files, unit_size)
@@ -188,12 +194,40 @@ def plan_job(
                 "it, or choose another --output"
             )
         return Planned(opts, files, [], unit_size, job_settings, workdir, done)
-    # After plan.json (which starts a fresh work folder): a plan whose tokenizer.json is missing
-    # is refused by the phases, and planning again writes it.
-    backend = opts.tokenizer.backend_json.encode("utf-8")
+    if tokenizer_file:
+        write_tokenizer_file(workdir, opts.tokenizer)
+    return Planned(opts, files, units, unit_size, job_settings, workdir)
+
+
+def write_tokenizer_file(workdir: WorkDir, spec: TokenizerSpec) -> None:
+    """tokenizer.json in the work folder, where the phases read the job's tokenizer from,
+    unless it is there already. After plan.json (which starts a fresh work folder): a plan
+    whose tokenizer.json is missing is refused by the phases, and planning again writes it."""
+    backend = spec.backend_json.encode("utf-8")
     if _read_or_none(workdir, TOKENIZER_NAME) != backend:
         workdir.write_file(TOKENIZER_NAME, backend)
-    return Planned(opts, files, units, unit_size, job_settings, workdir)
+
+
+@contextlib.contextmanager
+def _beside(name: str, job: Callable[[], object]) -> Iterator[None]:
+    """Run `job` on a thread of its own while the block runs; leaving the block waits for
+    it and raises its error (unless the block's own error is on its way out)."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            job()
+        except BaseException as exc:  # raised on the caller's thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        thread.join()
+    if errors:
+        raise errors[0]
 
 
 def _tokenizer_text(meta: dict) -> str:
@@ -272,7 +306,7 @@ def convert(opts: ConvertOptions) -> ConvertResult:
     """
     started = time.monotonic()
     with open_job(opts) as (opts, files):
-        planned = plan_job(opts, files)
+        planned = plan_job(opts, files, tokenizer_file=False)
         if planned.done is not None:
             return finished_result(opts.output, planned.done)
         return _convert(planned, started)
@@ -300,8 +334,26 @@ def _convert(planned: Planned, started: float) -> ConvertResult:
             pool = stack.enter_context(
                 worker_pool(worker_config(opts, files), workers, opts.start_method)
             )
+        tokenizer_file = stack.enter_context(contextlib.ExitStack())
         try:
-            pending: dict[Future, int] = {pool.submit(u): u.index for u in todo} if pool else {}
+            # Each unit's canary is checked here before it is sent (canary.py): ~0.4 ms of this
+            # process per unit instead of a stall of the worker's tokenizing thread.
+            canary = UnitCanary.for_job(
+                opts.tokenizer, files, opts.text_key, opts.txt_mode, opts.sft
+            )
+            feed = UnitFeed(pool, todo, canary, workers)
+            feed.top_up()
+            pending = feed.pending
+            # tokenizer.json (9 MB for Llama 3, 5-15 ms to encode and write) only matters to the
+            # phases after a kill: written beside the units instead of before the first one,
+            # once the workers are forked (no thread may run here before) and have their first
+            # units, and awaited before the shards are finished.
+            tokenizer_file.enter_context(
+                _beside(
+                    "shardtok-tokenizer-file",
+                    lambda: write_tokenizer_file(workdir, opts.tokenizer),
+                )
+            )
             progress = ConvertProgress(sum(f.size for f in files), opts.progress)
             for result in ready.values():
                 progress.unit_done(
@@ -310,6 +362,7 @@ def _convert(planned: Planned, started: float) -> ConvertResult:
             assembler = Assembler(opts, files, units, workdir, progress.note)
             for next_index in range(len(units)):
                 while next_index not in ready:
+                    feed.top_up()
                     finished, _ = wait(pending, return_when=FIRST_COMPLETED)
                     for future in finished:
                         index = pending.pop(future)
@@ -323,16 +376,14 @@ def _convert(planned: Planned, started: float) -> ConvertResult:
                                 result.input_bytes, result.num_documents, result.num_tokens, False
                             )
                         else:
-                            # The run will stop at this unit: later units are wasted work.
-                            for other in [f for f, i in pending.items() if i > index]:
-                                if other.cancel():
-                                    del pending[other]
-                if pool is not None and not pending:
+                            feed.stop_after(index)  # the run will stop at this unit
+                if pool is not None and feed.all_in:
                     retire(pool)  # every unit is in: the workers exit beside the assembly
                 result = ready.pop(next_index)
                 if isinstance(result, Exception):
                     raise result
                 assembler.add(result)
+            tokenizer_file.close()
             manifest, rejects_path = assembler.finish(planned.settings)
         except BaseException:
             if assembler is not None:
@@ -341,10 +392,12 @@ def _convert(planned: Planned, started: float) -> ConvertResult:
         finally:
             if progress is not None:
                 progress.close()
-
-    remove_stale_shards(out, manifest)
-    if not opts.keep_work:
-        workdir.remove()
+        # Still in the pool's block, whose end waits for the retired workers to exit (~8 ms:
+        # a forked worker unmaps its share of this process's memory): the tidying overlaps it.
+        # The workers are done with the work folder: every unit's outcome is in.
+        remove_stale_shards(out, manifest)
+        if not opts.keep_work:
+            workdir.remove()
     return ConvertResult(
         str(out), manifest, assembler.records_read, assembler.documents, dict(assembler.rejected),
         units_total=len(units), units_reused=reused, units_tokenized=len(todo),
@@ -352,6 +405,8 @@ def _convert(planned: Planned, started: float) -> ConvertResult:
         rejects_path=str(rejects_path) if rejects_path else None,
         tokenizer_backend=opts.tokenizer.backend,
         tokenizer_backend_note=opts.tokenizer.backend_note,
-        stored_token_bytes=stored_token_bytes(str(out), manifest),
+        # Known from the shards just written: reading every shard's head back cost ~1 ms
+        # (one open per shard) after the dataset was complete.
+        stored_token_bytes=assembler.writer.stored_token_bytes,
         sft=None if opts.sft is None else dict(assembler.sft_counts),
     )  # fmt: skip

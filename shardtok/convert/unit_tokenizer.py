@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from shardtok.convert.background import BackgroundWriter
+from shardtok.convert.canary import Checked, canary_chars
 from shardtok.convert.encoder import BatchEncoder
 from shardtok.convert.failures import EncoderMismatch, UnitFailure
 from shardtok.convert.inputs import InputError
@@ -43,10 +44,6 @@ from shardtok.storage.folder import temporary_name
 
 _BATCH_CHARS = 1 << 20
 _BATCH_DOCS = 4096
-# The tiktoken canary re-encodes the start of each unit's first document with tokenizers: about
-# 0.5% of the input (tokenizers is ~4x slower, so ~2% of a worker's time), at least 1 KiB.
-_CANARY_SHARE = 200
-_CANARY_MIN_CHARS = 1024
 
 
 class _UnitTokenizer:
@@ -223,11 +220,14 @@ def tokenize(
     sft: SFTRecords | None,
     blocks: BlockCache,
     sink: BackgroundWriter,
+    checked: Checked | None = None,
 ) -> Callable[[BaseException | None], UnitResult | UnitFailure | EncoderMismatch]:
     """Read and tokenize `unit`, handing its writes to the sink; returns the unit's
     conclusion, to be run on the sink's thread after them with the first failure among them
     (see worker.start_unit). `config` is the worker's WorkerConfig (not imported: worker.py
-    imports this module); `encoder` or `sft`, `blocks` and `sink` are the worker's own."""
+    imports this module); `encoder` or `sft`, `blocks` and `sink` are the worker's own.
+    `checked`: the canary's verdict from the main process (canary.py), taken if it is on the
+    text this unit's canary checks, else the canary runs here."""
     suffixes = [".tokens", ".frames"] + ([".mask"] if sft else []) + [".docs.npy", ".json"]
     paths = {suffix: scratch(suffix[1:]) for suffix in suffixes}
     # Created, written and (frames) compressed on the sink's thread; read there at the end.
@@ -299,9 +299,11 @@ def tokenize(
                     batcher.add(item.ids, item.mask)
                 else:
                     if canary is None:
-                        budget = max(_CANARY_MIN_CHARS, unit.nbytes // _CANARY_SHARE)
-                        canary = (piece_no, record, item[:budget])
-                        sink.submit(functools.partial(_run_canary, encoder, canary[2], verdict))
+                        canary = (piece_no, record, item[: canary_chars(unit)])
+                        if checked is not None and checked.applies(*canary):
+                            verdict.append(checked.mismatch)
+                        else:
+                            sink.submit(functools.partial(_run_canary, encoder, canary[2], verdict))
                     doc_rows.append((piece_no, record))
                     batcher.add(item)
             piece_records.append(reader.records)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 from shardtok.convert.background import BackgroundWriter
+from shardtok.convert.canary import Checked
 from shardtok.convert.encoder import BatchEncoder
 from shardtok.convert.failures import EncoderMismatch, UnitFailure
 from shardtok.convert.inputs import InputFile
@@ -104,16 +105,19 @@ def tokenize_unit(unit: Unit) -> UnitResult | UnitFailure | EncoderMismatch:
 Deliver = Callable[[object, BaseException | None], None]
 
 
-def start_unit(unit: Unit, deliver: Deliver) -> None:
+def start_unit(unit: Unit, deliver: Deliver, checked: Checked | None = None) -> None:
     """Tokenize `unit` on this thread and return once its last batch is handed to the writer
     thread, which persists the unit and then calls `deliver(outcome, None)` (outcome as
     :func:`tokenize_unit` returns it) or `deliver(None, error)`. The next unit may start at
-    once: each unit's files, verdict and marker are its own (see background.py)."""
+    once: each unit's files, verdict and marker are its own (see background.py). `checked`:
+    the canary's verdict from the main process, if it has one (see canary.py)."""
     assert _config is not None and (_encoder or _sft) is not None, "init_worker was not called"
     workdir = _workdir(_config)
     scratch = Scratch(workdir, unit.index)
     try:
-        conclusion = tokenize(unit, _config, workdir, scratch, _encoder, _sft, _blocks, _sink())
+        conclusion = tokenize(
+            unit, _config, workdir, scratch, _encoder, _sft, _blocks, _sink(), checked
+        )
     except BaseException:
         scratch.close()
         raise
@@ -142,9 +146,9 @@ def serve_units(
     alive: Connection | None = None,
     alive_w: Connection | None = None,
 ) -> None:
-    """A worker process of pool.UnitPool: (task id, unit) pairs from `tasks` until None,
-    (task id, outcome, error) on `results` as each unit is persisted (sent by the writer
-    thread, while this thread tokenizes the next unit)."""
+    """A worker process of pool.UnitPool: (task id, unit, canary verdict or None) from
+    `tasks` until None, (task id, outcome, error) on `results` as each unit is persisted (sent
+    by the writer thread, while this thread tokenizes the next unit)."""
     init_worker(config, alive, alive_w)
     lock = threading.Lock()  # the writer thread sends; this one only when a unit cannot start
 
@@ -160,9 +164,9 @@ def serve_units(
         task = tasks.recv()
         if task is None:
             break
-        task_id, unit = task
+        task_id, unit, checked = task
         try:
-            start_unit(unit, functools.partial(send, task_id))
+            start_unit(unit, functools.partial(send, task_id), checked)
         except Exception as exc:
             send(task_id, None, exc)
     _sink().close()

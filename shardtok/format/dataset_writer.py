@@ -75,12 +75,19 @@ class DatasetWriter:
             self.masks,
         )
         self._entries: list[ShardEntry] = []
+        self._stored_token_bytes = 0
         self._builder: ShardBuilder | None = None
         self._closed = False
 
     @property
     def shards(self) -> list[ShardEntry]:
         return list(self._entries)
+
+    @property
+    def stored_token_bytes(self) -> int:
+        """Bytes of the bin members (the frames as stored) of the shards written so far: what
+        reading every shard's frame table back would sum to."""
+        return self._stored_token_bytes
 
     def add(self, tokens, provenance: tuple[str, int] | None = None, mask=None) -> None:
         """Add one document. Token ids must lie in [0, vocab_size); `mask` (required with
@@ -163,6 +170,7 @@ class DatasetWriter:
             return
         file = self._shard_settings.file(len(self._entries))
         self._entries.append(write_shard(builder, self.out_dir / file))
+        self._stored_token_bytes += builder.stored_bytes
         self._builder = None
 
     def close(self, extra: dict | None = None) -> Manifest:
