@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, wait
@@ -32,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from shardtok._threads import beside
 from shardtok.convert.assembler import Assembler
 from shardtok.convert.canary import UnitCanary
 from shardtok.convert.failures import EncoderMismatch, UnitFailure
@@ -208,28 +208,6 @@ def write_tokenizer_file(workdir: WorkDir, spec: TokenizerSpec) -> None:
         workdir.write_file(TOKENIZER_NAME, backend)
 
 
-@contextlib.contextmanager
-def _beside(name: str, job: Callable[[], object]) -> Iterator[None]:
-    """Run `job` on a thread of its own while the block runs; leaving the block waits for
-    it and raises its error (unless the block's own error is on its way out)."""
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            job()
-        except BaseException as exc:  # raised on the caller's thread
-            errors.append(exc)
-
-    thread = threading.Thread(target=run, name=name, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        thread.join()
-    if errors:
-        raise errors[0]
-
-
 def _tokenizer_text(meta: dict) -> str:
     return f"{meta.get('name')}, eos_id {meta.get('eos_id')}, bos_id {meta.get('bos_id')}"
 
@@ -349,7 +327,7 @@ def _convert(planned: Planned, started: float) -> ConvertResult:
             # once the workers are forked (no thread may run here before) and have their first
             # units, and awaited before the shards are finished.
             tokenizer_file.enter_context(
-                _beside(
+                beside(
                     "shardtok-tokenizer-file",
                     lambda: write_tokenizer_file(workdir, opts.tokenizer),
                 )

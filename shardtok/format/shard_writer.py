@@ -7,17 +7,17 @@ json, idx and bin in one pass.
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import hashlib
 import os
 import tempfile
-import threading
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
+from shardtok._threads import beside
 from shardtok.format.frames import DEFAULT_FRAME_SIZE, FrameEncoder
 from shardtok.format.mask_meta import MaskFrame, MaskInfo, mask_member
 from shardtok.format.mmidx import encode_idx, token_dtype
@@ -229,7 +229,7 @@ class ShardBuilder:
                     for piece in pieces:
                         out.write(piece)
                     out.flush()
-                    with _fsync_beside(out.fileno()):
+                    with beside("shardtok-fsync", functools.partial(os.fsync, out.fileno())):
                         for piece in pieces:
                             file_hash.update(piece)
                             size += len(piece)
@@ -249,28 +249,6 @@ class ShardBuilder:
             if self._mask_spool is not None:
                 self._mask_spool.close()
         return meta, size, file_hash.hexdigest()
-
-
-@contextlib.contextmanager
-def _fsync_beside(fd: int) -> Iterator[None]:
-    """fsync `fd` on a thread while the block runs; leaving waits for it (and raises its error
-    unless the block's own is on its way out)."""
-    errors: list[BaseException] = []
-
-    def sync() -> None:
-        try:
-            os.fsync(fd)
-        except BaseException as exc:  # raised on the caller's thread
-            errors.append(exc)
-
-    thread = threading.Thread(target=sync, name="shardtok-fsync", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        thread.join()
-    if errors:
-        raise errors[0]
 
 
 class _Spool:
