@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "bench_stream.py"
 
@@ -16,15 +18,23 @@ def _bench(data: Path, *args: str) -> subprocess.CompletedProcess:
                           cwd=REPO, capture_output=True, text=True, timeout=600)  # fmt: skip
 
 
-def test_every_throughput_kind_runs(tmp_path):
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory) -> Path:
+    """One tiny dataset for the module: every copy the loaders read, masked ones included."""
+    data = tmp_path_factory.mktemp("bench") / "stream"
+    done = _bench(data, "prepare", "--tokens", "1e6", "--masked")
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "zstd-masked:" in done.stdout and "% trained" in done.stdout
+    return data
+
+
+def test_every_throughput_kind_runs(prepared):
     sys.path.insert(0, str(REPO))
     try:
         from benchmarks.bench_stream import LABELS
     finally:
         sys.path.remove(str(REPO))
-    data = tmp_path / "stream"
-    done = _bench(data, "prepare", "--tokens", "1e6")
-    assert done.returncode == 0, done.stderr[-4000:]
+    data = prepared
     kinds = [*LABELS, "window"]  # the issue's spelling of the plain reference
     done = _bench(data, "throughput", "--kinds", ",".join(kinds), "--workers", "0",
                   "--batches", "20", "--repeat", "1")  # fmt: skip
@@ -39,12 +49,8 @@ def test_an_unknown_kind_stops_before_measuring(tmp_path):
     assert "unknown kind 'windows'" in done.stderr and "'plain'" in done.stderr
 
 
-def test_masked_copy_and_its_comparison_run(tmp_path):
-    data = tmp_path / "stream"
-    done = _bench(data, "prepare", "--tokens", "1e6", "--masked")
-    assert done.returncode == 0, done.stderr[-4000:]
-    assert "zstd-masked:" in done.stdout and "% trained" in done.stdout
-    done = _bench(data, "masks", "--kinds", "lean,memlean", "--packings", "concat", "greedy",
+def test_masked_copy_and_its_comparison_run(prepared):
+    done = _bench(prepared, "masks", "--kinds", "lean,memlean", "--packings", "concat", "greedy",
                   "--workers", "0", "--batches", "20", "--repeat", "1")  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]
     assert done.stdout.count("| shardtok ") == 3  # lean concat, lean greedy, memlean
