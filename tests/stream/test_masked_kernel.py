@@ -1,0 +1,125 @@
+"""The compiled masked-rows kernel (shardtok/stream/_masked_rows.c) against its numpy twin:
+the same inputs, labels and trained count on any flagged rows, and the batches of whole streams
+unchanged by which of the two builds them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shardtok.stream import batch as batch_module
+from shardtok.stream.batch import _masked_rows, _masked_rows_numpy
+from shardtok.stream.masked import flag_untrained
+
+kernel = pytest.mark.skipif(
+    batch_module._rows_kernel is None, reason="built without a C compiler: numpy path only"
+)
+
+
+def outputs(rows: int, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+    # Filled with garbage: every element must be written.
+    return (np.full((rows, seq_len), 7777, np.int64), np.full((rows, seq_len), -7777, np.int64))
+
+
+@kernel
+@settings(max_examples=300, deadline=None)
+@given(
+    rows=st.integers(1, 6),
+    window=st.integers(2, 40),
+    seed=st.integers(0, 2**32 - 1),
+    untrained_share=st.sampled_from([0.0, 0.3, 1.0]),
+    boundaries=st.integers(0, 12),
+    labels_format=st.sampled_from(["shifted", "hf"]),
+    padding=st.booleans(),
+)
+def test_the_kernel_writes_what_numpy_writes(
+    rows, window, seed, untrained_share, boundaries, labels_format, padding
+):
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, 2**31 - 1, (rows, window), dtype=np.int32, endpoint=True)
+    tokens[rng.random((rows, window)) < 0.2] = 0
+    tokens[rng.random((rows, window)) < 0.2] = 2**31 - 1 - rng.integers(0, 120)  # near the flag
+    mask = (rng.random((rows, window)) >= untrained_share).astype(np.uint8)
+    grid = flag_untrained(tokens.reshape(-1), mask.reshape(-1)).reshape(rows, window)
+    # Targets that begin a document: distinct flat positions, never in column 0.
+    candidates = [p for p in range(rows * window) if p % window]
+    chosen = rng.choice(candidates, min(boundaries, len(candidates)), replace=False)
+    ignored = sorted(chosen.tolist())
+    # Padded rows as the packers give them: (row, first padding column, at least 1).
+    padded = (
+        [(b, int(rng.integers(1, window + 1))) for b in range(rows) if rng.random() < 0.5]
+        if padding
+        else []
+    )
+    want_in, want_lab = outputs(rows, window - 1)
+    want = _masked_rows_numpy(want_in, want_lab, grid, ignored, labels_format, padded)
+    got_in, got_lab = outputs(rows, window - 1)
+    got = _masked_rows(got_in, got_lab, grid, ignored, labels_format, padded)
+    np.testing.assert_array_equal(got_in, want_in)
+    np.testing.assert_array_equal(got_lab, want_lab)
+    targets = want_lab.size - (rows if labels_format == "hf" else 0)
+    untrained = int(np.count_nonzero(want_lab == -100)) - (rows if labels_format == "hf" else 0)
+    assert got == want == targets - untrained
+    # and the labels are the targets' ids or -100, never another negative value
+    assert not np.any((want_lab < 0) & (want_lab != -100))
+
+
+@kernel
+def test_the_kernel_refuses_what_it_cannot_read():
+    kernel_rows = batch_module._rows_kernel
+    grid = np.zeros((2, 5), np.int32)
+    inputs, labels = outputs(2, 4)
+
+    def rows(*arrays, pad=None, ignored=None):
+        return kernel_rows(*arrays, pad, False, ignored or [])
+
+    assert rows(grid, inputs, labels) == 0
+    with pytest.raises(TypeError, match="grid"):
+        rows(grid.astype(np.int64), inputs, labels)
+    with pytest.raises(TypeError, match="input_ids"):
+        rows(grid, inputs.astype(np.int32), labels)
+    with pytest.raises(ValueError, match=r"\[B, W - 1\]"):
+        rows(grid, inputs[:, :3].copy(), labels)
+    with pytest.raises(ValueError, match="contiguous"):
+        rows(grid[:, ::2], inputs[:, :2].copy(), labels[:, :2].copy())  # not contiguous
+    with pytest.raises(ValueError, match="contiguous"):
+        rows(grid, inputs, np.asfortranarray(labels))  # Fortran order is refused too
+    with pytest.raises(TypeError, match="pad"):
+        rows(grid, inputs, labels, pad=np.zeros(3, np.int64))
+    for outside in (0, 5, 10, -1):  # column 0 (an input only) or no position of the grid
+        with pytest.raises(ValueError, match=f"ignored position {outside} "):
+            rows(grid, inputs, labels, ignored=[outside])
+
+
+@kernel
+@pytest.mark.parametrize("packing", ["concat", "greedy", "bfd"])
+@pytest.mark.parametrize("labels_format", ["shifted", "hf"])
+def test_streams_are_the_same_with_either_path(tmp_path, monkeypatch, packing, labels_format):
+    from shardtok.stream.options import StreamOptions
+    from shardtok.stream.slice_stream import SliceStream
+    from tests.helpers.masked import Known
+
+    known = Known([(n * 37) % 90 + 1 for n in range(120)])
+    path = known.write(tmp_path / "d", masked=True, frame_size=256, shard_size=4000)
+    options = StreamOptions(seq_len=31, batch_size=3, packing=packing, seed=5, interleave=2,
+                            labels_format=labels_format, shuffle_buffer=7, bfd_window=5)  # fmt: skip
+
+    def batches() -> list[dict]:
+        return [
+            {k: np.copy(v) if isinstance(v, np.ndarray) else v for k, v in b.items()}
+            for b in SliceStream(path, options)
+        ]
+
+    compiled = batches()
+    monkeypatch.setattr(batch_module, "_rows_kernel", None)
+    reference = batches()
+    assert len(compiled) == len(reference) > 3
+    for a, b in zip(compiled, reference):
+        assert a.keys() == b.keys()
+        for key in a:
+            if isinstance(a[key], np.ndarray):
+                np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+            else:
+                assert a[key] == b[key], key
