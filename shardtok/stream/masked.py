@@ -7,8 +7,8 @@ a plain 1-D integer array, so the shuffle buffer, concat, greedy and bfd, mixes 
 resume move it -- slice it, cut it, concatenate it, write it into a row -- with exactly the
 numpy calls that move maskless data, and a mask bit can never part from its token. The batch
 builder works on the int32 token rows: it clears the bit for ``input_ids`` and turns every
-negative target into -100 for ``labels`` (one ``maximum`` with -100: the flag was chosen for
-that), then widens each into its int64 output with one copy, as for maskless data.
+negative target into -100 for ``labels``, widening both into their int64 outputs, in one
+compiled pass (``_masked_rows.c``) or its numpy twin (``batch._masked_rows``).
 
 Why not a (tokens, mask) pair per document: that cost a Python object and a second numpy call
 for every slice, cut and copy of every document -- masked streaming ran at 60% of the unmasked
