@@ -106,7 +106,8 @@ def collect_imports(root: Path) -> tuple[set[str], list[Import]]:
     """Every module under the package folder `root`, and every import of that package in them
     (at any depth), with relative imports resolved."""
     files = sorted(root.rglob("*.py"))
-    modules = {module_name(root, f) for f in files}
+    # A C extension (its source beside the Python modules) is a module that imports nothing.
+    modules = {module_name(root, f) for f in [*files, *root.rglob("*.c")]}
     package = root.name
     found = []
     for file in files:
