@@ -1,6 +1,6 @@
 /* The masked batch's inputs and labels in one pass over its flagged token rows.
 
-   The compiled twin of shardtok/stream/batch.py's numpy path (`_masked_rows_numpy`), which
+   The compiled twin of shardtok/stream/masked_rows.py's `masked_rows_numpy`, which
    stays the reference and the fallback where no C compiler was at install time. Why it
    exists: a masked batch needs the flag cleared for the inputs, every negative target turned
    into -100 for the labels and the untrained targets counted; numpy does that in five passes

@@ -37,15 +37,10 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from shardtok.errors import UsageError
-from shardtok.stream.masked import VALUES, flag_untrained
+from shardtok.stream.masked import IGNORE_INDEX, flag_untrained
+from shardtok.stream.masked_rows import masked_rows as _masked_rows
 from shardtok.stream.sequence import PackedSequence
 
-try:  # compiled at install where a C compiler is found (pyproject.toml: optional)
-    from shardtok.stream._masked_rows import rows as _rows_kernel
-except ImportError:  # pragma: no cover - a build without a compiler: the numpy twin below
-    _rows_kernel = None
-
-IGNORE_INDEX = -100
 LABELS_FORMATS = ("shifted", "hf")
 BATCH_KEYS = ("input_ids", "labels", "position_ids", "document_ids", "cu_seqlens", "source_ids")
 SCALAR_KEYS = ("max_seqlen", "num_trained_tokens")  # plain ints, for the whole batch
@@ -98,98 +93,6 @@ def check_labels_format(labels_format: object) -> None:
     functions alike (a UsageError, which is also a ValueError)."""
     if labels_format not in LABELS_FORMATS:
         raise UsageError(f"labels_format must be one of {LABELS_FORMATS}, got {labels_format!r}")
-
-
-_CONSTANTS: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
-
-
-def _constants(shape: tuple[int, ...], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-    """Read-only arrays of -100 and of VALUES: numpy's binary loops are vectorized against an
-    array, not against a scalar (``maximum``: 1.8 µs against 6 µs for a batch)."""
-    key = (shape, dtype.char)
-    out = _CONSTANTS.get(key)
-    if out is None:
-        out = _CONSTANTS[key] = (np.full(shape, IGNORE_INDEX, dtype), np.full(shape, VALUES, dtype))
-        for array in out:
-            array.flags.writeable = False
-    return out
-
-
-def _masked_rows(
-    input_ids: np.ndarray,
-    labels: np.ndarray,
-    grid: np.ndarray,
-    ignored: list[int],
-    labels_format: str,
-    padded: Sequence[tuple[int, int]] = (),
-) -> int:
-    """Write the inputs and labels of flagged token rows `grid` [B, S + 1] (``stream.masked``)
-    into `input_ids` and `labels` [B, S] and return how many labels are trained: -100 where a
-    target is untrained, at the flat `grid` positions `ignored` (targets that begin a
-    document, distinct), from column `c` on in each `padded` row ``(b, c)`` and, for hf, in
-    column 0.
-
-    int32 rows go through the compiled kernel (``_masked_rows.c``: one pass, where numpy needs
-    five, and in one process those passes were the main thread's whole extra cost of a masked
-    batch); int64 rows (a mix) and every batch where no compiler was at install time take the
-    numpy twin. Both give the same arrays (tests/stream/test_masked_kernel.py)."""
-    if (
-        _rows_kernel is None
-        or grid.dtype != np.int32
-        or not (grid.flags.c_contiguous and input_ids.flags.c_contiguous)
-        or not labels.flags.c_contiguous
-    ):
-        return _masked_rows_numpy(input_ids, labels, grid, ignored, labels_format, padded)
-    rows, window = grid.shape
-    hf = labels_format == "hf"
-    pad = None
-    if padded:
-        pad = np.full(rows, window, dtype=np.int64)
-        for b, column in padded:
-            pad[b] = column
-    untrained = _rows_kernel(grid, input_ids, labels, pad, hf, ignored)
-    targets = labels.size - (rows if hf else 0)
-    return targets - untrained
-
-
-def _masked_rows_numpy(
-    input_ids: np.ndarray,
-    labels: np.ndarray,
-    grid: np.ndarray,
-    ignored: list[int],
-    labels_format: str,
-    padded: Sequence[tuple[int, int]] = (),
-) -> int:
-    """`_masked_rows` with numpy alone (the kernel's twin).
-
-    The work happens on the token rows (int32 in a stream: half the bytes of the outputs) in
-    one scratch array: the flags cleared, then every flagged (negative) target set to -100 and
-    the ignored targets too; each result reaches its int64 output in one widening copy, as
-    unflagged tokens do. Writing the outputs first and fixing them there
-    (a flag strip fused with the widening, a clamp and a count over the labels) cost twice the
-    time (issue 18's profile).
-    """
-    dtype = grid.dtype if grid.dtype.kind == "i" else np.dtype(np.int64)
-    floor, values = _constants(grid.shape, dtype)
-    work = np.bitwise_and(grid, values)  # of `dtype`, as `values` is
-    np.copyto(input_ids, work[:, :-1], casting="unsafe")
-    # Every flagged (negative) target to -100: not max(token, -100), which keeps a flagged id
-    # of 2**31 - 99 or more as a label in (-100, 0).
-    np.copyto(work, floor, where=grid < 0)
-    if ignored:
-        work.reshape(-1)[ignored] = IGNORE_INDEX
-    for b, column in padded:
-        work[b, column:] = IGNORE_INDEX
-    if labels_format == "shifted":
-        np.copyto(labels, work[:, 1:], casting="unsafe")
-        targets = labels.size
-    else:  # hf: each target one column right; the last column's has no place
-        np.copyto(labels[:, 1:], work[:, 1:-1], casting="unsafe")
-        labels[:, 0] = IGNORE_INDEX
-        targets = labels.size - len(labels)
-        work[:, -1] = 0
-    work[:, 0] = 0  # column 0 is an input only, no label: kept out of the count below
-    return targets - int(np.count_nonzero(work == floor))
 
 
 def _fill_labels(

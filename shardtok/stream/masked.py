@@ -8,7 +8,7 @@ resume move it -- slice it, cut it, concatenate it, write it into a row -- with 
 numpy calls that move maskless data, and a mask bit can never part from its token. The batch
 builder works on the int32 token rows: it clears the bit for ``input_ids`` and turns every
 negative target into -100 for ``labels``, widening both into their int64 outputs, in one
-compiled pass (``_masked_rows.c``) or its numpy twin (``batch._masked_rows``).
+compiled pass (``_masked_rows.c``) or its numpy twin (``masked_rows.masked_rows_numpy``).
 
 Why not a (tokens, mask) pair per document: that cost a Python object and a second numpy call
 for every slice, cut and copy of every document -- masked streaming ran at 60% of the unmasked
@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 VALUES = 0x7FFFFFFF  # the token id bits under the flag
+IGNORE_INDEX = -100  # the label of a target no loss counts (PyTorch's and transformers' default)
 FLAGGED_DTYPE = np.dtype(np.int32)
 
 

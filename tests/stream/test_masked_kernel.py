@@ -9,12 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardtok.stream import batch as batch_module
-from shardtok.stream.batch import _masked_rows, _masked_rows_numpy
+from shardtok.stream import masked_rows as rows_module
 from shardtok.stream.masked import flag_untrained
+from shardtok.stream.masked_rows import masked_rows as _masked_rows
+from shardtok.stream.masked_rows import masked_rows_numpy as _masked_rows_numpy
 
 kernel = pytest.mark.skipif(
-    batch_module._rows_kernel is None, reason="built without a C compiler: numpy path only"
+    rows_module._rows_kernel is None, reason="built without a C compiler: numpy path only"
 )
 
 
@@ -68,7 +69,7 @@ def test_the_kernel_writes_what_numpy_writes(
 
 @kernel
 def test_the_kernel_refuses_what_it_cannot_read():
-    kernel_rows = batch_module._rows_kernel
+    kernel_rows = rows_module._rows_kernel
     grid = np.zeros((2, 5), np.int32)
     inputs, labels = outputs(2, 4)
 
@@ -113,7 +114,7 @@ def test_streams_are_the_same_with_either_path(tmp_path, monkeypatch, packing, l
         ]
 
     compiled = batches()
-    monkeypatch.setattr(batch_module, "_rows_kernel", None)
+    monkeypatch.setattr(rows_module, "_rows_kernel", None)
     reference = batches()
     assert len(compiled) == len(reference) > 3
     for a, b in zip(compiled, reference):
