@@ -79,7 +79,11 @@ rows(PyObject *self, PyObject *args)
     if (pad_obj != Py_None) {
         if (PyObject_GetBuffer(pad_obj, &pad, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
             goto fail;
-        if (pad.ndim != 1 || pad.itemsize != 8 || pad.shape[0] != b_rows) {
+        const char *f = pad.format ? pad.format : "B";
+        if (*f == '<' || *f == '=' || *f == '@')
+            f++;
+        if (pad.ndim != 1 || pad.itemsize != 8 || pad.shape[0] != b_rows ||
+            (*f != 'l' && *f != 'q') || f[1] != '\0') {
             PyErr_SetString(PyExc_TypeError, "pad must be None or a C-contiguous int64 [B]");
             goto fail;
         }

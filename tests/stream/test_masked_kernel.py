@@ -89,6 +89,8 @@ def test_the_kernel_refuses_what_it_cannot_read():
         rows(grid, inputs, np.asfortranarray(labels))  # Fortran order is refused too
     with pytest.raises(TypeError, match="pad"):
         rows(grid, inputs, labels, pad=np.zeros(3, np.int64))
+    with pytest.raises(TypeError, match="pad"):
+        rows(grid, inputs, labels, pad=np.zeros(2, np.float64))  # 8 bytes, but no integers
     for outside in (0, 5, 10, -1):  # column 0 (an input only) or no position of the grid
         with pytest.raises(ValueError, match=f"ignored position {outside} "):
             rows(grid, inputs, labels, ignored=[outside])
