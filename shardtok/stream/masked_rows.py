@@ -29,7 +29,8 @@ _CONSTANTS: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
 
 def _constants(shape: tuple[int, ...], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
     """Read-only arrays of -100 and of VALUES: numpy's binary loops are vectorized against an
-    array, not against a scalar (``maximum``: 1.8 µs against 6 µs for a batch)."""
+    array, not against a scalar (1.8 µs against 6 µs for a batch's ``maximum``, measured when
+    the twin still used one)."""
     key = (shape, dtype.char)
     out = _CONSTANTS.get(key)
     if out is None:
