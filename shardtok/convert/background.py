@@ -100,26 +100,25 @@ class BackgroundWriter:
         done = threading.Event()
         self._jobs.put((self._unit, done))  # set by the thread even after a failure
         done.wait()
-        failure, self._failure = self._failure, None
         self._unit += 1
-        self._raise_late()
-        if failure is not None and not failure[2]:
-            raise failure[1]
+        self._raise_left()
 
-    def _raise_late(self) -> None:
+    def _raise_left(self) -> None:
+        """Once the thread is idle: raise a conclusion's own failure, else the first job
+        failure no submit raised; either way none is left for later."""
+        failure, self._failure = self._failure, None
         late, self._late = self._late, None
         if late is not None:
             raise late
+        if failure is not None and not failure[2]:
+            raise failure[1]
 
     def close(self) -> None:
         """Wait for every submitted job; raise the first failure not yet raised, if any."""
         if self._thread.is_alive():
             self._jobs.put((self._unit, _STOP))
             self._thread.join()
-        failure, self._failure = self._failure, None
-        self._raise_late()
-        if failure is not None and not failure[2]:
-            raise failure[1]
+        self._raise_left()
 
     def __enter__(self) -> BackgroundWriter:
         return self
