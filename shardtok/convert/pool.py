@@ -239,8 +239,3 @@ def worker_pool(
         yield pool
     finally:
         pool.close()
-
-
-def retire(pool: UnitPool) -> None:
-    """See :meth:`UnitPool.retire`."""
-    pool.retire()

@@ -53,7 +53,7 @@ from shardtok.convert.output_dir import (
     resolve_output,
 )
 from shardtok.convert.output_lock import OutputLock, os_error
-from shardtok.convert.pool import retire, usable_cores, worker_pool
+from shardtok.convert.pool import usable_cores, worker_pool
 from shardtok.convert.progress import ConvertProgress, ConvertResult
 from shardtok.convert.sft.setup import SFTSetup
 from shardtok.convert.tokenizer import TokenizerSpec
@@ -356,7 +356,7 @@ def _convert(planned: Planned, started: float) -> ConvertResult:
                         else:
                             feed.stop_after(index)  # the run will stop at this unit
                 if pool is not None and feed.all_in:
-                    retire(pool)  # every unit is in: the workers exit beside the assembly
+                    pool.retire()  # every unit is in: the workers exit beside the assembly
                 result = ready.pop(next_index)
                 if isinstance(result, Exception):
                     raise result
