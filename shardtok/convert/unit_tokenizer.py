@@ -8,8 +8,9 @@ Texts are encoded in batches of about `_BATCH_CHARS` characters; tokens stream t
 so a unit made of one large compressed file never holds all its tokens in memory. The unit's
 files are created, written, its frames compressed and its files but the marker published on a
 second thread (background.py: one per worker; it concludes a unit, verdict, marker and result,
-while the tokenizer starts the next), beside the tokenizer, which also runs the tiktoken canary;
-a worker still tokenizes on one core. Under
+while the tokenizer starts the next). The tiktoken canary's verdict comes with the unit where
+the main process could read its first document (canary.py), else that thread runs it; a worker
+still tokenizes on one core. Under
 ``--on-bad-record error`` a worker stops at the unit's first bad record and persists only that
 failure (no tokens); the assembler raises it once every earlier unit is known to be clean, so the
 error reported is always the first bad record of the input.

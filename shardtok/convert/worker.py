@@ -156,9 +156,11 @@ def serve_units(
         with lock:
             try:
                 results.send((task_id, outcome, error))
-            except Exception as exc:  # an exception that does not pickle
-                results.send((task_id, None, RuntimeError(f"{type(error).__name__}: {error}")))
-                del exc
+            except Exception as exc:  # an outcome or exception that does not pickle
+                what = error if error is not None else outcome
+                results.send(
+                    (task_id, None, RuntimeError(f"{type(what).__name__}: {what} (unsent: {exc})"))
+                )
 
     while True:
         task = tasks.recv()
