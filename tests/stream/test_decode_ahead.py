@@ -26,6 +26,7 @@ from shardtok.stream.nodes.reader import SliceReader
 from shardtok.stream.options import StreamOptions
 from shardtok.stream.slice_stream import SliceStream
 from tests.helpers.masked import Known
+from tests.helpers.numpy_batches import copies, same_batches
 
 NAME = "shardtok-decode-ahead"
 
@@ -52,23 +53,6 @@ def in_place(stream: SliceStream) -> SliceStream:
     """`stream` with its reader decoding every frame itself (the reference path)."""
     slice_reader(stream)._ahead = None
     return stream
-
-
-def same_batches(a: list[dict], b: list[dict]) -> None:
-    assert len(a) == len(b)
-    for x, y in zip(a, b):
-        assert x.keys() == y.keys()
-        for key in x:
-            if isinstance(x[key], np.ndarray):
-                np.testing.assert_array_equal(x[key], y[key], err_msg=key)
-            else:
-                assert x[key] == y[key], key
-
-
-def copies(stream) -> list[dict]:
-    return [
-        {k: np.copy(v) if isinstance(v, np.ndarray) else v for k, v in b.items()} for b in stream
-    ]
 
 
 # -- the helper itself ------------------------------------------------------------------------

@@ -103,26 +103,15 @@ def test_streams_are_the_same_with_either_path(tmp_path, monkeypatch, packing, l
     from shardtok.stream.options import StreamOptions
     from shardtok.stream.slice_stream import SliceStream
     from tests.helpers.masked import Known
+    from tests.helpers.numpy_batches import copies, same_batches
 
     known = Known([(n * 37) % 90 + 1 for n in range(120)])
     path = known.write(tmp_path / "d", masked=True, frame_size=256, shard_size=4000)
     options = StreamOptions(seq_len=31, batch_size=3, packing=packing, seed=5, interleave=2,
                             labels_format=labels_format, shuffle_buffer=7, bfd_window=5)  # fmt: skip
 
-    def batches() -> list[dict]:
-        return [
-            {k: np.copy(v) if isinstance(v, np.ndarray) else v for k, v in b.items()}
-            for b in SliceStream(path, options)
-        ]
-
-    compiled = batches()
+    compiled = copies(SliceStream(path, options))
     monkeypatch.setattr(rows_module, "_rows_kernel", None)
-    reference = batches()
+    reference = copies(SliceStream(path, options))
     assert len(compiled) == len(reference) > 3
-    for a, b in zip(compiled, reference):
-        assert a.keys() == b.keys()
-        for key in a:
-            if isinstance(a[key], np.ndarray):
-                np.testing.assert_array_equal(a[key], b[key], err_msg=key)
-            else:
-                assert a[key] == b[key], key
+    same_batches(compiled, reference)
