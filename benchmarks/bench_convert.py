@@ -39,6 +39,13 @@ runs every contender once, interleaved, so machine noise spreads over all of the
 backend=hf, no Megatron-style runs). Each summary line gives CPU seconds per million tokens too
 (main process plus workers): a worker overlaps its writes with tokenizing on a second thread,
 so wall-clock speed per worker and CPU per token are both needed to judge it per core.
+
+--steady K also runs the tiktoken ceiling and convert on the corpus written K times over (the same
+documents, so the same cost per document), to separate what a job costs once (planning, forking,
+the last shard's write and fsync) from its throughput: convert's fixed cost per job is
+(K t1 - tK) / (K - 1), its steady rate the extra tokens over the extra seconds, (TK - T1) /
+(tK - t1), held against the ceiling's measured the same way; the whole runs on the K-fold corpus
+are compared with the ceiling on it too.
 """
 
 from __future__ import annotations
@@ -140,6 +147,19 @@ def write_cycled(records: list[dict], path: Path, megabytes: int) -> None:
                 if written >= target:
                     break
     os.replace(tmp, path)
+
+
+def repeated_corpus(corpus: Path, times: int) -> Path:
+    """`corpus` written `times` times over, once, beside it (`corpus-16mb-x4.jsonl`)."""
+    path = corpus.with_name(f"{corpus.stem}-x{times}{corpus.suffix}")
+    if not path.exists() or path.stat().st_size != times * corpus.stat().st_size:
+        data = corpus.read_bytes()
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "wb") as out:
+            for _ in range(times):
+                out.write(data)
+        os.replace(tmp, path)
+    return path
 
 
 def load_texts(corpus: Path) -> list[str]:
@@ -382,6 +402,31 @@ def _summarize(title: str, pick: dict[str, dict], workers: list[int]) -> None:
     )
 
 
+def _steady(title: str, pick: dict[str, dict], workers: list[int], times: int) -> None:
+    """Fixed cost per job and steady-state rate from the runs on the corpus and on its
+    repetition (see --steady)."""
+
+    def marginal(name: str) -> float:
+        one, many = pick[name], pick[f"{name} [corpus x{times}]"]
+        return (many["tokens"] - one["tokens"]) / (many["seconds"] - one["seconds"])
+
+    print(f"\nsteady state, {title} (the corpus, and the same corpus {times} times over):")
+    ceiling = marginal("ceiling tiktoken")
+    print(f"ceiling tiktoken           {ceiling:10,.0f} tokens/s at the margin")
+    for w in workers:
+        name = f"shardtok convert w={w}"
+        one, many = pick[name], pick[f"{name} [corpus x{times}]"]
+        fixed = (times * one["seconds"] - many["seconds"]) / (times - 1)
+        rate = marginal(name)
+        whole = _rate(many) / w / _rate(pick[f"ceiling tiktoken [corpus x{times}]"])
+        print(
+            f"target 5 at w={w}, steady state: convert per worker = {rate / w / ceiling:.1%} of "
+            f"the tiktoken ceiling ({rate:,.0f} tokens/s at the margin); fixed cost per job "
+            f"{fixed * 1e3:.0f} ms ({fixed / one['seconds']:.1%} of the x1 run); on the corpus "
+            f"x{times}, whole runs: {whole:.1%} of the ceiling on it"
+        )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--corpus-mb", type=int, default=32)
@@ -409,7 +454,17 @@ def main() -> int:
         action="store_true",
         help="only the tiktoken ceilings and shardtok convert (no hf or Megatron-style runs)",
     )
+    parser.add_argument(
+        "--steady",
+        type=int,
+        default=0,
+        metavar="K",
+        help="also run the tiktoken ceiling and convert on the corpus repeated K times, and "
+        "print convert's fixed cost per job and its steady-state rate against the ceiling's",
+    )
     args = parser.parse_args()
+    if args.steady == 1 or args.steady < 0:
+        parser.error("--steady K needs K >= 2 (0: off)")
     sys.path.insert(0, str(ROOT))
     if args.tokenizer_dir is not None:
         tokenizer_dir = args.tokenizer_dir.resolve()
@@ -424,6 +479,9 @@ def main() -> int:
         f"tokenizer {args.tokenizer} ({tokenizer_dir}); cores {os.cpu_count()}; load {os.getloadavg()}"
     )
     work = args.work / "out"
+    if args.steady:
+        repeated = repeated_corpus(corpus, args.steady)
+        texts_repeated = load_texts(repeated)
     hows = (
         ()
         if args.quick
@@ -447,7 +505,21 @@ def main() -> int:
             )
         )
         jobs.append(("ceiling x2", lambda: bench_ceiling_x2(tokenizer_dir, texts)))
+        if args.steady:
+            jobs.append(
+                (
+                    f"ceiling tiktoken [corpus x{args.steady}]",
+                    lambda: bench_ceiling_tiktoken(tokenizer_dir, texts_repeated),
+                )
+            )
         for w in args.workers:
+            if args.steady:
+                jobs.append(
+                    (
+                        f"shardtok convert w={w} [corpus x{args.steady}]",
+                        lambda w=w: bench_shardtok(tokenizer_dir, repeated, w, work / "s"),
+                    )
+                )
             jobs.append(
                 (
                     f"shardtok convert w={w}",
@@ -483,6 +555,9 @@ def main() -> int:
     }
     _summarize(f"best of {args.repeats} (load average now {os.getloadavg()})", best, args.workers)
     _summarize(f"median of {args.repeats} (lower median for an even count)", median, args.workers)
+    if args.steady:
+        _steady(f"best of {args.repeats}", best, args.workers, args.steady)
+        _steady(f"median of {args.repeats}", median, args.workers, args.steady)
     return 0
 
 
