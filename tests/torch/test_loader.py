@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import signal
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -297,6 +299,32 @@ def test_memmap_with_a_distributed_sampler_and_resume(plain):
     other = ShardLoader(memmap(plain), batch_size=8, num_workers=2)
     with pytest.raises(ResumeStateError, match="memmap batches"):
         other.load_state_dict(state)
+
+
+class _FreezeProbe(MemmapTokenDataset):
+    """Writes, from each worker's first plan, how many objects its collections skip."""
+
+    probe_dir = ""
+
+    def plan(self, indices, sizes):
+        probe = Path(self.probe_dir) / str(os.getpid())
+        if not probe.exists():
+            probe.write_text(str(gc.get_freeze_count()))
+        return super().plan(indices, sizes)
+
+
+def test_forked_workers_leave_what_they_inherit_out_of_their_collections(plain, tmp_path):
+    """A collection in a forked worker would copy the pages of every object it examines; the
+    objects inherited from this process are frozen there instead (see _worker_main)."""
+    ds = _FreezeProbe(plain, seq_len=31, num_samples=203, seed=2)
+    ds.probe_dir = str(tmp_path)
+    inherited = len(gc.get_objects())
+    loader = ShardLoader(ds, batch_size=4, num_workers=2, multiprocessing_context="fork")
+    assert len(list(loader)) == -(-len(ds) // 4)
+    counts = [int(p.read_text()) for p in tmp_path.iterdir()]
+    assert len(counts) == 2
+    assert min(counts) >= inherited // 2, (counts, inherited)
+    assert gc.get_freeze_count() == 0  # this process's collections are untouched
 
 
 def test_memmap_in_process_resume(plain):
