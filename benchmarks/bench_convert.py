@@ -60,6 +60,7 @@ import subprocess
 import sys
 import tarfile
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -112,39 +113,55 @@ def build_gpt2_tokenizer() -> Path:
 def build_corpus(megabytes: int, kind: str = "stdlib", folder: Path = CACHE) -> Path:
     """`stdlib`: docstrings then module sources (mostly code, 2.6 kB a document on average);
     `docstrings`: prose only (260 bytes a document: the regime where per-document costs show)."""
-    from shardtok.convert.sample_corpus import _python_files, iter_docstring_records, stdlib_root
-
     path = folder / (
         f"corpus-{megabytes}mb.jsonl" if kind == "stdlib" else f"corpus-{kind}-{megabytes}mb.jsonl"
     )
     if path.exists():
         return path
     folder.mkdir(parents=True, exist_ok=True)
-    records = list(iter_docstring_records())
+    write_cycled(_stdlib_records(kind), path, megabytes)
+    return path
+
+
+def _stdlib_records(kind: str) -> Iterator[dict]:
+    from shardtok.convert.sample_corpus import _python_files, iter_docstring_records, stdlib_root
+
+    yield from iter_docstring_records()
+    if kind != "stdlib":
+        return
     root = stdlib_root()
-    for file in _python_files(root) if kind == "stdlib" else ():
+    for file in _python_files(root):
         try:
             text = file.read_text(encoding="utf-8")
         except UnicodeDecodeError:
             continue
         if text.strip():  # empty __init__.py files would be rejected as empty documents
-            records.append({"text": text, "source": file.relative_to(root).as_posix()})
-    write_cycled(records, path, megabytes)
-    return path
+            yield {"text": text, "source": file.relative_to(root).as_posix()}
 
 
-def write_cycled(records: list[dict], path: Path, megabytes: int) -> None:
-    """`records` as JSONL, cycled until `megabytes` MB, written to a temporary name first."""
+def write_cycled(records: Iterable[dict], path: Path, megabytes: int) -> None:
+    """`records` as JSONL, cycled until `megabytes` MB, written to a temporary name first. Read
+    only as far as needed (a small corpus does not parse the whole standard library)."""
     target = megabytes * 10**6
     written = 0
+    seen: list[dict] = []
     tmp = path.with_suffix(".tmp")
     with open(tmp, "w", encoding="utf-8") as out:
-        while written < target:
-            for record in records:
-                line = json.dumps(record, ensure_ascii=False) + "\n"
-                out.write(line)
-                written += len(line.encode("utf-8"))
-                if written >= target:
+
+        def put(record: dict) -> bool:
+            nonlocal written
+            line = json.dumps(record, ensure_ascii=False) + "\n"
+            out.write(line)
+            written += len(line.encode("utf-8"))
+            return written >= target
+
+        for record in records:
+            seen.append(record)
+            if put(record):
+                break
+        while written < target and seen:
+            for record in seen:
+                if put(record):
                     break
     os.replace(tmp, path)
 
@@ -238,7 +255,7 @@ def halves_by_characters(texts: list[str]) -> tuple[list[str], list[str]]:
 
 
 def _x2_child(encode, part: list[str], go, results) -> None:
-    go.wait()
+    go.wait()  # every child and the parent: the timing starts with both children ready
     cpu = time.process_time()
     tokens = 0
     for batch in batches(part):
@@ -251,16 +268,15 @@ def bench_ceiling_x2(tokenizer_dir: Path, texts: list[str]) -> dict:
     encode = tiktoken_encode(tokenizer_dir)
     encode(texts[:200])
     ctx = multiprocessing.get_context("fork")
-    go, results = ctx.Event(), ctx.Queue()
+    go, results = ctx.Barrier(3), ctx.Queue()
     children = [
         ctx.Process(target=_x2_child, args=(encode, part, go, results))
         for part in halves_by_characters(texts)
     ]
     for child in children:
         child.start()
-    time.sleep(0.5)  # both children forked and waiting
+    go.wait()
     start = time.perf_counter()
-    go.set()
     done = [results.get() for _ in children]
     seconds = time.perf_counter() - start
     for child in children:
