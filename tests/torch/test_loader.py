@@ -320,7 +320,9 @@ def test_forked_workers_leave_what_they_inherit_out_of_their_collections(plain, 
     ds.probe_dir = str(tmp_path)
     inherited = len(gc.get_objects())
     loader = ShardLoader(ds, batch_size=4, num_workers=2, multiprocessing_context="fork")
-    assert len(list(loader)) == -(-len(ds) // 4)
+    batches = iter(loader)
+    next(batches), next(batches)  # batch b comes from worker b % 2: both have planned
+    del batches
     counts = [int(p.read_text()) for p in tmp_path.iterdir()]
     assert len(counts) == 2
     assert min(counts) >= inherited // 2, (counts, inherited)
