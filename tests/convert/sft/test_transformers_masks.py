@@ -71,7 +71,8 @@ def test_gpt2_masks_and_ids_equal_transformers(gpt2_folder):
     from transformers import PreTrainedTokenizerFast
 
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(gpt2_folder))
-    spec = load_tokenizer(str(gpt2_folder), append_eos=False)
+    # --sft encodes with tokenizers whatever the backend: the tiktoken gate is not needed
+    spec = load_tokenizer(str(gpt2_folder), append_eos=False, backend="hf")
     assert spec.vocab_size == 50257
     renderer = load_template("tokenizer", tokenizer_path=str(gpt2_folder), **template_tokens(spec))
     assert renderer.source == GPT2_TEMPLATE
@@ -88,7 +89,8 @@ def test_gpt2_masks_and_ids_equal_transformers(gpt2_folder):
 
 
 def test_gpt2_boundary_token_is_the_merged_one(gpt2_folder):
-    spec = load_tokenizer(str(gpt2_folder), append_eos=False)
+    # --sft encodes with tokenizers whatever the backend: the tiktoken gate is not needed
+    spec = load_tokenizer(str(gpt2_folder), append_eos=False, backend="hf")
     backend = Tokenizer.from_str(spec.backend_json)
     renderer = load_template("tokenizer", tokenizer_path=str(gpt2_folder), **template_tokens(spec))
     ids, mask, boundary = ours(spec, renderer, chat(("user", "Ok?"), ("assistant", "Sure")))
@@ -140,7 +142,8 @@ def test_builtins_serve_the_npm_tokenizers(tokenizer_name, builtin, end_of_turn)
 
     folder = npm_tokenizer(tokenizer_name)
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(folder))
-    spec = load_tokenizer(str(folder), append_eos=False)
+    # --sft encodes with tokenizers whatever the backend: the tiktoken gate is not needed
+    spec = load_tokenizer(str(folder), append_eos=False, backend="hf")
     backend = Tokenizer.from_str(spec.backend_json)
     tokens = template_tokens(spec)
     with pytest.raises(UsageError, match="has no \\{% generation %\\} block"):
