@@ -39,6 +39,7 @@ import numpy as np
 from shardtok.errors import UsageError
 from shardtok.stream.masked import IGNORE_INDEX, flag_untrained
 from shardtok.stream.masked_rows import masked_rows as _masked_rows
+from shardtok.stream.segments import fill_segments
 from shardtok.stream.sequence import PackedSequence
 
 LABELS_FORMATS = ("shifted", "hf")
@@ -62,16 +63,6 @@ def allocate_arrays(batch_size: int, seq_len: int) -> dict[str, np.ndarray]:
         "cu_seqlens": np.empty(batch_size * seq_len + 1, dtype=np.int32),
         "source_ids": np.empty(batch_size, dtype=np.int64),
     }
-
-
-_ARANGE_CACHE: dict[int, np.ndarray] = {}
-
-
-def _arange(n: int) -> np.ndarray:
-    out = _ARANGE_CACHE.get(n)
-    if out is None:
-        out = _ARANGE_CACHE[n] = np.arange(n, dtype=np.int64)
-    return out
 
 
 def to_hf_labels(labels: np.ndarray) -> np.ndarray:
@@ -212,7 +203,7 @@ def assemble_batch(
         _copy_inputs(input_ids, tokens)
         _fill_labels(labels, tokens, ignored, labels_format, padded)
         trained = _trained(labels, ignored, labels_format, padded)
-    batch = _with_segments(out, seg_starts, local_ids, rows * seq_len)
+    batch = _with_segments(out, seg_starts, local_ids)
     batch["num_trained_tokens"] = trained
     batch["source_ids"] = _source_ids(out, rows, 0 if source_ids is None else source_ids)
     return batch
@@ -250,26 +241,18 @@ def _trained(
     return rows * last - ignored_hf - sum(seq_len - c for _, c in padded)
 
 
-def _with_segments(out: dict, starts: list[int], local_ids: list[int], total: int) -> dict:
+def _with_segments(out: dict, starts: list[int], local_ids: list[int]) -> dict:
     """Fill position_ids, document_ids and cu_seqlens of `out` from the flat segment starts
     (ascending) and each segment's number within its row; return the batch dict."""
-    ends = starts[1:]
-    ends.append(total)
-    lengths = [end - start for start, end in zip(starts, ends)]  # a few dozen: plain Python
-    bounds = np.array(starts, dtype=np.int64)
-    np.subtract(_arange(total), bounds.repeat(lengths), out=out["position_ids"].reshape(-1))
-    out["document_ids"].reshape(-1)[:] = np.array(local_ids, dtype=np.int32).repeat(lengths)
-    n = len(starts)
-    cu = out["cu_seqlens"][: n + 1]
-    cu[:n] = bounds
-    cu[n] = total
+    cu = out["cu_seqlens"]
+    longest = fill_segments(starts, local_ids, out["position_ids"], out["document_ids"], cu)
     return {
         "input_ids": out["input_ids"],
         "labels": out["labels"],
         "position_ids": out["position_ids"],
         "document_ids": out["document_ids"],
-        "cu_seqlens": cu,
-        "max_seqlen": max(lengths),
+        "cu_seqlens": cu[: len(starts) + 1],
+        "max_seqlen": longest,
     }
 
 
@@ -295,7 +278,6 @@ def assemble_contiguous_batch(
     check_labels_format(labels_format)
     window = len(tokens) // rows
     seq_len = window - 1
-    total = rows * seq_len
     out = allocate(rows, seq_len)
     grid = tokens.reshape(rows, window)
     input_ids, labels = out["input_ids"], out["labels"]
@@ -338,7 +320,7 @@ def assemble_contiguous_batch(
         _copy_inputs(input_ids, grid)
         _fill_labels(labels, grid, ignored, labels_format)
         trained = _trained(labels, ignored, labels_format)
-    batch = _with_segments(out, starts, local_ids, total)
+    batch = _with_segments(out, starts, local_ids)
     batch["num_trained_tokens"] = trained
     batch["source_ids"] = _source_ids(out, rows, 0)  # one token stream: one source
     return batch

@@ -25,11 +25,11 @@ from shardtok.memmap.samples import GPTSamples, read_paired_ranges, read_ranges,
 from shardtok.stream.batch import (
     IGNORE_INDEX,
     Allocator,
-    _arange,
     allocate_arrays,
     check_labels_format,
 )
 from shardtok.stream.masked import VALUES, flag_untrained
+from shardtok.stream.segments import cached_arange as _arange
 
 
 class _Counts(dict):
