@@ -16,6 +16,14 @@
      cu_seqlens    int32 1-D, C-contiguous, at least len(starts) + 1 items; its first
                    len(starts) + 1 are written: the starts, then the total
      returns       the longest segment
+
+   contiguous(boundaries, rows, position_ids, document_ids, cu_seqlens) -> (n, max_seqlen)
+     the same arrays for `rows` rows of seq_len = position_ids.size / rows inputs cut from one
+     run of rows x (seq_len + 1) tokens (concat packing's batch), where documents begin at the
+     flat token positions `boundaries` (a list of ints, ascending, inside the run) besides the
+     start of the run: the segments are each row's start and every document beginning at a
+     column below seq_len of its row (one beginning at the last column is a target only);
+     returns how many segments there are and the longest (cu_seqlens[:n + 1] is written)
 */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -38,6 +46,28 @@ get_buffer(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, const char *name
         return -1;
     }
     return 0;
+}
+
+/* An int, or anything with __index__ (numpy's integers): -1 with an exception set if not. */
+static inline Py_ssize_t
+as_index(PyObject *item)
+{
+    return PyLong_CheckExact(item) ? PyLong_AsSsize_t(item)
+                                   : PyNumber_AsSsize_t(item, PyExc_OverflowError);
+}
+
+/* Segment [start, end): positions 0, 1, ... and the segment's number; returns its length. */
+static inline Py_ssize_t
+write_segment(int64_t *restrict p, int32_t *restrict d, Py_ssize_t start, Py_ssize_t end,
+              int32_t id)
+{
+    int64_t *restrict pk = p + start;
+    int32_t *restrict dk = d + start;
+    for (Py_ssize_t i = 0; i < end - start; i++) {
+        pk[i] = i;
+        dk[i] = id;
+    }
+    return end - start;
 }
 
 static PyObject *
@@ -78,7 +108,7 @@ segments(PyObject *self, PyObject *args)
        they were. */
     Py_ssize_t previous = 0;
     for (Py_ssize_t k = 0; k < n; k++) {
-        Py_ssize_t start = PyLong_AsSsize_t(PyList_GET_ITEM(starts, k));
+        Py_ssize_t start = as_index(PyList_GET_ITEM(starts, k));
         long id = PyLong_AsLong(PyList_GET_ITEM(ids, k));
         if ((start == -1 || id == -1) && PyErr_Occurred())
             goto fail;
@@ -92,18 +122,14 @@ segments(PyObject *self, PyObject *args)
         previous = start;
     }
     for (Py_ssize_t k = 0; k < n; k++) {
-        Py_ssize_t start = PyLong_AsSsize_t(PyList_GET_ITEM(starts, k));
-        Py_ssize_t end = k + 1 < n ? PyLong_AsSsize_t(PyList_GET_ITEM(starts, k + 1)) : total;
+        /* checked above: these conversions succeed */
+        Py_ssize_t start = as_index(PyList_GET_ITEM(starts, k));
+        Py_ssize_t end = k + 1 < n ? as_index(PyList_GET_ITEM(starts, k + 1)) : total;
         int32_t id = (int32_t)PyLong_AsLong(PyList_GET_ITEM(ids, k));
+        Py_ssize_t length = write_segment(p, d, start, end, id);
         c[k] = (int32_t)start;
-        if (end - start > longest)
-            longest = end - start;
-        int64_t *restrict pk = p + start;
-        int32_t *restrict dk = d + start;
-        for (Py_ssize_t i = 0; i < end - start; i++) {
-            pk[i] = i;
-            dk[i] = id;
-        }
+        if (length > longest)
+            longest = length;
     }
     c[n] = (int32_t)total;
     PyBuffer_Release(&pos);
@@ -117,10 +143,107 @@ fail:
     return NULL;
 }
 
+/* The segments of a batch whose rows are consecutive windows of one token run (concat
+   packing): every row starts one, and so does each document beginning inside a row's inputs. */
+static PyObject *
+contiguous(PyObject *self, PyObject *args)
+{
+    PyObject *boundaries, *pos_obj, *doc_obj, *cu_obj;
+    Py_ssize_t rows;
+    if (!PyArg_ParseTuple(args, "O!nOOO", &PyList_Type, &boundaries, &rows, &pos_obj, &doc_obj,
+                          &cu_obj))
+        return NULL;
+    Py_buffer pos, doc, cu;
+    if (get_buffer(pos_obj, &pos, 8, "position_ids") < 0)
+        return NULL;
+    if (get_buffer(doc_obj, &doc, 4, "document_ids") < 0) {
+        PyBuffer_Release(&pos);
+        return NULL;
+    }
+    if (get_buffer(cu_obj, &cu, 4, "cu_seqlens") < 0) {
+        PyBuffer_Release(&pos);
+        PyBuffer_Release(&doc);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    Py_ssize_t *starts = NULL;
+    int32_t *ids = NULL;
+    Py_ssize_t total = pos.len / 8, nb = PyList_GET_SIZE(boundaries);
+    Py_ssize_t seq = rows > 0 ? total / rows : 0, window = seq + 1;
+    if (rows < 1 || seq < 1 || seq * rows != total || doc.len / 4 != total || cu.ndim != 1 ||
+        total > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError,
+                        "position_ids and document_ids must hold rows x seq_len items");
+        goto done;
+    }
+    Py_ssize_t cap = rows + nb; /* segments at most: one per row, one per boundary */
+    starts = PyMem_Malloc(sizeof(Py_ssize_t) * (cap + 1));
+    ids = PyMem_Malloc(sizeof(int32_t) * cap);
+    if (starts == NULL || ids == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    /* The segments, checked, before anything is written. */
+    Py_ssize_t n = 0, row = -1, number = 0, previous = 0;
+    for (Py_ssize_t k = 0; k <= nb; k++) {
+        Py_ssize_t position = rows * window; /* past the last: the remaining row starts */
+        if (k < nb) {
+            position = as_index(PyList_GET_ITEM(boundaries, k));
+            if (position == -1 && PyErr_Occurred())
+                goto done;
+            if (position <= previous || position >= rows * window) {
+                PyErr_Format(PyExc_ValueError,
+                             "boundary %zd: position %zd is not ascending inside %zd rows of %zd",
+                             k, position, rows, window);
+                goto done;
+            }
+            previous = position;
+        }
+        Py_ssize_t r = position / window, column = position % window;
+        for (; row < r && row < rows - 1;) {
+            row++;
+            starts[n] = row * seq;
+            ids[n++] = 0;
+            number = 0;
+        }
+        if (k < nb && column && column < seq) { /* one at the last column is a target only */
+            starts[n] = r * seq + column;
+            ids[n++] = (int32_t)++number;
+        }
+    }
+    if (cu.shape[0] < n + 1) {
+        PyErr_SetString(PyExc_ValueError, "cu_seqlens must hold every segment start");
+        goto done;
+    }
+    starts[n] = total;
+    int64_t *p = (int64_t *)pos.buf;
+    int32_t *d = (int32_t *)doc.buf;
+    int32_t *c = (int32_t *)cu.buf;
+    Py_ssize_t longest = 0;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        Py_ssize_t length = write_segment(p, d, starts[k], starts[k + 1], ids[k]);
+        c[k] = (int32_t)starts[k];
+        if (length > longest)
+            longest = length;
+    }
+    c[n] = (int32_t)total;
+    result = Py_BuildValue("nn", n, longest);
+done:
+    PyMem_Free(starts);
+    PyMem_Free(ids);
+    PyBuffer_Release(&pos);
+    PyBuffer_Release(&doc);
+    PyBuffer_Release(&cu);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"segments", segments, METH_VARARGS,
      "segments(starts, local_ids, position_ids, document_ids, cu_seqlens) -> max_seqlen: a "
      "batch's per-segment arrays in one pass"},
+    {"contiguous", contiguous, METH_VARARGS,
+     "contiguous(boundaries, rows, position_ids, document_ids, cu_seqlens) -> (segments, "
+     "max_seqlen): the same for rows cut from one token run at the flat boundaries"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -39,7 +39,7 @@ import numpy as np
 from shardtok.errors import UsageError
 from shardtok.stream.masked import IGNORE_INDEX, flag_untrained
 from shardtok.stream.masked_rows import masked_rows as _masked_rows
-from shardtok.stream.segments import fill_segments
+from shardtok.stream.segments import contiguous_segments, fill_segments
 from shardtok.stream.sequence import PackedSequence
 
 LABELS_FORMATS = ("shifted", "hf")
@@ -273,7 +273,8 @@ def assemble_contiguous_batch(
     (``stream.masked``); its labels never cross a document boundary.
 
     Equal to `assemble_batch` on the same rows and starts; the per-token work is the same
-    handful of numpy calls, the per-segment bookkeeping is cheaper.
+    handful of numpy calls, and the segments come from the boundaries in one compiled pass
+    (``segments.contiguous_segments``).
     """
     check_labels_format(labels_format)
     window = len(tokens) // rows
@@ -282,45 +283,32 @@ def assemble_contiguous_batch(
     grid = tokens.reshape(rows, window)
     input_ids, labels = out["input_ids"], out["labels"]
 
-    # A batch has a few dozen segments: plain Python beats a dozen tiny numpy calls here. The
-    # boundaries ascend, so the segment starts (row starts and documents starting mid-row)
-    # come out in order with their numbers within the row.
-    starts: list[int] = []
-    local_ids: list[int] = []
-    # Targets that begin a document, to set to -100: by flat label position, or for flagged
-    # tokens (labels made on the token rows, boundaries always masked) by position in `tokens`.
-    ignored: list[int] = []
-    targets: list[int] = []
-    row = -1
-    number = 0
-    for position in boundaries:
-        r, column = divmod(position, window)
-        while row < r:
-            row += 1
-            starts.append(row * seq_len)
-            local_ids.append(0)
-            number = 0
-        if column:  # a document starting a row is that row's own first segment
-            if column < seq_len:  # one starting at the last slot is only a target there
-                number += 1
-                starts.append(r * seq_len + column)
-                local_ids.append(number)
-            # The target before a document's first token is that token: unpredictable.
-            if masked:
-                targets.append(position)
-            elif mask_boundary_labels:
-                ignored.append(r * seq_len + column - 1)
-    while row < rows - 1:
-        row += 1
-        starts.append(row * seq_len)
-        local_ids.append(0)
+    # The target before a document's first token is that token: unpredictable. Masked
+    # (labels made on the flagged token rows, boundaries always masked): by position in
+    # `tokens`; else, with mask_boundary_labels, by flat label position. A document starting
+    # a row has no target before it in that row.
     if masked:
-        trained = _masked_rows(input_ids, labels, grid, targets, labels_format)
+        trained = _masked_rows(
+            input_ids, labels, grid, [p for p in boundaries if p % window], labels_format
+        )
     else:
+        ignored = (
+            [p - p // window - 1 for p in boundaries if p % window] if mask_boundary_labels else []
+        )
         _copy_inputs(input_ids, grid)
         _fill_labels(labels, grid, ignored, labels_format)
         trained = _trained(labels, ignored, labels_format)
-    batch = _with_segments(out, starts, local_ids)
-    batch["num_trained_tokens"] = trained
-    batch["source_ids"] = _source_ids(out, rows, 0)  # one token stream: one source
-    return batch
+    cu = out["cu_seqlens"]
+    count, longest = contiguous_segments(
+        boundaries, rows, out["position_ids"], out["document_ids"], cu
+    )
+    return {
+        "input_ids": input_ids,
+        "labels": labels,
+        "position_ids": out["position_ids"],
+        "document_ids": out["document_ids"],
+        "cu_seqlens": cu[: count + 1],
+        "max_seqlen": longest,
+        "num_trained_tokens": trained,
+        "source_ids": _source_ids(out, rows, 0),  # one token stream: one source
+    }

@@ -12,12 +12,15 @@ install (no C compiler: the twin runs) and the twin stays the reference it is te
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 try:  # compiled at install where a C compiler is found (pyproject.toml: optional)
+    from shardtok.stream._segments import contiguous as _contiguous_kernel
     from shardtok.stream._segments import segments as _segments_kernel
-except ImportError:  # pragma: no cover - a build without a compiler: the numpy twin below
-    _segments_kernel = None
+except ImportError:  # pragma: no cover - a build without a compiler: the twins below
+    _segments_kernel = _contiguous_kernel = None
 
 
 _ARANGE_CACHE: dict[int, np.ndarray] = {}
@@ -68,3 +71,57 @@ def fill_segments_numpy(
     cu_seqlens[:n] = bounds
     cu_seqlens[n] = total
     return max(lengths)
+
+
+def contiguous_segments(
+    boundaries: Sequence[int],
+    rows: int,
+    position_ids: np.ndarray,
+    document_ids: np.ndarray,
+    cu_seqlens: np.ndarray,
+) -> tuple[int, int]:
+    """`fill_segments` for `rows` rows of ``S = position_ids.size // rows`` inputs cut from
+    one run of ``rows * (S + 1)`` tokens (concat packing's batch) where documents begin at the
+    flat token positions `boundaries` (ascending, inside the run) besides its start: each row
+    starts a segment, and so does each document beginning at a column below S (one at the
+    last column is a target only). Returns how many segments there are and the longest."""
+    if _contiguous_kernel is not None:
+        if not isinstance(boundaries, list):  # the kernel reads a list (of ints or numpy's)
+            boundaries = list(boundaries)
+        return _contiguous_kernel(boundaries, rows, position_ids, document_ids, cu_seqlens)
+    return contiguous_segments_python(boundaries, rows, position_ids, document_ids, cu_seqlens)
+
+
+def contiguous_segments_python(
+    boundaries: Sequence[int],
+    rows: int,
+    position_ids: np.ndarray,
+    document_ids: np.ndarray,
+    cu_seqlens: np.ndarray,
+) -> tuple[int, int]:
+    """`contiguous_segments` without the kernel (its twin): the segment starts in plain Python
+    (a batch has a few dozen), then `fill_segments_numpy`."""
+    seq_len = position_ids.size // rows
+    window = seq_len + 1
+    starts: list[int] = []
+    local_ids: list[int] = []
+    row = -1
+    number = 0
+    # The boundaries ascend, so the starts come out in order with their numbers in the row.
+    for position in boundaries:
+        r, column = divmod(position, window)
+        while row < r:
+            row += 1
+            starts.append(row * seq_len)
+            local_ids.append(0)
+            number = 0
+        if column and column < seq_len:  # a document starting a row is the row's own
+            number += 1
+            starts.append(r * seq_len + column)
+            local_ids.append(number)
+    while row < rows - 1:
+        row += 1
+        starts.append(row * seq_len)
+        local_ids.append(0)
+    longest = fill_segments_numpy(starts, local_ids, position_ids, document_ids, cu_seqlens)
+    return len(starts), longest

@@ -10,7 +10,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardtok.stream import segments as segments_module
-from shardtok.stream.segments import fill_segments, fill_segments_numpy
+from shardtok.stream.segments import (
+    contiguous_segments,
+    contiguous_segments_python,
+    fill_segments,
+    fill_segments_numpy,
+)
 
 kernel = pytest.mark.skipif(
     segments_module._segments_kernel is None, reason="built without a C compiler: numpy path only"
@@ -103,6 +108,66 @@ def test_the_kernel_refuses_what_it_cannot_read_and_writes_nothing_then():
 
 
 @kernel
+@settings(max_examples=300, deadline=None)
+@given(
+    rows=st.integers(1, 6),
+    seq_len=st.integers(1, 40),
+    seed=st.integers(0, 2**32 - 1),
+    documents=st.integers(0, 30),
+    as_numpy=st.booleans(),
+)
+def test_the_contiguous_kernel_writes_what_python_writes(rows, seq_len, seed, documents, as_numpy):
+    rng = np.random.default_rng(seed)
+    window = seq_len + 1
+    run = rows * window
+    # Documents begin anywhere inside the run: mid-row, at a row start, at a row's last column.
+    boundaries = sorted({int(p) for p in rng.integers(1, run, documents)} if run > 1 else set())
+    given_boundaries = (
+        np.array(boundaries, np.int64).tolist()
+        if not as_numpy
+        else list(np.array(boundaries, np.int64))
+    )  # numpy's integers in a list are read too
+
+    want = outputs(rows, seq_len)
+    want_count, want_longest = contiguous_segments_python(boundaries, rows, *want)
+    got = outputs(rows, seq_len)
+    assert contiguous_segments(given_boundaries, rows, *got) == (want_count, want_longest)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    # What the twin means: a segment per row and per document starting below the last column.
+    inner = [p for p in boundaries if 0 < p % window < seq_len]
+    starts = sorted([r * seq_len for r in range(rows)] + [p - p // window for p in inner])
+    assert want_count == len(starts)
+    assert want[2][:want_count].tolist() == starts and want[2][want_count] == rows * seq_len
+
+
+@kernel
+def test_the_contiguous_kernel_refuses_boundaries_outside_the_run():
+    contiguous = segments_module._contiguous_kernel
+    positions, documents, cu = outputs(2, 4)  # 2 rows of 5 tokens
+    before = [a.copy() for a in (positions, documents, cu)]
+    for boundaries, match in (
+        ([0], "boundary 0: position 0"),
+        ([3, 3], "boundary 1: position 3"),
+        ([4, 2], "boundary 1: position 2"),
+        ([10], "boundary 0: position 10"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            contiguous(boundaries, 2, positions, documents, cu)
+    for a, b in zip((positions, documents, cu), before):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match="rows x seq_len"):
+        contiguous([], 3, positions, documents, cu)
+    with pytest.raises(ValueError, match="every segment start"):
+        contiguous([1, 2, 3], 2, positions, documents, cu[:4].copy())
+    with pytest.raises(TypeError):
+        contiguous([1.5], 2, positions, documents, cu)
+    # row 0: [0, 1) [1, 2) [2, 3) [3, 4); row 1: [4, 5) [5, 8)
+    assert contiguous([1, 2, 3, 6], 2, positions, documents, cu) == (6, 3)
+    assert cu[:7].tolist() == [0, 1, 2, 3, 4, 5, 8]
+
+
+@kernel
 @pytest.mark.parametrize("packing", ["concat", "greedy", "bfd"])
 def test_streams_are_the_same_with_either_path(tmp_path, monkeypatch, packing):
     from shardtok.stream.options import StreamOptions
@@ -117,6 +182,7 @@ def test_streams_are_the_same_with_either_path(tmp_path, monkeypatch, packing):
 
     compiled = copies(SliceStream(path, options))
     monkeypatch.setattr(segments_module, "_segments_kernel", None)
+    monkeypatch.setattr(segments_module, "_contiguous_kernel", None)
     reference = copies(SliceStream(path, options))
     assert len(compiled) == len(reference) > 3
     same_batches(compiled, reference)
