@@ -14,7 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardtok.stream.batch import (
+    BATCH_KEYS,
     IGNORE_INDEX,
+    allocate_arrays,
     assemble_batch,
     assemble_contiguous_batch,
     to_hf_labels,
@@ -165,3 +167,29 @@ def test_options_refuse_a_padding_id_beyond_int32():
     StreamOptions(seq_len=8, batch_size=1, pad_id=2**31 - 1)
     with pytest.raises(UsageError, match="pad_id must be a token id at most 2,147,483,647"):
         StreamOptions(seq_len=8, batch_size=1, pad_id=2**31)
+
+
+@pytest.mark.parametrize(("batch_size", "seq_len"), [(1, 1), (3, 5), (8, 2048)])
+def test_a_batch_lives_in_one_block_of_memory(batch_size, seq_len):
+    # One allocation per batch (see allocate_arrays): every array views the same block, none
+    # overlaps another, and each has the shape and type the batch contract names.
+    arrays = allocate_arrays(batch_size, seq_len)
+    assert list(arrays) == list(BATCH_KEYS)
+    grid = (batch_size, seq_len)
+    want = {"input_ids": (grid, np.int64), "labels": (grid, np.int64),
+            "position_ids": (grid, np.int64), "document_ids": (grid, np.int32),
+            "cu_seqlens": ((batch_size * seq_len + 1,), np.int32),
+            "source_ids": ((batch_size,), np.int64)}  # fmt: skip
+    block = arrays["input_ids"].base
+    assert block is not None and block.flags.owndata
+    spans = []
+    for key, array in arrays.items():
+        shape, dtype = want[key]
+        assert array.shape == shape and array.dtype == dtype, key
+        assert array.flags.c_contiguous and array.flags.writeable, key
+        assert array.base is block, key
+        start = array.__array_interface__["data"][0]
+        spans.append((start, start + array.nbytes, key))
+    spans.sort()
+    for (_, end, key), (start, _, after) in zip(spans, spans[1:]):
+        assert end <= start, f"{key} overlaps {after}"
