@@ -16,8 +16,11 @@ from shardtok.storage.base import (
     ReadStream,
 )
 
-# Shard heads are read in 512-byte pieces; a large buffer turns them into few system calls.
-_STREAM_BUFFER = 1 << 20
+# Shard heads are read in 512-byte pieces, which a buffer turns into few system calls. Not a
+# frame's size: a read shorter than the buffer goes through it (one more copy of every
+# compressed byte), a longer one mostly straight into its result. 64 KiB against 1 MiB: 70
+# against 87 µs of CPU per 540 KB frame read, a shard head 0.75-0.8 against 1-2 ms.
+_STREAM_BUFFER = 1 << 16
 
 
 class LocalSource(ByteSource):
