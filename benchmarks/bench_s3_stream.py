@@ -22,6 +22,8 @@ store and the proxy run on the same cores as the loader, so S3 figures include t
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import statistics
@@ -66,7 +68,21 @@ print(json.dumps({"ttfb": ttfb, "ttfb_job": ttfb_job, "tokens": tokens, "seconds
 """
 
 
+# --in-process: the smoke test's mode (tests/benchmarks), CHILD run in this process with the same
+# arguments, torch imported once; its figures are not comparable.
+IN_PROCESS = False
+
+
 def measure(location: str, options: dict, batches: int) -> dict:
+    if IN_PROCESS:
+        out, argv = io.StringIO(), sys.argv
+        sys.argv = ["-c", location, json.dumps(options), str(batches)]
+        try:
+            with contextlib.redirect_stdout(out):
+                exec(CHILD, {"__name__": "__main__"})
+        finally:
+            sys.argv = argv
+        return json.loads(out.getvalue().strip().splitlines()[-1])
     out = subprocess.run(
         [sys.executable, "-c", CHILD, location, json.dumps(options), str(batches)],
         check=False,
@@ -125,7 +141,14 @@ def main() -> None:
         action="store_true",
         help="one proxied run only, printing every request it made (time, connection, range)",
     )
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run every measurement in this process (the smoke test's mode; figures not comparable)",
+    )
     args = parser.parse_args()
+    global IN_PROCESS
+    IN_PROCESS = args.in_process
     if not (args.dataset / "index.json").exists():
         from shardtok.testing.synthetic import write_synthetic_dataset
 
@@ -176,7 +199,8 @@ def main() -> None:
         finally:
             if proxy is not None:
                 proxy.stop()
-            server.stop()
+            # its data goes with the temporary folder: no graceful shutdown (2 s) needed
+            server.stop(kill=True)
     local_rate = statistics.median(r["tokens"] / r["seconds"] for r in results["local disk"])
     print(
         "\n| source | M tokens/s (median) | ratio to local | first batch from iter(loader) "

@@ -18,6 +18,8 @@ shared. Figures and commands go to benchmarks/results/stream.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -274,11 +276,22 @@ def child(args) -> None:
     }))  # fmt: skip
 
 
+# --in-process: the smoke test's mode (tests/benchmarks), every run in this process through the
+# same _child arguments and JSON line, torch imported once; its figures are not comparable.
+IN_PROCESS = False
+
+
 def run_child(**kw) -> dict:
-    cmd = [sys.executable, __file__, "--dir", str(BENCH), "_child"]
+    argv = ["--dir", str(BENCH), "_child"]
     for key, value in kw.items():
-        cmd += [f"--{key.replace('_', '-')}", str(value)]
-    out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+        argv += [f"--{key.replace('_', '-')}", str(value)]
+    if IN_PROCESS:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            child(parser().parse_args(argv))
+        return json.loads(out.getvalue().strip().splitlines()[-1])
+    out = subprocess.run([sys.executable, __file__, *argv], capture_output=True, text=True,
+                         cwd=ROOT)  # fmt: skip
     if out.returncode:
         raise RuntimeError(out.stderr)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -519,13 +532,17 @@ def memory(args) -> None:
         print(f"\n(deleted {big_dir})")
 
 
-def main() -> None:
-    global BENCH
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
         "--dir", type=Path, default=BENCH, help=f"where the data lives (default {BENCH})"
+    )
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run every measurement in this process (the smoke test's mode; figures not comparable)",
     )
     sub = parser.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("prepare")
@@ -570,8 +587,13 @@ def main() -> None:
     p.add_argument("--labels-format", default="shifted")
     p.add_argument("--packing", default=None)
     p.add_argument("--overlong", default=None)
-    args = parser.parse_args()
-    BENCH = args.dir
+    return parser
+
+
+def main() -> None:
+    global BENCH, IN_PROCESS
+    args = parser().parse_args()
+    BENCH, IN_PROCESS = args.dir, args.in_process
     {"prepare": prepare, "throughput": throughput, "stages": stages, "memory": memory,
      "masks": masks, "_child": child}[args.cmd](args)  # fmt: skip
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import multiprocessing
+
 import pytest
 
 # Real servers on loopback (SeaweedFS for S3, nginx for HTTP) and the fault-injecting proxy.
@@ -22,6 +24,11 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "peers: needs the peers' venv; runs only with --peers")
+    # The fork server preloads __main__: in a training job that is the script, which has imported
+    # torch and shardtok.torch, so its forkserver workers start with both. Under pytest __main__
+    # is pytest, and each forkserver worker would import torch itself (1-2 s a worker; ~15 s of
+    # the suite). The spawn cases still start workers from a bare interpreter.
+    multiprocessing.set_forkserver_preload(["torch", "shardtok.torch"])
 
 
 def pytest_collection_modifyitems(config, items):

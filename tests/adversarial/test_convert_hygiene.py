@@ -68,6 +68,15 @@ def corpus(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.fixture(scope="module")
+def reference(corpus, tmp_path_factory) -> Path:
+    """The corpus converted once, undisturbed: what the disturbed runs must equal."""
+    out = tmp_path_factory.mktemp("reference") / "out"
+    result = cli("convert", corpus, "-o", out, "-q")
+    assert result.returncode == 0, result.stderr
+    return out
+
+
 # -- 8: damaged inputs and damaged work are never used silently --------------------------------
 
 
@@ -157,9 +166,7 @@ def _wait_for(condition, what: str) -> None:
         time.sleep(0.01)
 
 
-def test_second_convert_into_the_same_folder_is_refused(tmp_path, corpus):
-    reference = tmp_path / "reference"
-    assert cli("convert", corpus, "-o", reference, "-q").returncode == 0
+def test_second_convert_into_the_same_folder_is_refused(tmp_path, corpus, reference):
     out = tmp_path / "out"
     lock = out / ".shardtok-lock"
     first = subprocess.Popen(
@@ -193,7 +200,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def test_disk_full_is_one_line_and_the_rerun_completes(tmp_path, corpus):
+def test_disk_full_is_one_line_and_the_rerun_completes(tmp_path, corpus, reference):
     # A real OSError(ENOSPC), raised where a worker persists a unit (a write through a file
     # object, which carries no file name) and sent back to the main process: what convert
     # reports is checked, not how the kernel gets there.
@@ -204,8 +211,6 @@ def test_disk_full_is_one_line_and_the_rerun_completes(tmp_path, corpus):
     )  # fmt: skip
     one_line_error(result, str(out), os.strerror(errno.ENOSPC), "free some space")
     assert cli("convert", corpus, "-o", out, "-q").returncode == 0
-    reference = tmp_path / "reference"
-    assert cli("convert", corpus, "-o", reference, "-q").returncode == 0
     assert dataset_files(out) == dataset_files(reference)
 
 
@@ -232,12 +237,12 @@ def test_output_naming_a_file_is_one_line(tmp_path, corpus):
 # -- 10: overwrites ---------------------------------------------------------------------------
 
 
-def test_import_megatron_refuses_an_existing_dataset_unless_overwrite(tmp_path, corpus):
+def test_import_megatron_refuses_an_existing_dataset_unless_overwrite(tmp_path, corpus, reference):
     half = tmp_path / "half.jsonl"
     half.write_text("".join(corpus.read_text().splitlines(keepends=True)[:1000]))
-    for name, source in (("a", corpus), ("b", half)):
-        assert cli("convert", source, "-o", tmp_path / name, "-q").returncode == 0
-        assert cli("export-megatron", tmp_path / name, tmp_path / "mg" / name).returncode == 0
+    assert cli("convert", half, "-o", tmp_path / "b", "-q").returncode == 0
+    for name, dataset in (("a", reference), ("b", tmp_path / "b")):
+        assert cli("export-megatron", dataset, tmp_path / "mg" / name).returncode == 0
     out = tmp_path / "imported"
     assert cli("import-megatron", tmp_path / "mg" / "a", out).returncode == 0
     before = dataset_files(out)

@@ -1,5 +1,6 @@
 """benchmarks/bench_s3_stream.py on a tiny dataset (SeaweedFS on loopback, the fault proxy with
-latency), so the script does not rot. No figure is asserted."""
+latency), so the script does not rot. No figure is asserted. The measurements run --in-process (the
+same CHILD code, torch imported once instead of once per source)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ SCRIPT = REPO / "benchmarks" / "bench_s3_stream.py"
 
 
 def test_every_source_is_measured_and_the_proxy_adds_latency(tmp_path):
-    args = ["--dataset", str(tmp_path / "ds"), "--tokens", "3e5", "--batches", "3"]
+    args = ["--dataset", str(tmp_path / "ds"), "--tokens", "3e5", "--batches", "3", "--in-process"]
     done = subprocess.run([sys.executable, str(SCRIPT), *args, "--repeat", "1"],
                           cwd=REPO, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]

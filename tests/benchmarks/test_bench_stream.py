@@ -1,5 +1,6 @@
 """benchmarks/bench_stream.py on a tiny dataset, every loader kind, so the script does not rot when
-modules move. No figure is asserted."""
+modules move. No figure is asserted. The kinds run --in-process (torch imported once, not once per
+measurement); one test runs a measurement in its own process, as the real runs do."""
 
 from __future__ import annotations
 
@@ -36,11 +37,18 @@ def test_every_throughput_kind_runs(prepared):
         sys.path.remove(str(REPO))
     # the issue's spelling of the plain reference, checked here rather than measured twice
     assert kinds("lean,window") == ["lean", "plain"]
-    done = _bench(prepared, "throughput", "--kinds", ",".join(LABELS), "--workers", "0",
-                  "--batches", "20", "--repeat", "1")  # fmt: skip
+    done = _bench(prepared, "--in-process", "throughput", "--kinds", ",".join(LABELS),
+                  "--workers", "0", "--batches", "20", "--repeat", "1")  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]
     for label in LABELS.values():
         assert f"| {label} | 0 |" in done.stdout
+
+
+def test_a_measurement_runs_in_a_fresh_process(prepared):
+    done = _bench(prepared, "throughput", "--kinds", "lean", "--workers", "0", "--batches", "20",
+                  "--repeat", "1")  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "| shardtok stream, zstd shards, `ShardLoader` | 0 |" in done.stdout
 
 
 def test_an_unknown_kind_stops_before_measuring(tmp_path):
@@ -50,7 +58,7 @@ def test_an_unknown_kind_stops_before_measuring(tmp_path):
 
 
 def test_masked_copy_and_its_comparison_run(prepared):
-    done = _bench(prepared, "masks", "--kinds", "lean,memlean", "--packings", "concat", "greedy",
+    done = _bench(prepared, "--in-process", "masks", "--kinds", "lean,memlean", "--packings", "concat", "greedy",
                   "--workers", "0", "--batches", "20", "--repeat", "1")  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]
     assert done.stdout.count("| shardtok ") == 3  # lean concat, lean greedy, memlean

@@ -22,16 +22,18 @@ METHODS = ["fork", "forkserver", "spawn"]
 OPTIONS = dict(seq_len=63, batch_size=4, shuffle_buffer=40, seed=5)
 
 
-def resumed_run(make_loader, stop_at: int):
-    """The first `stop_at` batches, then the rest from a new loader given the saved state."""
+def whole_and_resumed(make_loader, stop_at: int):
+    """One loader's whole epoch, its state saved after `stop_at` batches along the way; and those
+    `stop_at` batches followed by the rest from a new loader given that state. (One worker pool
+    for both the uninterrupted run and the save: a spawned pool costs 1-2 s.)"""
     loader = make_loader()
     it = iter(loader)
     first = copies(next(it) for _ in range(stop_at))
     state = json.loads(json.dumps(loader.state_dict()))  # plain data
-    it.close()
+    whole = first + copies(it)
     resumed = make_loader()
     resumed.load_state_dict(state)
-    return first + copies(resumed), state
+    return whole, first + copies(resumed), state
 
 
 # -- the streaming path ----------------------------------------------------------------------
@@ -49,27 +51,29 @@ def stream_reference(torch_stream_dataset):
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_the_dataloader_batches_under_each_start_method(torch_stream_dataset, method):
-    def batches(loader_type, **kwargs):
-        ds = ShardStreamDataset(torch_stream_dataset, **OPTIONS)
-        return copies(loader_type(ds, num_workers=2, multiprocessing_context=method, **kwargs))
-
-    want = batches(DataLoader, batch_size=None)
-    assert len(want) > 20
-    assert_same(batches(ShardLoader), want)
+def test_the_dataloader_batches_under_each_start_method(
+    torch_stream_dataset, stream_reference, method
+):
+    """The DataLoader's batches under `method` are the forked DataLoader's; ShardLoader's under
+    each method are compared with those below."""
+    ds = ShardStreamDataset(torch_stream_dataset, **OPTIONS)
+    got = copies(DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=method))
+    assert len(got) > 20
+    assert_same(got, stream_reference[0])
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_state_dict_resumes_exactly_under_each_start_method(
+def test_the_dataloaders_batches_and_an_exact_resume_under_each_start_method(
     torch_stream_dataset, stream_reference, method
 ):
     def make():
         ds = ShardStreamDataset(torch_stream_dataset, **OPTIONS)
         return ShardLoader(ds, num_workers=2, multiprocessing_context=method)
 
-    got, state = resumed_run(make, stop_at=7)
+    whole, resumed, state = whole_and_resumed(make, stop_at=7)
     assert state["num_workers"] == 2 and state["next_worker"] == 1
-    assert_same(got, stream_reference[0])
+    assert_same(whole, stream_reference[0])
+    assert_same(resumed, stream_reference[0])
 
 
 @pytest.mark.parametrize("method", ["forkserver", "spawn"])
@@ -96,8 +100,9 @@ def test_without_shared_memory_batches_are_pickled_and_still_resume(
         return ShardLoader(ds, num_workers=2, multiprocessing_context=method)
 
     assert not make().zero_copy
-    got, _ = resumed_run(make, stop_at=5)
-    assert_same(got, stream_reference[0])
+    whole, resumed, _ = whole_and_resumed(make, stop_at=5)
+    assert_same(whole, stream_reference[0])
+    assert_same(resumed, stream_reference[0])
 
 
 # -- the memmap path -------------------------------------------------------------------------
@@ -134,7 +139,7 @@ def memmap_reference(plain):
 
 @pytest.mark.parametrize("method", METHODS)
 def test_memmap_batches_and_resume_under_each_start_method(plain, memmap_reference, method):
-    assert_same(copies(memmap_loader(plain, 2, method)), memmap_reference)
-    got, state = resumed_run(lambda: memmap_loader(plain, 2, method), stop_at=7)
+    whole, resumed, state = whole_and_resumed(lambda: memmap_loader(plain, 2, method), stop_at=7)
     assert state["workers"] == [{"taken": 4}, {"taken": 3}] and state["next_worker"] == 1
-    assert_same(got, memmap_reference)
+    assert_same(whole, memmap_reference)
+    assert_same(resumed, memmap_reference)
