@@ -48,6 +48,25 @@ get_buffer(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, const char *name
     return 0;
 }
 
+/* The three output arrays, or -1 with none held and an exception set. */
+static int
+get_outputs(PyObject *pos_obj, PyObject *doc_obj, PyObject *cu_obj, Py_buffer *pos,
+            Py_buffer *doc, Py_buffer *cu)
+{
+    if (get_buffer(pos_obj, pos, 8, "position_ids") < 0)
+        return -1;
+    if (get_buffer(doc_obj, doc, 4, "document_ids") < 0) {
+        PyBuffer_Release(pos);
+        return -1;
+    }
+    if (get_buffer(cu_obj, cu, 4, "cu_seqlens") < 0) {
+        PyBuffer_Release(pos);
+        PyBuffer_Release(doc);
+        return -1;
+    }
+    return 0;
+}
+
 /* An int, or anything with __index__ (numpy's integers): -1 with an exception set if not. */
 static inline Py_ssize_t
 as_index(PyObject *item)
@@ -83,17 +102,8 @@ segments(PyObject *self, PyObject *args)
         return NULL;
     }
     Py_buffer pos, doc, cu;
-    if (get_buffer(pos_obj, &pos, 8, "position_ids") < 0)
+    if (get_outputs(pos_obj, doc_obj, cu_obj, &pos, &doc, &cu) < 0)
         return NULL;
-    if (get_buffer(doc_obj, &doc, 4, "document_ids") < 0) {
-        PyBuffer_Release(&pos);
-        return NULL;
-    }
-    if (get_buffer(cu_obj, &cu, 4, "cu_seqlens") < 0) {
-        PyBuffer_Release(&pos);
-        PyBuffer_Release(&doc);
-        return NULL;
-    }
     Py_ssize_t total = pos.len / 8;
     int64_t *p = (int64_t *)pos.buf;
     int32_t *d = (int32_t *)doc.buf;
@@ -154,17 +164,8 @@ contiguous(PyObject *self, PyObject *args)
                           &cu_obj))
         return NULL;
     Py_buffer pos, doc, cu;
-    if (get_buffer(pos_obj, &pos, 8, "position_ids") < 0)
+    if (get_outputs(pos_obj, doc_obj, cu_obj, &pos, &doc, &cu) < 0)
         return NULL;
-    if (get_buffer(doc_obj, &doc, 4, "document_ids") < 0) {
-        PyBuffer_Release(&pos);
-        return NULL;
-    }
-    if (get_buffer(cu_obj, &cu, 4, "cu_seqlens") < 0) {
-        PyBuffer_Release(&pos);
-        PyBuffer_Release(&doc);
-        return NULL;
-    }
     PyObject *result = NULL;
     Py_ssize_t *starts = NULL;
     int32_t *ids = NULL;
