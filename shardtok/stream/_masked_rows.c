@@ -25,6 +25,8 @@
 #include <Python.h>
 #include <stdint.h>
 
+#include "_hot_loop.h"
+
 static int
 get_buffer(PyObject *obj, Py_buffer *view, int writable, Py_ssize_t itemsize, const char *name)
 {
@@ -43,6 +45,26 @@ get_buffer(PyObject *obj, Py_buffer *view, int writable, Py_ssize_t itemsize, co
         return -1;
     }
     return 0;
+}
+
+/* One row: inputs without the flag, labels [first, end) from the tokens `offset` columns on
+   (-100 where flagged), -100 from `end` on; returns the flagged targets plus the padded ones. */
+HOT_LOOP static Py_ssize_t
+row_pass(const int32_t *restrict row, int64_t *restrict in_row, int64_t *restrict lab_row,
+         Py_ssize_t seq, Py_ssize_t first, Py_ssize_t end, Py_ssize_t offset)
+{
+    for (Py_ssize_t i = 0; i < seq; i++)
+        in_row[i] = row[i] & 0x7FFFFFFF;
+    const int32_t *restrict source = row + offset;
+    uint32_t signs = 0;
+    for (Py_ssize_t i = first; i < end; i++) {
+        int32_t t = source[i];
+        signs += (uint32_t)t >> 31;
+        lab_row[i] = t < 0 ? -100 : t;
+    }
+    for (Py_ssize_t i = end; i < seq; i++)
+        lab_row[i] = -100;
+    return (Py_ssize_t)signs + (seq - end);
 }
 
 static PyObject *
@@ -97,8 +119,6 @@ rows(PyObject *self, PyObject *args)
         const int32_t *restrict row = g + b * window;
         int64_t *restrict in_row = in + b * seq;
         int64_t *restrict lab_row = lab + b * seq;
-        for (Py_ssize_t i = 0; i < seq; i++)
-            in_row[i] = row[i] & 0x7FFFFFFF;
         /* label i holds grid column i + 1 (shifted) or i (hf, from label 1 on); targets from
            grid column `stop` on are padding */
         Py_ssize_t first = hf ? 1 : 0, offset = hf ? 0 : 1;
@@ -110,18 +130,9 @@ rows(PyObject *self, PyObject *args)
             end = seq;
         if (end < first)
             end = first;
-        const int32_t *restrict source = row + offset;
-        uint32_t signs = 0;
-        for (Py_ssize_t i = first; i < end; i++) {
-            int32_t t = source[i];
-            signs += (uint32_t)t >> 31;
-            lab_row[i] = t < 0 ? -100 : t;
-        }
-        for (Py_ssize_t i = end; i < seq; i++)
-            lab_row[i] = -100;
+        untrained += row_pass(row, in_row, lab_row, seq, first, end, offset);
         if (hf)
             lab_row[0] = -100;
-        untrained += (Py_ssize_t)signs + (seq - end);
     }
     Py_END_ALLOW_THREADS
     for (Py_ssize_t k = 0; k < PyList_GET_SIZE(ignored); k++) {
@@ -156,10 +167,86 @@ fail:
     return NULL;
 }
 
+/* out[i] = tokens[i] with the sign bit set where mask[i] is 0; `itemsize` 1 (uint8),
+   2 (uint16) or 4 ((u)int32 below 2**31). */
+HOT_LOOP static void
+flag_pass(const void *tokens, int itemsize, const uint8_t *restrict m, uint32_t *restrict o,
+          Py_ssize_t n)
+{
+    if (itemsize == 1) {
+        const uint8_t *restrict t = tokens;
+        for (Py_ssize_t i = 0; i < n; i++)
+            o[i] = (uint32_t)t[i] | ((uint32_t)(m[i] ^ 1) << 31);
+    } else if (itemsize == 2) {
+        const uint16_t *restrict t = tokens;
+        for (Py_ssize_t i = 0; i < n; i++)
+            o[i] = (uint32_t)t[i] | ((uint32_t)(m[i] ^ 1) << 31);
+    } else {
+        const uint32_t *restrict t = tokens;
+        for (Py_ssize_t i = 0; i < n; i++)
+            o[i] = t[i] | ((uint32_t)(m[i] ^ 1) << 31);
+    }
+}
+
+/* flag(tokens, mask, out): the masked reader's pass per decoded frame (stream/masked.py's
+   flag_untrained; its numpy form stays the twin): numpy takes three passes and a temporary.
+     tokens  1-D C-contiguous uint8, uint16, int32 or uint32 ids below 2**31
+     mask    1-D C-contiguous uint8 (0 or 1), as long
+     out     1-D C-contiguous int32, as long, written */
+static PyObject *
+flag(PyObject *self, PyObject *args)
+{
+    PyObject *tokens_obj, *mask_obj, *out_obj;
+    if (!PyArg_ParseTuple(args, "OOO", &tokens_obj, &mask_obj, &out_obj))
+        return NULL;
+    Py_buffer views[3] = {{0}, {0}, {0}};
+    PyObject *objects[3] = {tokens_obj, mask_obj, out_obj};
+    PyObject *result = NULL;
+    for (int k = 0; k < 3; k++) {
+        int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (k == 2 ? PyBUF_WRITABLE : 0);
+        if (PyObject_GetBuffer(objects[k], &views[k], flags) < 0)
+            goto done;
+    }
+    const char *formats[3];
+    for (int k = 0; k < 3; k++) {
+        const char *f = views[k].format ? views[k].format : "B";
+        formats[k] = (*f == '<' || *f == '=' || *f == '@') ? f + 1 : f;
+    }
+    Py_buffer *tokens = &views[0], *mask = &views[1], *out = &views[2];
+    char t = formats[0][0];
+    int token_ok = formats[0][1] == '\0' && ((tokens->itemsize == 1 && t == 'B') ||
+                   (tokens->itemsize == 2 && t == 'H') ||
+                   (tokens->itemsize == 4 && (t == 'i' || t == 'I')));
+    if (!token_ok || tokens->ndim != 1 || mask->ndim != 1 || out->ndim != 1 ||
+        mask->itemsize != 1 || formats[1][0] != 'B' || formats[1][1] != '\0' ||
+        out->itemsize != 4 || formats[2][0] != 'i' || formats[2][1] != '\0') {
+        PyErr_SetString(PyExc_TypeError, "flag takes 1-D uint8/uint16/int32/uint32 tokens, a "
+                                         "uint8 mask and an int32 out");
+        goto done;
+    }
+    Py_ssize_t n = out->shape[0];
+    if (tokens->shape[0] != n || mask->shape[0] != n) {
+        PyErr_SetString(PyExc_ValueError, "tokens, mask and out must be as long");
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    flag_pass(tokens->buf, (int)tokens->itemsize, mask->buf, out->buf, n);
+    Py_END_ALLOW_THREADS
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    for (int k = 0; k < 3; k++)
+        if (views[k].obj != NULL)
+            PyBuffer_Release(&views[k]);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"rows", rows, METH_VARARGS,
      "rows(grid, input_ids, labels, pad, hf, ignored) -> untrained: a masked batch's inputs and labels "
      "in one pass"},
+    {"flag", flag, METH_VARARGS,
+     "flag(tokens, mask, out): out = tokens as int32, negative where mask is 0 (one pass)"},
     {NULL, NULL, 0, NULL},
 };
 

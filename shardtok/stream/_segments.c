@@ -29,6 +29,8 @@
 #include <Python.h>
 #include <stdint.h>
 
+#include "_hot_loop.h"
+
 static int
 get_buffer(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, const char *name)
 {
@@ -76,7 +78,7 @@ as_index(PyObject *item)
 }
 
 /* Segment [start, end): positions 0, 1, ... and the segment's number; returns its length. */
-static inline Py_ssize_t
+HOT_LOOP static Py_ssize_t
 write_segment(int64_t *restrict p, int32_t *restrict d, Py_ssize_t start, Py_ssize_t end,
               int32_t id)
 {

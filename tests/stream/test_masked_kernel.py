@@ -9,8 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shardtok.stream import masked as masked_module
 from shardtok.stream import masked_rows as rows_module
-from shardtok.stream.masked import flag_untrained
+from shardtok.stream.masked import flag_untrained, flag_untrained_numpy
 from shardtok.stream.masked_rows import masked_rows as _masked_rows
 from shardtok.stream.masked_rows import masked_rows_numpy as _masked_rows_numpy
 
@@ -112,6 +113,52 @@ def test_streams_are_the_same_with_either_path(tmp_path, monkeypatch, packing, l
 
     compiled = copies(SliceStream(path, options))
     monkeypatch.setattr(rows_module, "_rows_kernel", None)
+    monkeypatch.setattr(masked_module, "_flag_kernel", None)
     reference = copies(SliceStream(path, options))
     assert len(compiled) == len(reference) > 3
     same_batches(compiled, reference)
+
+
+@kernel
+@settings(max_examples=200, deadline=None)
+@given(
+    size=st.integers(0, 300),
+    dtype=st.sampled_from([np.uint8, np.uint16, np.int32, np.uint32]),
+    seed=st.integers(0, 2**32 - 1),
+    trained_share=st.sampled_from([0.0, 0.5, 1.0]),
+)
+def test_the_flag_kernel_writes_what_numpy_writes(size, dtype, seed, trained_share):
+    assert masked_module._flag_kernel is not None
+    rng = np.random.default_rng(seed)
+    high = min(np.iinfo(dtype).max, 2**31 - 1)
+    tokens = rng.integers(0, high, size, endpoint=True).astype(dtype)
+    mask = (rng.random(size) < trained_share).astype(np.uint8)
+    got = flag_untrained(tokens, mask)
+    want = flag_untrained_numpy(tokens, mask)
+    assert got.dtype == want.dtype == np.int32
+    np.testing.assert_array_equal(got, want)
+    # and what the flag means: negative exactly where the mask is 0, the id under it
+    np.testing.assert_array_equal(got < 0, mask == 0)
+    np.testing.assert_array_equal(got & 0x7FFFFFFF, tokens.astype(np.int64))
+
+
+@kernel
+def test_the_flag_kernel_refuses_what_it_cannot_read():
+    flag = masked_module._flag_kernel
+    tokens, mask, out = np.arange(4, dtype=np.int32), np.ones(4, np.uint8), np.empty(4, np.int32)
+    flag(tokens, mask, out)
+    np.testing.assert_array_equal(out, tokens)
+    with pytest.raises(TypeError, match="int32 out"):
+        flag(tokens.astype(np.int64), mask, out)
+    with pytest.raises(TypeError, match="int32 out"):
+        flag(tokens, mask.astype(np.int8), out)
+    with pytest.raises(TypeError, match="int32 out"):
+        flag(tokens, mask, out.astype(np.int64))
+    with pytest.raises(ValueError, match="as long"):
+        flag(tokens[:3].copy(), mask, out)
+    with pytest.raises(ValueError, match="contiguous"):
+        flag(tokens[::2], mask[::2], out[:2])
+    # numpy's path takes what the kernel does not: int64 ids, strided arrays
+    np.testing.assert_array_equal(
+        flag_untrained(tokens.astype(np.int64)[::2], mask[::2]), np.array([0, 2], np.int32)
+    )
