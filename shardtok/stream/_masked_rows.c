@@ -9,6 +9,10 @@
    the main thread's whole extra cost of a masked batch (issue 18, target 3). Here it is the
    two copies' memory traffic and one comparison per token.
 
+   Also flag(tokens, mask, out), the masked reader's pass per decoded frame that puts the
+   mask into the tokens' sign (the twin of stream/masked.py's `flag_untrained_numpy`; see it
+   below).
+
    rows(grid, input_ids, labels, pad, hf, ignored) -> untrained
      grid       int32 [B, W], C-contiguous: tokens, negative where the loss mask is 0
      input_ids  int64 [B, W - 1], C-contiguous, written: grid[:, :-1] & 0x7FFFFFFF
