@@ -29,27 +29,8 @@
 #include <Python.h>
 #include <stdint.h>
 
+#include "_buffers.h"
 #include "_hot_loop.h"
-
-static int
-get_buffer(PyObject *obj, Py_buffer *view, int writable, Py_ssize_t itemsize, const char *name)
-{
-    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
-    if (PyObject_GetBuffer(obj, view, flags) < 0)
-        return -1;
-    /* numpy writes int32 as "i" and int64 as "l" or "q": only the size and signedness matter */
-    const char *f = view->format ? view->format : "B";
-    if (*f == '<' || *f == '=' || *f == '@')
-        f++;
-    int is_signed = (*f == 'i' || *f == 'l' || *f == 'q');
-    if (view->ndim != 2 || view->itemsize != itemsize || !is_signed || f[1] != '\0') {
-        PyErr_Format(PyExc_TypeError, "%s must be a 2-D C-contiguous signed %zd-byte array",
-                     name, itemsize);
-        PyBuffer_Release(view);
-        return -1;
-    }
-    return 0;
-}
 
 /* One row: inputs without the flag, labels [first, end) from the tokens `offset` columns on
    (-100 where flagged), -100 from `end` on; returns the flagged targets plus the padded ones. */
@@ -80,13 +61,13 @@ rows(PyObject *self, PyObject *args)
                           &PyList_Type, &ignored))
         return NULL;
     Py_buffer grid, inputs, labels, pad = {0};
-    if (get_buffer(grid_obj, &grid, 0, 4, "grid") < 0)
+    if (get_signed_buffer(grid_obj, &grid, 0, 4, 2, "grid") < 0)
         return NULL;
-    if (get_buffer(inputs_obj, &inputs, 1, 8, "input_ids") < 0) {
+    if (get_signed_buffer(inputs_obj, &inputs, 1, 8, 2, "input_ids") < 0) {
         PyBuffer_Release(&grid);
         return NULL;
     }
-    if (get_buffer(labels_obj, &labels, 1, 8, "labels") < 0) {
+    if (get_signed_buffer(labels_obj, &labels, 1, 8, 2, "labels") < 0) {
         PyBuffer_Release(&grid);
         PyBuffer_Release(&inputs);
         return NULL;
@@ -104,9 +85,7 @@ rows(PyObject *self, PyObject *args)
     if (pad_obj != Py_None) {
         if (PyObject_GetBuffer(pad_obj, &pad, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
             goto fail;
-        const char *f = pad.format ? pad.format : "B";
-        if (*f == '<' || *f == '=' || *f == '@')
-            f++;
+        const char *f = plain_format(&pad);
         if (pad.ndim != 1 || pad.itemsize != 8 || pad.shape[0] != b_rows ||
             (*f != 'l' && *f != 'q') || f[1] != '\0') {
             PyErr_SetString(PyExc_TypeError, "pad must be None or a C-contiguous int64 [B]");
@@ -212,10 +191,8 @@ flag(PyObject *self, PyObject *args)
             goto done;
     }
     const char *formats[3];
-    for (int k = 0; k < 3; k++) {
-        const char *f = views[k].format ? views[k].format : "B";
-        formats[k] = (*f == '<' || *f == '=' || *f == '@') ? f + 1 : f;
-    }
+    for (int k = 0; k < 3; k++)
+        formats[k] = plain_format(&views[k]);
     Py_buffer *tokens = &views[0], *mask = &views[1], *out = &views[2];
     char t = formats[0][0];
     int token_ok = formats[0][1] == '\0' && ((tokens->itemsize == 1 && t == 'B') ||

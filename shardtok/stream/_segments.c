@@ -29,39 +29,21 @@
 #include <Python.h>
 #include <stdint.h>
 
+#include "_buffers.h"
 #include "_hot_loop.h"
-
-static int
-get_buffer(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, const char *name)
-{
-    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0)
-        return -1;
-    /* numpy writes int32 as "i" and int64 as "l" or "q": only the size and signedness matter */
-    const char *f = view->format ? view->format : "B";
-    if (*f == '<' || *f == '=' || *f == '@')
-        f++;
-    int is_signed = (*f == 'i' || *f == 'l' || *f == 'q');
-    if (view->itemsize != itemsize || !is_signed || f[1] != '\0') {
-        PyErr_Format(PyExc_TypeError, "%s must be a C-contiguous signed %zd-byte array", name,
-                     itemsize);
-        PyBuffer_Release(view);
-        return -1;
-    }
-    return 0;
-}
 
 /* The three output arrays, or -1 with none held and an exception set. */
 static int
 get_outputs(PyObject *pos_obj, PyObject *doc_obj, PyObject *cu_obj, Py_buffer *pos,
             Py_buffer *doc, Py_buffer *cu)
 {
-    if (get_buffer(pos_obj, pos, 8, "position_ids") < 0)
+    if (get_signed_buffer(pos_obj, pos, 1, 8, 0, "position_ids") < 0)
         return -1;
-    if (get_buffer(doc_obj, doc, 4, "document_ids") < 0) {
+    if (get_signed_buffer(doc_obj, doc, 1, 4, 0, "document_ids") < 0) {
         PyBuffer_Release(pos);
         return -1;
     }
-    if (get_buffer(cu_obj, cu, 4, "cu_seqlens") < 0) {
+    if (get_signed_buffer(cu_obj, cu, 1, 4, 0, "cu_seqlens") < 0) {
         PyBuffer_Release(pos);
         PyBuffer_Release(doc);
         return -1;

@@ -217,7 +217,10 @@ def assemble_batch(
         _copy_inputs(input_ids, tokens)
         _fill_labels(labels, tokens, ignored, labels_format, padded)
         trained = _trained(labels, ignored, labels_format, padded)
-    batch = _with_segments(out, seg_starts, local_ids)
+    longest = fill_segments(
+        seg_starts, local_ids, out["position_ids"], out["document_ids"], out["cu_seqlens"]
+    )
+    batch = _batch(out, len(seg_starts), longest)
     batch["num_trained_tokens"] = trained
     batch["source_ids"] = _source_ids(out, rows, 0 if source_ids is None else source_ids)
     return batch
@@ -255,17 +258,15 @@ def _trained(
     return rows * last - ignored_hf - sum(seq_len - c for _, c in padded)
 
 
-def _with_segments(out: dict, starts: list[int], local_ids: list[int]) -> dict:
-    """Fill position_ids, document_ids and cu_seqlens of `out` from the flat segment starts
-    (ascending) and each segment's number within its row; return the batch dict."""
-    cu = out["cu_seqlens"]
-    longest = fill_segments(starts, local_ids, out["position_ids"], out["document_ids"], cu)
+def _batch(out: dict, segments: int, longest: int) -> dict:
+    """The batch dict of `out` once its arrays are written: `segments` of them (cu_seqlens is
+    cut to its used part), the longest `longest` tokens."""
     return {
         "input_ids": out["input_ids"],
         "labels": out["labels"],
         "position_ids": out["position_ids"],
         "document_ids": out["document_ids"],
-        "cu_seqlens": cu[: len(starts) + 1],
+        "cu_seqlens": out["cu_seqlens"][: segments + 1],
         "max_seqlen": longest,
     }
 
@@ -312,17 +313,10 @@ def assemble_contiguous_batch(
         _copy_inputs(input_ids, grid)
         _fill_labels(labels, grid, ignored, labels_format)
         trained = _trained(labels, ignored, labels_format)
-    cu = out["cu_seqlens"]
     count, longest = contiguous_segments(
-        boundaries, rows, out["position_ids"], out["document_ids"], cu
+        boundaries, rows, out["position_ids"], out["document_ids"], out["cu_seqlens"]
     )
-    return {
-        "input_ids": input_ids,
-        "labels": labels,
-        "position_ids": out["position_ids"],
-        "document_ids": out["document_ids"],
-        "cu_seqlens": cu[: count + 1],
-        "max_seqlen": longest,
-        "num_trained_tokens": trained,
-        "source_ids": _source_ids(out, rows, 0),  # one token stream: one source
-    }
+    batch = _batch(out, count, longest)
+    batch["num_trained_tokens"] = trained
+    batch["source_ids"] = _source_ids(out, rows, 0)  # one token stream: one source
+    return batch
