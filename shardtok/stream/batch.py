@@ -42,6 +42,11 @@ from shardtok.stream.masked_rows import masked_rows as _masked_rows
 from shardtok.stream.segments import contiguous_segments, fill_segments
 from shardtok.stream.sequence import PackedSequence
 
+try:  # compiled at install where a C compiler is found (pyproject.toml: optional)
+    from shardtok.stream._rows import contiguous as _contiguous_kernel
+except ImportError:  # pragma: no cover - a build without a compiler: contiguous_rows_numpy
+    _contiguous_kernel = None
+
 LABELS_FORMATS = ("shifted", "hf")
 BATCH_KEYS = ("input_ids", "labels", "position_ids", "document_ids", "cu_seqlens", "source_ids")
 SCALAR_KEYS = ("max_seqlen", "num_trained_tokens")  # plain ints, for the whole batch
@@ -272,7 +277,7 @@ def _batch(out: dict, segments: int, longest: int) -> dict:
 
 
 def assemble_contiguous_batch(
-    tokens: np.ndarray,
+    tokens: np.ndarray | list[np.ndarray],
     boundaries: Sequence[int],
     rows: int,
     *,
@@ -284,35 +289,39 @@ def assemble_contiguous_batch(
     """The batch whose rows are consecutive runs of one token stream: row ``b`` is
     ``tokens[b * W : (b + 1) * W]`` (``W = seq_len + 1``, no padding) and documents begin at
     the flat positions `boundaries` (ints, ascending, in ``(0, len(tokens))``) besides every
-    row start. `masked`: the tokens are one masked dataset's, with loss masks as flag bits
-    (``stream.masked``); its labels never cross a document boundary.
+    row start. `tokens` is one array, or a list of 1-D arrays that are the run end to end (the
+    pieces of the documents it is cut from, as the concat packer hands them over: read where
+    they lie, never concatenated, where the compiled pass was built). `masked`: the tokens are
+    one masked dataset's, with loss masks as flag bits (``stream.masked``); its labels never
+    cross a document boundary.
 
-    Equal to `assemble_batch` on the same rows and starts; the per-token work is the same
-    handful of numpy calls, and the segments come from the boundaries in one compiled pass
+    Equal to `assemble_batch` on the same rows and starts. Inputs and labels come from one
+    compiled pass over the pieces (``_rows.c``'s ``contiguous``), or from its twin,
+    `contiguous_rows_numpy`; the segments from the boundaries in one more
     (``segments.contiguous_segments``).
     """
     check_labels_format(labels_format)
-    window = len(tokens) // rows
+    pieces = tokens if isinstance(tokens, list) else [tokens]
+    window = sum(map(len, pieces)) // rows
     seq_len = window - 1
     out = allocate(rows, seq_len)
-    grid = tokens.reshape(rows, window)
     input_ids, labels = out["input_ids"], out["labels"]
-
-    # The target before a document's first token is that token: unpredictable. Masked
-    # (labels made on the flagged token rows, boundaries always masked): by position in
-    # `tokens`; else, with mask_boundary_labels, by flat label position. A document starting
-    # a row has no target before it in that row.
-    if masked:
-        trained = _masked_rows(
-            input_ids, labels, grid, [p for p in boundaries if p % window], labels_format
+    # The target before a document's first token is that token: unpredictable. By flat
+    # position in the run; a document starting a row has no target before it in that row.
+    starts = [p for p in boundaries if p % window] if masked or mask_boundary_labels else []
+    trained = None
+    if (
+        _contiguous_kernel is not None
+        and input_ids.flags.c_contiguous
+        and labels.flags.c_contiguous
+    ):
+        untrained = _contiguous_kernel(
+            pieces, input_ids, labels, labels_format == "hf", masked, starts
         )
-    else:
-        ignored = (
-            [p - p // window - 1 for p in boundaries if p % window] if mask_boundary_labels else []
-        )
-        _copy_inputs(input_ids, grid)
-        _fill_labels(labels, grid, ignored, labels_format)
-        trained = _trained(labels, ignored, labels_format)
+        if untrained is not None:  # None: pieces the kernel does not read (the twin does)
+            trained = labels.size - (rows if labels_format == "hf" else 0) - untrained
+    if trained is None:
+        trained = contiguous_rows_numpy(pieces, input_ids, labels, starts, labels_format, masked)
     count, longest = contiguous_segments(
         boundaries, rows, out["position_ids"], out["document_ids"], out["cu_seqlens"]
     )
@@ -320,3 +329,27 @@ def assemble_contiguous_batch(
     batch["num_trained_tokens"] = trained
     batch["source_ids"] = _source_ids(out, rows, 0)  # one token stream: one source
     return batch
+
+
+def contiguous_rows_numpy(
+    pieces: list[np.ndarray],
+    input_ids: np.ndarray,
+    labels: np.ndarray,
+    starts: list[int],
+    labels_format: str,
+    masked: bool,
+) -> int:
+    """The inputs and labels of the run `pieces` [B * W] into `input_ids` and `labels` [B, S]
+    with -100 at the targets of the flat run positions `starts`, and the trained count: the
+    compiled ``contiguous``'s twin (one concatenation, then the grid's copies or, masked,
+    ``masked_rows``)."""
+    rows = len(input_ids)
+    run = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+    grid = run.reshape(rows, -1)
+    if masked:
+        return _masked_rows(input_ids, labels, grid, starts, labels_format)
+    window = grid.shape[1]
+    ignored = [p - p // window - 1 for p in starts]  # run positions -> label positions
+    _copy_inputs(input_ids, grid)
+    _fill_labels(labels, grid, ignored, labels_format)
+    return _trained(labels, ignored, labels_format)

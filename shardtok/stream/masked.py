@@ -8,7 +8,7 @@ resume move it -- slice it, cut it, concatenate it, write it into a row -- with 
 numpy calls that move maskless data, and a mask bit can never part from its token. The batch
 builder works on the int32 token rows: it clears the bit for ``input_ids`` and turns every
 negative target into -100 for ``labels``, widening both into their int64 outputs, in one
-compiled pass (``_masked_rows.c``) or its numpy twin (``masked_rows.masked_rows_numpy``).
+compiled pass (``_rows.c``) or its numpy twin (``masked_rows.masked_rows_numpy``).
 
 Why not a (tokens, mask) pair per document: that cost a Python object and a second numpy call
 for every slice, cut and copy of every document -- masked streaming ran at 60% of the unmasked
@@ -30,7 +30,7 @@ FLAGGED_DTYPE = np.dtype(np.int32)
 
 
 try:  # compiled at install where a C compiler is found (pyproject.toml: optional)
-    from shardtok.stream._masked_rows import flag as _flag_kernel
+    from shardtok.stream._rows import flag as _flag_kernel
 except ImportError:  # pragma: no cover - a build without a compiler: the numpy twin below
     _flag_kernel = None
 

@@ -5,7 +5,7 @@ Why compiled: numpy takes five passes over the rows (the flag cleared, negative 
 -100, boundaries and padding set, the count) for what a maskless batch does in two widening
 copies, 10.5 against 4.1 µs for 8 x 2049 tokens, and in one process that was a masked concat
 stream's whole extra main-thread cost (issue 18: 81% of the unmasked throughput, no numpy
-formulation better). ``_masked_rows.c`` does it in one pass (5.0 µs). It is optional at install
+formulation better). ``_rows.c`` does it in one pass (5.0 µs). It is optional at install
 (no C compiler: the twin runs), and the twin stays the reference it is tested against
 (tests/stream/test_masked_kernel.py).
 """
@@ -19,7 +19,7 @@ import numpy as np
 from shardtok.stream.masked import IGNORE_INDEX, VALUES
 
 try:  # compiled at install where a C compiler is found (pyproject.toml: optional)
-    from shardtok.stream._masked_rows import rows as _rows_kernel
+    from shardtok.stream._rows import rows as _rows_kernel
 except ImportError:  # pragma: no cover - a build without a compiler: the numpy twin below
     _rows_kernel = None
 

@@ -1,4 +1,4 @@
-"""The compiled masked-rows kernel (shardtok/stream/_masked_rows.c) against its numpy twin:
+"""The compiled masked-rows kernel (shardtok/stream/_rows.c: rows, flag) against its numpy twin:
 the same inputs, labels and trained count on any flagged rows, and the batches of whole streams
 unchanged by which of the two builds them."""
 
@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shardtok.stream import batch as batch_module
 from shardtok.stream import masked as masked_module
 from shardtok.stream import masked_rows as rows_module
 from shardtok.stream.masked import flag_untrained, flag_untrained_numpy
@@ -114,6 +115,7 @@ def test_streams_are_the_same_with_either_path(tmp_path, monkeypatch, packing, l
     compiled = copies(SliceStream(path, options))
     monkeypatch.setattr(rows_module, "_rows_kernel", None)
     monkeypatch.setattr(masked_module, "_flag_kernel", None)
+    monkeypatch.setattr(batch_module, "_contiguous_kernel", None)  # concat's rows
     reference = copies(SliceStream(path, options))
     assert len(compiled) == len(reference) > 3
     same_batches(compiled, reference)

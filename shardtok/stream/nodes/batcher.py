@@ -117,10 +117,10 @@ class Batcher(Node[dict]):
         if getattr(upstream, "contiguous", False):
             cut = upstream.next_batch(self.batch_size)
             if cut is not None:
-                tokens, boundaries = cut
+                pieces, boundaries = cut
                 return self._count(
                     assemble_contiguous_batch(
-                        tokens,
+                        pieces,
                         boundaries,
                         self.batch_size,
                         mask_boundary_labels=self.mask_boundary_labels,

@@ -148,9 +148,10 @@ class ConcatPacker(Packer):
         batch can be cut in one go by `next_batch`."""
         return self.stride == self.window
 
-    def next_batch(self, rows: int) -> tuple[np.ndarray, list[int]] | None:
-        """The next `rows` windows as one flat run of ``rows * window`` tokens (a view when a
-        single document holds them all), and the flat positions (ascending, in
+    def next_batch(self, rows: int) -> tuple[list[np.ndarray], list[int]] | None:
+        """The next `rows` windows as one flat run of ``rows * window`` tokens, given as the
+        pieces of documents that make it up end to end (views: the batch builder reads them
+        where they lie instead of a concatenated copy), and the flat positions (ascending, in
         ``(0, rows * window)``) where later documents begin. None, with nothing emitted, when
         the stream cannot fill them all.
 
@@ -188,8 +189,7 @@ class ConcatPacker(Packer):
         if not pending:
             self._next_position = self.upstream.position
         self._emitted += rows
-        tokens = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
-        return tokens, boundaries
+        return pieces, boundaries
 
     def pass_windows(self, rows: int, run_tokens: int = 1 << 22) -> int:
         """Pass over up to `rows` contiguous windows without building them, about `run_tokens`
