@@ -115,7 +115,10 @@ class FrameDecoder:
         # is only needed for uncompressed frames -- unless the caller asks for every check.
         self._check_crc = full_checks or not compressed
 
-    def decode(self, frame: Frame, stored: bytes, number: int) -> bytes:
+    def decode(self, frame: Frame, stored: bytes, number: int, writable: bool = False):
+        """Frame `number`'s decoded bytes, checked: immutable bytes, or with `writable` a
+        uint8 array of the caller's own (the stream flags masked tokens in it, in place,
+        instead of writing a second megabyte per frame)."""
         offset = self.member_data_offset + frame.compressed_offset
         if len(stored) != frame.compressed_size:
             raise CorruptShardError(
@@ -125,7 +128,7 @@ class FrameDecoder:
                 f"frame {number} truncated: {len(stored)} of {frame.compressed_size} bytes",
             )
         if not self.compressed:
-            raw = stored
+            raw = np.frombuffer(bytearray(stored), np.uint8) if writable else stored
         else:
             try:
                 # decompress() allocates the content size the zstd frame header declares and
@@ -143,7 +146,12 @@ class FrameDecoder:
                         f"frame {number} declares {declared} bytes, the frame table "
                         f"{frame.uncompressed_size}",
                     )
-                raw = self._decompress(stored, frame.uncompressed_size)
+                if writable and declared == frame.uncompressed_size:
+                    raw = self._decompress_into(stored, frame.uncompressed_size, number, offset)
+                else:
+                    raw = self._decompress(stored, frame.uncompressed_size)
+                    if writable:
+                        raw = np.frombuffer(bytearray(raw), np.uint8)
             except zstandard.ZstdError as exc:
                 raise CorruptShardError(
                     self.where, self.member, offset, f"frame {number} does not decode: {exc}"
@@ -161,13 +169,66 @@ class FrameDecoder:
             )
         return raw
 
-    def _decompress(self, stored: bytes, size: int) -> bytes:
-        contexts = self._contexts
+    def _context(self) -> zstandard.ZstdDecompressor:
         try:
-            context = contexts.pop()  # list.pop and append are atomic: no lock needed
+            return self._contexts.pop()  # list.pop and append are atomic: no lock needed
         except IndexError:
-            context = zstandard.ZstdDecompressor()
+            return zstandard.ZstdDecompressor()
+
+    def _decompress(self, stored: bytes, size: int) -> bytes:
+        context = self._context()
         try:
             return context.decompress(stored, max_output_size=size)
         finally:
-            contexts.append(context)
+            self._contexts.append(context)
+
+    def _decompress_into(self, stored: bytes, size: int, number: int, offset: int) -> np.ndarray:
+        """`stored` (a frame declaring `size` bytes) decoded into a new writable array.
+
+        python-zstandard decodes into a given buffer only through a stream reader, which
+        verifies the content checksum only where the whole frame is in `stored` (zstd's
+        single-pass path); a frame table that cut off the checksum would go unnoticed. So the
+        frame's length is taken from its block headers first and must be all of `stored`."""
+        length = zstd_frame_length(stored)
+        if length != len(stored):
+            raise CorruptShardError(
+                self.where,
+                self.member,
+                offset,
+                f"frame {number} is {len(stored)} bytes in the frame table, its zstd frame "
+                + ("is cut short" if length is None else f"{length}"),
+            )
+        out = np.empty(size, dtype=np.uint8)
+        context = self._context()
+        try:
+            got = context.stream_reader(stored).readinto(out)
+        finally:
+            self._contexts.append(context)
+        return out if got == size else out[:got]
+
+
+_BLOCK_RLE, _BLOCK_RESERVED = 1, 3
+
+
+def zstd_frame_length(data: bytes) -> int | None:
+    """The bytes of the zstd frame at the start of `data` (header, blocks and content
+    checksum, by the format's block headers, RFC 8878 section 3.1.1), or None where `data`
+    ends first or a block header is invalid."""
+    if len(data) < 5:
+        return None
+    try:
+        at = zstandard.frame_header_size(data)
+    except zstandard.ZstdError:
+        return None
+    checksum = 4 if data[4] & 0x04 else 0  # Content_Checksum_flag of the frame header
+    end = len(data)
+    while at + 3 <= end:
+        header = data[at] | data[at + 1] << 8 | data[at + 2] << 16
+        kind = (header >> 1) & 3
+        if kind == _BLOCK_RESERVED:
+            return None
+        at += 3 + (1 if kind == _BLOCK_RLE else header >> 3)
+        if header & 1:  # Last_Block
+            at += checksum
+            return at if at <= end else None
+    return None

@@ -340,7 +340,10 @@ class ShardStreamReader:
 
         `combine` (with masks): a function of a frame's (tokens, mask) arrays returning one
         array, applied once per frame; the documents are then slices of what it returns (the
-        stream keeps masks as flag bits of the tokens this way: one pass per frame).
+        stream keeps masks as flag bits of the tokens this way: one pass per frame). Its
+        tokens are writable where the reader decoded them into a buffer of their own for it
+        (not with full_checks, which hashes them afterwards): it may then write its result
+        over them.
 
         `ahead`: a helper thread that decodes and combines the next `ahead_frames` frames
         (their compressed bytes are read here, their mask frames there) while frame n's
@@ -402,7 +405,9 @@ class ShardStreamReader:
         return self._read_at(offset, self.meta.frames[frame_no].compressed_size)
 
     def _decode_frame(self, frame_no: int, stored: bytes, masks: MaskFrames | None, combine):
-        raw = self._decoder.decode(self.meta.frames[frame_no], stored, frame_no)
+        # `combine` may write over writable tokens; full_checks hashes them after it.
+        writable = combine is not None and not self.full_checks
+        raw = self._decoder.decode(self.meta.frames[frame_no], stored, frame_no, writable)
         bits = None if masks is None else masks.frame(self.mask_source, frame_no)
         return raw, frame_view(self.head, raw, bits=bits, combine=combine)
 

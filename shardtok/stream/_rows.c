@@ -362,11 +362,21 @@ flag_pass(const void *tokens, int itemsize, const uint8_t *restrict m, uint32_t 
     }
 }
 
+/* The same with out the 4-byte tokens themselves: only the flag bit is set. */
+HOT_LOOP static void
+flag_in_place(uint32_t *restrict o, const uint8_t *restrict m, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 0; i < n; i++)
+        o[i] |= (uint32_t)(m[i] ^ 1) << 31;
+}
+
 /* flag(tokens, mask, out): the masked reader's pass per decoded frame (stream/masked.py's
-   flag_untrained; its numpy form stays the twin): numpy takes three passes and a temporary.
+   flag_untrained and flag_frame; their numpy forms stay the twins): numpy takes three passes
+   and a temporary.
      tokens  1-D C-contiguous uint8, uint16, int32 or uint32 ids below 2**31
      mask    1-D C-contiguous uint8 (0 or 1), as long
-     out     1-D C-contiguous int32, as long, written */
+     out     1-D C-contiguous int32, as long, written; the very buffer of 4-byte tokens (in
+             place: the reader's own decoded frame), or not overlapping them */
 static PyObject *
 flag(PyObject *self, PyObject *args)
 {
@@ -401,8 +411,18 @@ flag(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "tokens, mask and out must be as long");
         goto done;
     }
+    const char *t_lo = tokens->buf, *t_hi = t_lo + n * tokens->itemsize;
+    const char *o_lo = out->buf, *o_hi = o_lo + n * 4;
+    int in_place = t_lo == o_lo && tokens->itemsize == 4;
+    if (!in_place && n > 0 && t_lo < o_hi && o_lo < t_hi) {
+        PyErr_SetString(PyExc_ValueError, "out must be the 4-byte tokens or not overlap them");
+        goto done;
+    }
     Py_BEGIN_ALLOW_THREADS
-    flag_pass(tokens->buf, (int)tokens->itemsize, mask->buf, out->buf, n);
+    if (in_place)
+        flag_in_place(out->buf, mask->buf, n);
+    else
+        flag_pass(tokens->buf, (int)tokens->itemsize, mask->buf, out->buf, n);
     Py_END_ALLOW_THREADS
     result = Py_None;
     Py_INCREF(result);

@@ -164,3 +164,51 @@ def test_the_flag_kernel_refuses_what_it_cannot_read():
     np.testing.assert_array_equal(
         flag_untrained(tokens.astype(np.int64)[::2], mask[::2]), np.array([0, 2], np.int32)
     )
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    size=st.integers(0, 300),
+    dtype=st.sampled_from([np.uint8, np.uint16, np.int32, np.uint32]),
+    seed=st.integers(0, 2**32 - 1),
+    writable=st.booleans(),
+    compiled=st.booleans(),
+)
+def test_a_frame_is_flagged_in_place_where_it_can_be(size, dtype, seed, writable, compiled):
+    from shardtok.stream.masked import flag_frame
+
+    if compiled and masked_module._flag_kernel is None:
+        return
+    rng = np.random.default_rng(seed)
+    high = min(np.iinfo(dtype).max, 2**31 - 1)
+    tokens = rng.integers(0, high, size, endpoint=True).astype(dtype)
+    tokens.flags.writeable = writable
+    mask = (rng.random(size) < 0.5).astype(np.uint8)
+    want = flag_untrained_numpy(tokens, mask)
+    kernel_before = masked_module._flag_kernel
+    try:
+        if not compiled:
+            masked_module._flag_kernel = None
+        got = flag_frame(tokens, mask)
+    finally:
+        masked_module._flag_kernel = kernel_before
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(got, want)
+    in_place = writable and np.dtype(dtype).itemsize == 4
+    assert np.shares_memory(got, tokens) == (in_place and size > 0)
+
+
+@kernel
+def test_the_flag_kernel_writes_in_place_or_apart_never_across():
+    flag = masked_module._flag_kernel
+    tokens = np.arange(8, dtype=np.int32)
+    mask = np.array([1, 0] * 4, np.uint8)
+    flag(tokens, mask, tokens)  # the very buffer: in place
+    np.testing.assert_array_equal(tokens < 0, mask == 0)
+    np.testing.assert_array_equal(tokens & 0x7FFFFFFF, np.arange(8))
+    wide = np.arange(16, dtype=np.uint16)
+    with pytest.raises(ValueError, match="overlap"):
+        flag(wide[:8], mask, wide.view(np.int32))  # 2-byte tokens under their own output
+    with pytest.raises(ValueError, match="overlap"):
+        shifted = np.arange(9, dtype=np.int32)
+        flag(shifted[1:], mask, shifted[:8])  # in part

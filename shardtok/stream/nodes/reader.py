@@ -29,7 +29,7 @@ from shardtok.format.decode_ahead import DecodeAhead
 from shardtok.format.shard_reader import AHEAD_FRAMES, ShardStreamReader
 from shardtok.storage.dataset import DatasetSource
 from shardtok.stream import state as envelope
-from shardtok.stream.masked import flag_untrained
+from shardtok.stream.masked import flag_frame
 from shardtok.stream.nodes.base import DocumentNode
 from shardtok.stream.plan import Piece
 
@@ -103,7 +103,7 @@ class _OpenPiece:
         if isinstance(self.reader, ShardStreamReader):
             self._runs = self.reader.document_runs(
                 first, self.stop, with_masks=self.masked,
-                combine=flag_untrained if self.masked else None, **more,
+                combine=flag_frame if self.masked else None, **more,
             )  # fmt: skip
         else:  # a reader without runs (a provenance trace's stand-in): runs of its documents
             docs = self.reader.documents(first, self.stop, with_masks=self.masked)
