@@ -18,8 +18,9 @@ What stays as it was:
 * the same tokens in the same order: the frames computed are exactly those the reader asks
   for, and the reader takes each result where it would have computed it itself, so a frame
   that does not decode (corrupt, a bad mask frame) is raised at the same document as without
-  the thread. Compressed bytes are still read on the caller's thread, ahead: a shard cut short
-  or a storage error can surface up to that many frames' documents earlier than in place.
+  the thread. Compressed bytes are still read on the caller's thread, ahead (and mask frames
+  decoded there, their errors held for their frame): a shard cut short or a storage error can
+  surface up to that many frames' documents earlier than in place.
 * no thread left behind: it starts at the first ``submit`` in the process that submits (a
   forked child that inherits an instance starts its own), and ends on ``close()``, when its
   owner is garbage collected, or at interpreter exit. Nothing is process-wide.

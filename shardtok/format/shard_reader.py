@@ -346,7 +346,7 @@ class ShardStreamReader:
         over them.
 
         `ahead`: a helper thread that decodes and combines the next `ahead_frames` frames
-        (their compressed bytes are read here, their mask frames there) while frame n's
+        (their compressed bytes are read, and their mask frames decoded, here) while frame n's
         documents are handed out (``decode_ahead``); same documents, and a frame that does not
         decode fails at the same document (a read error can come up to `ahead_frames` frames
         earlier). ``settle()`` waits for the thread's frames before the stream is closed."""
@@ -369,10 +369,14 @@ class ShardStreamReader:
                     while len(pending) <= ahead_frames and self._submitted < len(frames):
                         n = self._submitted
                         # Read here, decoded there: the helper then needs the GIL once per
-                        # frame (after decompressing), not once more after each read.
+                        # frame (after decompressing), not once more after each read. A mask
+                        # frame is read and decoded here too: in the helper its read, its
+                        # decompression and its check each gave the GIL back and waited to
+                        # retake it from this busy thread, idling the helper's core.
                         stored = self._read_frame(frames[n], n == 0)
+                        bits = self._mask_bits(masks, frames[n])
                         pending.append(
-                            ahead.submit(self._decode_frame, frames[n], stored, masks, combine)
+                            ahead.submit(self._decode_frame, frames[n], stored, bits, combine)
                         )
                         self._submitted += 1
                     raw, view = pending.popleft().result()
@@ -396,7 +400,8 @@ class ShardStreamReader:
     def _load_frame(self, frame_no: int, masks: MaskFrames | None, combine, first: bool):
         """Frame `frame_no` read (the `first` one wanted: after skipping the frames before
         it), decoded, checked, and as the array its documents are cut from: (raw, view)."""
-        return self._decode_frame(frame_no, self._read_frame(frame_no, first), masks, combine)
+        stored = self._read_frame(frame_no, first)
+        return self._decode_frame(frame_no, stored, self._mask_bits(masks, frame_no), combine)
 
     def _read_frame(self, frame_no: int, first: bool) -> bytes:
         offset = self.head.bin_header.data_offset + self.meta.frames[frame_no].compressed_offset
@@ -404,11 +409,23 @@ class ShardStreamReader:
             self._discard(offset - self._position)
         return self._read_at(offset, self.meta.frames[frame_no].compressed_size)
 
-    def _decode_frame(self, frame_no: int, stored: bytes, masks: MaskFrames | None, combine):
+    def _mask_bits(self, masks: MaskFrames | None, frame_no: int):
+        """Mask frame `frame_no` decoded and checked (None without masks), or the
+        CorruptShardError it raised, for `_decode_frame` to raise after the token frame's own
+        checks: a damaged frame fails at the same document, whichever thread decodes it."""
+        if masks is None:
+            return None
+        try:
+            return masks.frame(self.mask_source, frame_no)
+        except CorruptShardError as exc:
+            return exc
+
+    def _decode_frame(self, frame_no: int, stored: bytes, bits, combine):
         # `combine` may write over writable tokens; full_checks hashes them after it.
         writable = combine is not None and not self.full_checks
         raw = self._decoder.decode(self.meta.frames[frame_no], stored, frame_no, writable)
-        bits = None if masks is None else masks.frame(self.mask_source, frame_no)
+        if isinstance(bits, CorruptShardError):
+            raise bits
         return raw, frame_view(self.head, raw, bits=bits, combine=combine)
 
     def settle(self) -> None:

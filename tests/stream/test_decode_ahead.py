@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from shardtok.errors import CorruptShardError
 from shardtok.format import ShardStreamReader, load_manifest
 from shardtok.format.decode_ahead import DecodeAhead
-from shardtok.stream.masked import flag_untrained
+from shardtok.stream.masked import flag_frame, flag_untrained
 from shardtok.stream.nodes.base import take
 from shardtok.stream.nodes.reader import SliceReader
 from shardtok.stream.options import StreamOptions
@@ -239,7 +239,8 @@ def test_documents_decoded_by_the_waiting_caller_are_the_same(tmp_path, masked):
 
 def test_frames_decoded_in_two_threads_at_once_are_right(tmp_path):
     """Decode contexts and the mask frame cache under two threads decoding one reader's frames
-    (what a helping caller and the helper do): every frame equal to a sequential decode."""
+    (what a helping caller and the helper do, and threads other than the stream's own):
+    every frame equal to a sequential decode."""
     from concurrent.futures import ThreadPoolExecutor
 
     from shardtok.format.shard_reader import PathSource
@@ -253,7 +254,9 @@ def test_frames_decoded_in_two_threads_at_once_are_right(tmp_path):
         stored = [reader._read_frame(n, n == 0) for n in frames]
 
         def decode(n: int) -> np.ndarray:
-            return np.copy(reader._decode_frame(n, stored[n], masks, flag_untrained)[1])
+            # flagged in place, in the frame's own buffer, as the stream reader does
+            bits = reader._mask_bits(masks, n)
+            return np.copy(reader._decode_frame(n, stored[n], bits, flag_frame)[1])
 
         want = [decode(n) for n in frames]
         assert len(frames) > 20
@@ -287,6 +290,50 @@ def test_a_corrupt_frame_fails_at_the_same_document(tmp_path):
     ahead = DecodeAhead()
     assert until_error(ahead) == until_error(None)
     assert until_error(None)[0] == frame.first_document  # every earlier frame's documents
+    ahead.close()
+
+
+@pytest.mark.parametrize("damaged", [("mask",), ("mask", "tokens")])
+def test_a_corrupt_mask_frame_fails_at_the_same_document(tmp_path, damaged):
+    """Mask frames are read and decoded by the thread that submits them, ahead of the token
+    frames they go with; their errors still surface at their own frame's first document, and
+    a frame whose tokens are damaged too reports its tokens, as read in place."""
+    from shardtok.format.shard_reader import PathSource
+
+    _, path = write(tmp_path, [37] * 200, masked=True, frame_size=400)
+    clean = path / load_manifest(path).shards[0].file
+    data = bytearray(clean.read_bytes())
+    reader = ShardStreamReader(io.BytesIO(bytes(data)), "probe", mask_source=PathSource(clean))
+    masks = reader._open_masks()
+    frame = reader.meta.frames[5]
+    mask_frame = masks.frames[5]
+    data[masks.header.data_offset + mask_frame.compressed_offset + 2] ^= 0xFF
+    if "tokens" in damaged:
+        data[
+            reader.head.bin_header.data_offset
+            + frame.compressed_offset
+            + frame.compressed_size // 2
+        ] ^= 0xFF
+    damaged_file = tmp_path / "damaged.tar"
+    damaged_file.write_bytes(bytes(data))
+
+    def until_error(ahead):
+        with open(damaged_file, "rb") as f:
+            reader = ShardStreamReader(f, "damaged.tar", mask_source=PathSource(damaged_file))
+            seen = 0
+            with pytest.raises(CorruptShardError) as error:
+                for _ in reader.documents(
+                    with_masks=True, combine=flag_frame, **({"ahead": ahead} if ahead else {})
+                ):
+                    seen += 1
+        return seen, str(error.value)
+
+    ahead = DecodeAhead()
+    got = until_error(ahead)
+    assert got == until_error(None)
+    assert got[0] == frame.first_document  # every earlier frame's documents
+    member = reader.head.bin_header.name if "tokens" in damaged else masks.header.name
+    assert member in got[1] and "frame 5" in got[1]
     ahead.close()
 
 
