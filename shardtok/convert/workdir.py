@@ -35,6 +35,7 @@ import os
 import re
 import secrets
 import shutil
+import threading
 import zlib
 from pathlib import Path
 
@@ -54,6 +55,10 @@ PLAN_NAME = "plan.json"
 _TRASH_PREFIX = WORK_DIR_NAME + ".trash-"
 _MARKER = re.compile(r"unit-(\d{6,})(\.failed)?\.json")
 _UNIT_FILE = re.compile(r"unit-\d+\..*")
+# np.load parses a .npy header with ast.literal_eval, and CPython 3.11 can fail two threads
+# parsing at once ("SystemError: AST constructor recursion depth mismatch"): units are checked
+# in a thread pool (unit_status.pending_units), so the loads here take turns.
+_NPY_HEADERS = threading.Lock()
 
 
 def unit_base(index: int) -> str:
@@ -284,14 +289,14 @@ class WorkDir:
     def _docs(self, index: int, mmap: bool = False) -> np.ndarray:
         name = unit_base(index) + ".docs.npy"
         if self.is_local:
-            return np.load(self.folder.url(name), mmap_mode="r" if mmap else None)
-        return np.load(io.BytesIO(self.folder.read_bytes(name)))
+            return _load_npy(self.folder.url(name), mmap_mode="r" if mmap else None)
+        return _load_npy(io.BytesIO(self.folder.read_bytes(name)))
 
     def load_docs_bytes(self, index: int) -> tuple[bytes, np.ndarray]:
         """(the unit's .docs.npy file as read, its array): its crc32 is over the file's bytes,
         so a caller checking it needs those, and parses them only once."""
         data = self.folder.read_bytes(unit_base(index) + ".docs.npy")
-        return data, np.load(io.BytesIO(data))
+        return data, _load_npy(io.BytesIO(data))
 
     def _array(self, name: str, dtype: np.dtype) -> np.ndarray:
         """A unit file as a read-only array: memory-mapped locally, downloaded remotely."""
@@ -391,3 +396,8 @@ class WorkDir:
             return
         for trash in self.path.parent.glob(_TRASH_PREFIX + "*"):
             shutil.rmtree(trash, ignore_errors=True)
+
+
+def _load_npy(source, mmap_mode=None) -> np.ndarray:
+    with _NPY_HEADERS:
+        return np.load(source, mmap_mode=mmap_mode, allow_pickle=False)
