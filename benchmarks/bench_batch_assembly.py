@@ -1,4 +1,5 @@
-"""Assembling one concat batch from its token run, in one process: µs and page faults per batch.
+"""Assembling one concat batch from its documents' pieces, in one process: µs and page faults
+per batch.
 
 What it isolates is the batch step the in-process stream's main thread runs for every batch
 (`assemble_contiguous_batch`: inputs, labels, positions, document numbers, cu_seqlens), for
@@ -30,7 +31,7 @@ from functools import partial
 
 import numpy as np
 
-from shardtok.stream import segments
+from shardtok.stream import batch, segments
 from shardtok.stream.batch import allocate_arrays, assemble_contiguous_batch
 
 SHAPES = ((8, 2048), (16, 2048), (8, 8192), (32, 4096))
@@ -53,12 +54,12 @@ def separate_arrays(batch_size: int, seq_len: int) -> dict[str, np.ndarray]:
 @contextmanager
 def twins():
     """The kernels' Python/numpy twins instead of the kernels."""
-    saved = segments._segments_kernel, segments._contiguous_kernel
-    segments._segments_kernel = segments._contiguous_kernel = None
+    saved = segments._segments_kernel, segments._contiguous_kernel, batch._contiguous_kernel
+    segments._segments_kernel = segments._contiguous_kernel = batch._contiguous_kernel = None
     try:
         yield
     finally:
-        segments._segments_kernel, segments._contiguous_kernel = saved
+        segments._segments_kernel, segments._contiguous_kernel, batch._contiguous_kernel = saved
 
 
 def measure(build: Callable[[], dict], count: int, hold: bool) -> tuple[float, float]:
@@ -86,7 +87,9 @@ def one(batch_size: int, seq_len: int, variant: str, hold: bool, documents_per_r
     choices = rng.choice(np.arange(1, len(tokens)), documents_per_row * batch_size, replace=False)
     boundaries = sorted(choices.tolist())
     allocate = separate_arrays if variant == "separate arrays" else allocate_arrays
-    build = partial(assemble_contiguous_batch, tokens, boundaries, batch_size, allocate=allocate)
+    # As the concat packer hands them over: the documents' pieces, end to end (views).
+    pieces = np.split(tokens, boundaries)
+    build = partial(assemble_contiguous_batch, pieces, boundaries, batch_size, allocate=allocate)
     if variant == "twins":
         with twins():
             return measure(build, count, hold)
