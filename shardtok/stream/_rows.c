@@ -32,6 +32,9 @@
      masked     the tokens carry the flag (int32 pieces): as `rows` without padding;
                 else plain ids (uint8, uint16, int32, uint32 or int64) are widened into
                 input_ids and labels as they are
+     ignored    as for rows, except that a position in a row's column 0 (a document that
+                starts the row: no target before it) is passed over, not refused: the
+                packer's document boundaries go in as they are
      returns    None, with nothing written, where the pieces are not all C-contiguous and of
                 one such dtype (the caller takes the twin), else as `rows`
 
@@ -67,10 +70,11 @@ row_pass(const int32_t *restrict row, int64_t *restrict in_row, int64_t *restric
 }
 
 /* -100 at the labels of the flat grid positions in the list `ignored` (see rows), adding
-   those not already -100 to *untrained; -1 with an exception for a position off the grid. */
+   those not already -100 to *untrained; -1 with an exception for a position off the grid, or
+   in a row's column 0 (no target) unless `row_starts` says to pass over those. */
 static int
 apply_ignored(PyObject *ignored, int64_t *lab, Py_ssize_t b_rows, Py_ssize_t window, int hf,
-              Py_ssize_t *untrained)
+              int row_starts, Py_ssize_t *untrained)
 {
     Py_ssize_t seq = window - 1;
     for (Py_ssize_t k = 0; k < PyList_GET_SIZE(ignored); k++) {
@@ -78,6 +82,8 @@ apply_ignored(PyObject *ignored, int64_t *lab, Py_ssize_t b_rows, Py_ssize_t win
         if (position == -1 && PyErr_Occurred())
             return -1;
         Py_ssize_t b = position / window, column = position % window;
+        if (column == 0 && row_starts && position >= 0 && b < b_rows)
+            continue; /* a document starting a row: no target before it in the row */
         if (position < 0 || b >= b_rows || column == 0) {
             PyErr_Format(PyExc_ValueError, "ignored position %zd is not a target of the grid",
                          position);
@@ -159,7 +165,7 @@ rows(PyObject *self, PyObject *args)
             lab_row[0] = -100;
     }
     Py_END_ALLOW_THREADS
-    if (apply_ignored(ignored, lab, b_rows, window, hf, &untrained) < 0)
+    if (apply_ignored(ignored, lab, b_rows, window, hf, 0, &untrained) < 0)
         goto fail;
     PyBuffer_Release(&grid);
     PyBuffer_Release(&inputs);
@@ -327,7 +333,7 @@ contiguous(PyObject *self, PyObject *args)
         for (Py_ssize_t b = 0; b < b_rows; b++)
             lab[b * seq] = -100;
     Py_END_ALLOW_THREADS
-    if (apply_ignored(ignored, lab, b_rows, window, hf, &untrained) < 0)
+    if (apply_ignored(ignored, lab, b_rows, window, hf, 1, &untrained) < 0)
         goto done;
     result = PyLong_FromSsize_t(untrained);
 done:

@@ -307,13 +307,15 @@ def assemble_contiguous_batch(
     out = allocate(rows, seq_len)
     input_ids, labels = out["input_ids"], out["labels"]
     # The target before a document's first token is that token: unpredictable. By flat
-    # position in the run; a document starting a row has no target before it in that row.
-    starts = [p for p in boundaries if p % window] if masked or mask_boundary_labels else []
+    # position in the run; a document starting a row has no target before it in that row
+    # (the kernel passes over those itself).
+    starts = boundaries if masked or mask_boundary_labels else []
     trained = None
     if (
         _contiguous_kernel is not None
         and input_ids.flags.c_contiguous
         and labels.flags.c_contiguous
+        and isinstance(starts, list)
     ):
         untrained = _contiguous_kernel(
             pieces, input_ids, labels, labels_format == "hf", masked, starts
@@ -321,6 +323,7 @@ def assemble_contiguous_batch(
         if untrained is not None:  # None: pieces the kernel does not read (the twin does)
             trained = labels.size - (rows if labels_format == "hf" else 0) - untrained
     if trained is None:
+        starts = [p for p in starts if p % window]
         trained = contiguous_rows_numpy(pieces, input_ids, labels, starts, labels_format, masked)
     count, longest = contiguous_segments(
         boundaries, rows, out["position_ids"], out["document_ids"], out["cu_seqlens"]

@@ -66,8 +66,10 @@ def test_the_kernel_writes_what_its_twin_writes(
     want_in, want_lab = outputs(rows, window - 1)
     want = contiguous_rows_numpy([run], want_in, want_lab, starts, labels_format, masked)
     got_in, got_lab = outputs(rows, window - 1)
+    # The kernel takes the packer's boundaries as they are: documents starting a row too.
+    boundaries = sorted(starts + [b * window for b in range(1, rows) if rng.random() < 0.5])
     untrained = batch_module._contiguous_kernel(
-        split(run, rng, cuts), got_in, got_lab, hf, masked, starts
+        split(run, rng, cuts), got_in, got_lab, hf, masked, boundaries
     )
     np.testing.assert_array_equal(got_in, want_in)
     np.testing.assert_array_equal(got_lab, want_lab)
@@ -113,9 +115,13 @@ def test_the_kernel_refuses_what_cannot_be_a_batch():
         contiguous([run], inputs.astype(np.int32), labels, False, False, [])
     with pytest.raises(ValueError, match=r"\[B, S\]"):
         contiguous([run], inputs, labels[:, :3].copy(), False, False, [])
-    for outside in (0, 5, 10, -1):  # a row's column 0 (an input only) or off the run
+    for outside in (10, -1, 11):  # off the run
         with pytest.raises(ValueError, match=f"ignored position {outside} "):
             contiguous([run], inputs, labels, False, False, [outside])
+    # a document starting a row (column 0) has no target before it: passed over
+    assert contiguous([run], inputs, labels, False, False, [0, 5]) == 0
+    assert contiguous([run], inputs, labels, False, False, [0, 3, 5]) == 1
+    np.testing.assert_array_equal(labels, [[1, 2, -100, 4], [6, 7, 8, 9]])
 
 
 @kernel
