@@ -201,7 +201,9 @@ class FrameDecoder:
         out = np.empty(size, dtype=np.uint8)
         context = self._context()
         try:
-            got = context.stream_reader(stored).readinto(out)
+            # closed before the context goes back to the pool another thread takes it from
+            with context.stream_reader(stored) as reader:
+                got = reader.readinto(out)
         finally:
             self._contexts.append(context)
         return out if got == size else out[:got]
