@@ -1,5 +1,5 @@
-/* What both kernel modules need of the arrays they are given (through the buffer protocol,
-   without numpy's headers). Include after Python.h. */
+/* What both kernel modules need of the arrays and lists they are given (through the buffer
+   protocol, without numpy's headers). Include after Python.h. */
 #ifndef SHARDTOK_BUFFERS_H
 #define SHARDTOK_BUFFERS_H
 
@@ -30,6 +30,14 @@ get_signed_buffer(PyObject *obj, Py_buffer *view, int writable, Py_ssize_t items
         return -1;
     }
     return 0;
+}
+
+/* An int, or anything with __index__ (numpy's integers): -1 with an exception set if not. */
+static inline Py_ssize_t
+as_index(PyObject *item)
+{
+    return PyLong_CheckExact(item) ? PyLong_AsSsize_t(item)
+                                   : PyNumber_AsSsize_t(item, PyExc_OverflowError);
 }
 
 #endif

@@ -49,24 +49,43 @@
 #include "_buffers.h"
 #include "_hot_loop.h"
 
-/* One row: inputs without the flag, labels [first, end) from the tokens `offset` columns on
-   (-100 where flagged), -100 from `end` on; returns the flagged targets plus the padded ones. */
+/* One run of grid columns [col, col + n) of a row of flagged int32 tokens (src: its tokens):
+   the inputs of those columns without the flag, and the labels of the targets among them
+   (column c's target is label c - 1, or c with hf, which has no label for the last column),
+   -100 where flagged; returns the flagged targets. */
 HOT_LOOP static Py_ssize_t
-row_pass(const int32_t *restrict row, int64_t *restrict in_row, int64_t *restrict lab_row,
-         Py_ssize_t seq, Py_ssize_t first, Py_ssize_t end, Py_ssize_t offset)
+masked_chunk(const int32_t *restrict src, Py_ssize_t col, Py_ssize_t n, int64_t *restrict in_row,
+             int64_t *restrict lab_row, Py_ssize_t seq, int hf)
 {
-    for (Py_ssize_t i = 0; i < seq; i++)
-        in_row[i] = row[i] & 0x7FFFFFFF;
-    const int32_t *restrict source = row + offset;
+    Py_ssize_t stop = col + n < seq ? col + n : seq;
+    for (Py_ssize_t c = col; c < stop; c++)
+        in_row[c] = src[c - col] & 0x7FFFFFFF;
+    Py_ssize_t first = col < 1 ? 1 : col, last = col + n, shift = hf ? 0 : 1;
+    if (hf && last > seq)
+        last = seq;
+    const int32_t *restrict from = src + (first - col);
+    int64_t *restrict to = lab_row + (first - shift);
     uint32_t signs = 0;
-    for (Py_ssize_t i = first; i < end; i++) {
-        int32_t t = source[i];
+    for (Py_ssize_t i = 0; i < last - first; i++) {
+        int32_t t = from[i];
         signs += (uint32_t)t >> 31;
-        lab_row[i] = t < 0 ? -100 : t;
+        to[i] = t < 0 ? -100 : t;
     }
-    for (Py_ssize_t i = end; i < seq; i++)
+    return (Py_ssize_t)signs;
+}
+
+/* A padded row's columns from `stop` on (1 <= stop < W): inputs without the flag, labels of
+   those targets -100; returns how many labels that is. */
+HOT_LOOP static Py_ssize_t
+padding_tail(const int32_t *restrict row, Py_ssize_t stop, int64_t *restrict in_row,
+             int64_t *restrict lab_row, Py_ssize_t seq, int hf)
+{
+    for (Py_ssize_t c = stop; c < seq; c++)
+        in_row[c] = row[c] & 0x7FFFFFFF;
+    Py_ssize_t first = hf ? stop : stop - 1; /* the label of column `stop`'s target */
+    for (Py_ssize_t i = first; i < seq; i++)
         lab_row[i] = -100;
-    return (Py_ssize_t)signs + (seq - end);
+    return first < seq ? seq - first : 0;
 }
 
 /* -100 at the labels of the flat grid positions in the list `ignored` (see rows), adding
@@ -78,7 +97,7 @@ apply_ignored(PyObject *ignored, int64_t *lab, Py_ssize_t b_rows, Py_ssize_t win
 {
     Py_ssize_t seq = window - 1;
     for (Py_ssize_t k = 0; k < PyList_GET_SIZE(ignored); k++) {
-        Py_ssize_t position = PyLong_AsSsize_t(PyList_GET_ITEM(ignored, k));
+        Py_ssize_t position = as_index(PyList_GET_ITEM(ignored, k));
         if (position == -1 && PyErr_Occurred())
             return -1;
         Py_ssize_t b = position / window, column = position % window;
@@ -130,11 +149,9 @@ rows(PyObject *self, PyObject *args)
     }
     const int64_t *pads = NULL;
     if (pad_obj != Py_None) {
-        if (PyObject_GetBuffer(pad_obj, &pad, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+        if (get_signed_buffer(pad_obj, &pad, 0, 8, 1, "pad") < 0)
             goto fail;
-        const char *f = plain_format(&pad);
-        if (pad.ndim != 1 || pad.itemsize != 8 || pad.shape[0] != b_rows ||
-            (*f != 'l' && *f != 'q') || f[1] != '\0') {
+        if (pad.shape[0] != b_rows) {
             PyErr_SetString(PyExc_TypeError, "pad must be None or a C-contiguous int64 [B]");
             goto fail;
         }
@@ -149,18 +166,13 @@ rows(PyObject *self, PyObject *args)
         const int32_t *restrict row = g + b * window;
         int64_t *restrict in_row = in + b * seq;
         int64_t *restrict lab_row = lab + b * seq;
-        /* label i holds grid column i + 1 (shifted) or i (hf, from label 1 on); targets from
-           grid column `stop` on are padding */
-        Py_ssize_t first = hf ? 1 : 0, offset = hf ? 0 : 1;
+        /* targets from grid column `stop` on are padding */
         Py_ssize_t stop = window;
         if (pads != NULL && pads[b] < stop)
             stop = pads[b] < 1 ? 1 : (Py_ssize_t)pads[b];
-        Py_ssize_t end = stop - offset; /* labels [first, end) are real targets */
-        if (end > seq)
-            end = seq;
-        if (end < first)
-            end = first;
-        untrained += row_pass(row, in_row, lab_row, seq, first, end, offset);
+        untrained += masked_chunk(row, 0, stop, in_row, lab_row, seq, hf);
+        if (stop < window)
+            untrained += padding_tail(row, stop, in_row, lab_row, seq, hf);
         if (hf)
             lab_row[0] = -100;
     }
@@ -209,29 +221,6 @@ PLAIN_CHUNK(chunk_u16, uint16_t)
 PLAIN_CHUNK(chunk_i32, int32_t)
 PLAIN_CHUNK(chunk_u32, uint32_t)
 PLAIN_CHUNK(chunk_i64, int64_t)
-
-/* The same for flagged int32 tokens: the flag cleared in the inputs, a flagged target -100;
-   returns the flagged targets. */
-HOT_LOOP static Py_ssize_t
-masked_chunk(const int32_t *restrict src, Py_ssize_t col, Py_ssize_t n, int64_t *restrict in_row,
-             int64_t *restrict lab_row, Py_ssize_t seq, int hf)
-{
-    Py_ssize_t stop = col + n < seq ? col + n : seq;
-    for (Py_ssize_t c = col; c < stop; c++)
-        in_row[c] = src[c - col] & 0x7FFFFFFF;
-    Py_ssize_t first = col < 1 ? 1 : col, last = col + n, shift = hf ? 0 : 1;
-    if (hf && last > seq)
-        last = seq;
-    const int32_t *restrict from = src + (first - col);
-    int64_t *restrict to = lab_row + (first - shift);
-    uint32_t signs = 0;
-    for (Py_ssize_t i = 0; i < last - first; i++) {
-        int32_t t = from[i];
-        signs += (uint32_t)t >> 31;
-        to[i] = t < 0 ? -100 : t;
-    }
-    return (Py_ssize_t)signs;
-}
 
 typedef void (*plain_chunk_fn)(const void *, Py_ssize_t, Py_ssize_t, int64_t *, int64_t *,
                                Py_ssize_t, int);

@@ -51,14 +51,6 @@ get_outputs(PyObject *pos_obj, PyObject *doc_obj, PyObject *cu_obj, Py_buffer *p
     return 0;
 }
 
-/* An int, or anything with __index__ (numpy's integers): -1 with an exception set if not. */
-static inline Py_ssize_t
-as_index(PyObject *item)
-{
-    return PyLong_CheckExact(item) ? PyLong_AsSsize_t(item)
-                                   : PyNumber_AsSsize_t(item, PyExc_OverflowError);
-}
-
 /* Segment [start, end): positions 0, 1, ... and the segment's number; returns its length. */
 HOT_LOOP static Py_ssize_t
 write_segment(int64_t *restrict p, int32_t *restrict d, Py_ssize_t start, Py_ssize_t end,

@@ -122,6 +122,8 @@ def test_the_kernel_refuses_what_cannot_be_a_batch():
     assert contiguous([run], inputs, labels, False, False, [0, 5]) == 0
     assert contiguous([run], inputs, labels, False, False, [0, 3, 5]) == 1
     np.testing.assert_array_equal(labels, [[1, 2, -100, 4], [6, 7, 8, 9]])
+    # numpy's integers are positions too (a packer may hand over a list of them)
+    assert contiguous([run], inputs, labels, False, False, [np.int64(3), np.int32(7)]) == 2
 
 
 @kernel
