@@ -302,6 +302,8 @@ def assemble_contiguous_batch(
     """
     check_labels_format(labels_format)
     pieces = tokens if isinstance(tokens, list) else [tokens]
+    if not isinstance(boundaries, list):  # both kernels read a list (of ints or numpy's)
+        boundaries = list(boundaries)
     window = sum(map(len, pieces)) // rows
     seq_len = window - 1
     out = allocate(rows, seq_len)
@@ -315,7 +317,6 @@ def assemble_contiguous_batch(
         _contiguous_kernel is not None
         and input_ids.flags.c_contiguous
         and labels.flags.c_contiguous
-        and isinstance(starts, list)
     ):
         untrained = _contiguous_kernel(
             pieces, input_ids, labels, labels_format == "hf", masked, starts

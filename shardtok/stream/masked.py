@@ -39,10 +39,9 @@ _KERNEL_TOKENS = frozenset("BHiI")  # uint8, uint16, int32, uint32: what the ker
 
 def flag_untrained(tokens: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """`tokens` (uint8, uint16 or int32 ids) as int32, negative where `mask` (uint8 0/1) is 0:
-    a new array. The reader runs this on every decoded frame of masked data, in the
-    decode-ahead thread that bounds a masked stream in one process: one compiled pass without
-    the GIL where it was built (21 against numpy's 57 µs per 256 k-token frame), else
-    `flag_untrained_numpy`."""
+    a new array (`flag_frame` flags a frame the reader owns in place, and comes here for
+    tokens it cannot write over). One compiled pass without the GIL where it was built (21
+    against numpy's 57 µs per 256 k-token frame), else `flag_untrained_numpy`."""
     if (
         _flag_kernel is not None
         and tokens.dtype.char in _KERNEL_TOKENS
