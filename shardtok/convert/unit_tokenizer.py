@@ -21,8 +21,10 @@ pool's protocol); this module is what happens to one unit there, so each can be 
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import functools
+import itertools
 from collections.abc import Callable
 from pathlib import Path
 
@@ -33,14 +35,14 @@ from shardtok.convert.canary import Checked, canary_chars
 from shardtok.convert.encoder import BatchEncoder
 from shardtok.convert.failures import EncoderMismatch, UnitFailure
 from shardtok.convert.inputs import InputError
-from shardtok.convert.records import BlockCache, RangeReader, Reject
+from shardtok.convert.records import BlockCache, RangeReader, Reject, TextRun
 from shardtok.convert.sft.conversation import SFTBad
 from shardtok.convert.sft.setup import SFTSetup
 from shardtok.convert.tokenizer import TokenizerSpec
 from shardtok.convert.unit_result import UnitResult
 from shardtok.convert.units import Unit
 from shardtok.convert.workdir import ChecksumWriter, WorkDir, unit_base
-from shardtok.format.frames import FrameBuilder
+from shardtok.format.frames import FrameBuilder, FrameEncoder
 from shardtok.storage.folder import temporary_name
 
 _BATCH_CHARS = 1 << 20
@@ -66,6 +68,21 @@ class _UnitTokenizer:
         if self.chars >= _BATCH_CHARS or len(self.texts) >= _BATCH_DOCS:
             self.flush()
 
+    def extend(self, texts: list[str]) -> None:
+        """add() for each of `texts`, cut into the same batches, without a call per text."""
+        ends = list(itertools.accumulate(map(len, texts)))
+        at = 0
+        while at < len(texts):
+            before = ends[at - 1] if at else 0
+            # The text that brings the batch to _BATCH_CHARS closes it, as in add().
+            full = bisect.bisect_left(ends, _BATCH_CHARS - self.chars + before, at) + 1
+            stop = min(full, at + _BATCH_DOCS - len(self.texts), len(texts))
+            self.texts.extend(texts[at:stop])
+            self.chars += ends[stop - 1] - before
+            at = stop
+            if self.chars >= _BATCH_CHARS or len(self.texts) >= _BATCH_DOCS:
+                self.flush()
+
     def flush(self) -> None:
         if not self.texts:
             return
@@ -74,6 +91,13 @@ class _UnitTokenizer:
         self.sizes.append(sizes)
         self.num_tokens += tokens.size
         self.texts, self.chars = [], 0
+
+
+@functools.cache
+def _frame_encoder(level: int | None) -> FrameEncoder:
+    # One per process and level: every unit's frames are compressed on the process's one
+    # writer thread (worker._sink), one at a time.
+    return FrameEncoder(level)
 
 
 def _store(out, frames: FrameBuilder, tokens: np.ndarray, sizes: np.ndarray) -> None:
@@ -236,7 +260,10 @@ def tokenize(
     out, frames_out, mask_out = writers[".tokens"], writers[".frames"], writers.get(".mask")
     # Frames end at the unit's end, so the worker can compress them: the assembler
     # then only appends them to shards (see FrameBuilder).
-    framer = FrameBuilder(config.frame_size, config.compression_level, frames_out)
+    framer = FrameBuilder(
+        config.frame_size, config.compression_level, frames_out,
+        _frame_encoder(config.compression_level),
+    )  # fmt: skip
     doc_rows: list[tuple[int, int]] = []  # (piece, record) of each document
     piece_records: list[int] = []
     rejects: list[list] = []
@@ -268,6 +295,14 @@ def tokenize(
 
         return conclusion
 
+    def first_document(piece_no: int, record: int, text: str):
+        canary = (piece_no, record, text[: canary_chars(unit)])
+        if checked is not None and checked.applies(*canary):
+            verdict.append(checked.mismatch)
+        else:
+            sink.submit(functools.partial(_run_canary, encoder, canary[2], verdict))
+        return canary
+
     batcher = None
     try:
         # Creating a file costs ~0.15 ms of CPU here (ext4): done beside the tokenizer.
@@ -284,7 +319,15 @@ def tokenize(
                 objects=sft is not None, fields=sft.fields if sft is not None else None,
                 storage_options=config.storage_options, cache=blocks,
             )  # fmt: skip
-            for record, item in _guarded(reader, file.path):
+            for entry in _guarded(reader.runs() if sft is None else reader, file.path):
+                if type(entry) is TextRun:
+                    records_read += len(entry.numbers)
+                    if canary is None:
+                        canary = first_document(piece_no, entry.numbers[0], entry.texts[0])
+                    doc_rows.extend(zip(itertools.repeat(piece_no), entry.numbers))
+                    batcher.extend(entry.texts)
+                    continue
+                record, item = entry
                 records_read += 1
                 if sft is not None and not isinstance(item, Reject):
                     item = sft.encode(item)
@@ -300,11 +343,7 @@ def tokenize(
                     batcher.add(item.ids, item.mask)
                 else:
                     if canary is None:
-                        canary = (piece_no, record, item[: canary_chars(unit)])
-                        if checked is not None and checked.applies(*canary):
-                            verdict.append(checked.mismatch)
-                        else:
-                            sink.submit(functools.partial(_run_canary, encoder, canary[2], verdict))
+                        canary = first_document(piece_no, record, item)
                     doc_rows.append((piece_no, record))
                     batcher.add(item)
             piece_records.append(reader.records)

@@ -4,6 +4,7 @@ method; a worker that dies fails its units (never a hang), and a rerun resumes."
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -109,8 +110,17 @@ def test_a_killed_worker_fails_its_units_and_the_pool_never_hangs(corpus, tmp_pa
 def _children(pid: int) -> list[int]:
     found = []
     for task in Path(f"/proc/{pid}/task").iterdir():
-        found += [int(c) for c in (task / "children").read_text().split()]
+        # A thread (the tokenizer-file writer, say) may end between the listing and the read.
+        with contextlib.suppress(FileNotFoundError):
+            found += [int(c) for c in (task / "children").read_text().split()]
     return found
+
+
+def _is_python(pid: int) -> bool:
+    try:
+        return "python" in Path(f"/proc/{pid}/cmdline").read_text()
+    except FileNotFoundError:  # gone already
+        return False
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc")
@@ -130,9 +140,7 @@ def test_worker_killed_mid_run_then_rerun_resumes_identically(corpus, reference,
             assert proc.poll() is None, "the run finished before it could be killed"
             assert time.monotonic() < deadline
             time.sleep(0.002)
-        workers = [
-            c for c in _children(proc.pid) if "python" in Path(f"/proc/{c}/cmdline").read_text()
-        ]
+        workers = [c for c in _children(proc.pid) if _is_python(c)]
         for worker in workers:
             os.kill(worker, signal.SIGKILL)
     finally:

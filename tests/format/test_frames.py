@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from shardtok.format.dataset_writer import DatasetWriter
-from shardtok.format.frames import FrameBuilder
+from shardtok.format.frames import FrameBuilder, FrameEncoder
 from shardtok.format.manifest import load_manifest
 from shardtok.format.shard_reader import ShardReader
 from shardtok.storage import open_source
@@ -110,3 +110,19 @@ def test_add_frames_refuses_inconsistent_input(tmp_path):
         w.add_frames(tokens + 1000, sizes, frames, out.getbuffer())
     with pytest.raises(ValueError, match="sizes cover"):
         FrameBuilder(FRAME, 3, io.BytesIO()).add(tokens, sizes[:-1])
+
+
+def test_a_shared_frame_encoder_gives_the_bytes_of_a_fresh_one():
+    """convert's workers reuse one FrameEncoder per level for all their units."""
+    docs = documents(3, 120)
+    tokens, sizes = np.concatenate(docs), np.array([len(d) for d in docs])
+    shared = FrameEncoder(3)
+    outputs = []
+    for encoder in (None, shared, shared):
+        out = io.BytesIO()
+        framer = FrameBuilder(FRAME, 3, out, encoder)
+        framer.add(tokens, sizes)
+        outputs.append((framer.finish().tolist(), out.getvalue()))
+    assert outputs[0] == outputs[1] == outputs[2] and len(outputs[0][0]) > 3
+    with pytest.raises(ValueError, match="of level 3 given for level 1"):
+        FrameBuilder(FRAME, 1, io.BytesIO(), shared)

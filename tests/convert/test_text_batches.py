@@ -1,0 +1,56 @@
+"""A worker's text batches: texts taken a run at a time (_UnitTokenizer.extend, the JSONL fast
+path) are cut into exactly the batches that adding them one by one gives."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shardtok.convert import unit_tokenizer
+from shardtok.convert.unit_tokenizer import _UnitTokenizer
+
+
+class _Encoder:
+    def __init__(self):
+        self.batches: list[list[str]] = []
+
+    def encode(self, texts):
+        self.batches.append(list(texts))
+        sizes = np.fromiter(map(len, texts), dtype=np.int32, count=len(texts))
+        return np.zeros(int(sizes.sum()), np.uint16), sizes
+
+
+class _Sink:
+    def submit(self, job) -> None:  # the writes are not what is compared
+        pass
+
+
+def _batches(runs: list[list[str]], whole: bool) -> list[list[str]]:
+    encoder = _Encoder()
+    batcher = _UnitTokenizer(encoder, None, None, _Sink())
+    for run in runs:
+        if whole:
+            batcher.extend(run)
+        else:
+            for text in run:
+                batcher.add(text)
+    batcher.flush()
+    return encoder.batches
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    runs=st.lists(st.lists(st.integers(1, 40).map(lambda n: "x" * n), max_size=30), max_size=8),
+    chars=st.integers(1, 120),
+    docs=st.integers(1, 9),
+)
+def test_extend_cuts_the_batches_add_cuts(runs, chars, docs):
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(unit_tokenizer, "_BATCH_CHARS", chars)
+        patch.setattr(unit_tokenizer, "_BATCH_DOCS", docs)
+        by_one = _batches(runs, whole=False)
+        assert _batches(runs, whole=True) == by_one
+    assert sum(by_one, []) == sum(runs, [])
+    assert all(len(b) <= docs for b in by_one)
