@@ -192,7 +192,9 @@ def _workdir(config: WorkerConfig) -> WorkDir:
 def _sink() -> BackgroundWriter:
     global _sink_of
     if _sink_of is None or _sink_of[0] != os.getpid():
-        # Room for a unit's last jobs (its last batch, its last frame, publishing, the
-        # conclusion), so the canary starts at once instead of waiting for the queue.
-        _sink_of = (os.getpid(), BackgroundWriter(depth=4))
+        # Room for about three units' jobs (a 256 KiB unit has five or six: its files opened,
+        # its batch, its last frame, publishing, the conclusion), so the tokenizing thread does
+        # not wait on the queue when the writer is a unit behind (depth 4 cost it 3-5 ms per
+        # 16 MB job). The jobs hold at most ~16 batches of tokens (~1 MB each) in memory.
+        _sink_of = (os.getpid(), BackgroundWriter(depth=16))
     return _sink_of[1]
