@@ -12,7 +12,9 @@ per unit.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
+import itertools
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -79,8 +81,8 @@ def _open_stream(file: InputFile, storage_options: dict | None):
 def _line_chunks(
     file: InputFile, piece: InputRange, storage_options: dict | None
 ) -> Iterator[list[bytes]]:
-    """The raw lines of the piece, without their line terminator, in lists: the whole piece at
-    once when it is read whole, else about `_CHUNK_BYTES` of lines at a time."""
+    """The raw lines of the piece, without their line terminator, in lists of about
+    `_CHUNK_BYTES` (so what is made of a list's lines, their texts, stays that small)."""
     if file.compression is None:
         # One read of the whole piece (one range request for a remote file).
         data = read_input_range(file, piece.start, piece.end, storage_options)
@@ -92,7 +94,14 @@ def _line_chunks(
         if data.endswith(b"\n"):
             data = data[:-1]
         if data:
-            yield data.split(b"\n")
+            lines = data.split(b"\n")
+            ends = list(itertools.accumulate(map(len, lines)))
+            at = 0
+            while at < len(lines):
+                before = ends[at - 1] if at else 0
+                stop = min(bisect.bisect_left(ends, before + _CHUNK_BYTES, at) + 1, len(lines))
+                yield lines[at:stop]
+                at = stop
         return
     with _open_stream(file, storage_options) as stream:
         chunk: list[bytes] = []
