@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import functools
 import itertools
 import json
 from collections.abc import Iterator
@@ -304,6 +305,24 @@ class _ArrowPiece:
         return table if self.piece.rows is None else table.slice(self.first, self.num_rows)
 
 
+def _split_runs(texts: list, slow, before: int) -> Iterator:
+    """TextRuns of the stretches of `texts` that are not None (records before+1...), and for
+    each None its record, slow(i), unless that is _BLANK (no record)."""
+    start = 0
+    while start < len(texts):
+        try:
+            stop = texts.index(None, start)
+        except ValueError:
+            stop = len(texts)
+        if stop > start:
+            yield TextRun(range(before + start + 1, before + stop + 1), texts[start:stop])
+        if stop < len(texts):
+            item = slow(stop)
+            if item is not _BLANK:
+                yield before + stop + 1, item
+        start = stop + 1
+
+
 class RangeReader:
     """Iterates (record number, text or Reject) over one piece; `.records` spans the piece.
 
@@ -346,36 +365,32 @@ class RangeReader:
             yield from self._line_records()
 
     def runs(self) -> Iterator[TextRun | tuple[int, str | Reject]]:
-        """What iterating gives, except that each stretch of good JSONL text records comes as
-        one TextRun: the tokenizer takes them whole instead of a record at a time, which cost
-        a worker ~1 µs of Python per record here and in its loop (2% of its time)."""
-        fast = None
-        if self.file.kind == "jsonl" and not self.objects:
-            fast = _fast_text(self.key_path)
-        if fast is None:
+        """What iterating gives, except that each stretch of good text records (JSONL read
+        with orjson, Parquet and Arrow) comes as one TextRun: the tokenizer takes them whole
+        instead of a record at a time, which cost a worker ~1 µs of Python per record here
+        and in its loop (2% of its time)."""
+        kind = self.file.kind
+        if self.objects or kind not in ("jsonl", "parquet", "arrow"):
             yield from self
-            return
-        number = 0  # lines before the chunk
-        for chunk in _line_chunks(self.file, self.piece, self.storage_options):
-            # orjson takes a trailing \r as whitespace, like the line it would be without it;
-            # a blank line fails to parse and goes the slow way, which passes over it.
-            texts = list(map(fast, chunk))
-            start = 0
-            while start < len(chunk):
-                try:
-                    stop = texts.index(None, start)
-                except ValueError:
-                    stop = len(chunk)
-                if stop > start:
-                    run = range(number + start + 1, number + stop + 1)
-                    yield TextRun(run, texts[start:stop])
-                if stop < len(chunk):
-                    item = self._line_item(number + stop + 1, chunk[stop], None)
-                    if item is not _BLANK:
-                        yield number + stop + 1, item
-                start = stop + 1
-            number += len(chunk)
-        self.records = number
+        elif kind == "parquet":
+            yield from self._parquet(runs=True)
+        elif kind == "arrow":
+            yield from self._arrow(runs=True)
+        elif (fast := _fast_text(self.key_path)) is None:
+            yield from self
+        else:
+            number = 0  # lines before the chunk
+            for chunk in _line_chunks(self.file, self.piece, self.storage_options):
+                # orjson takes a trailing \r as whitespace, like the line without it; a blank
+                # line fails to parse and goes the slow way, which passes over it.
+                texts = list(map(fast, chunk))
+                slow = functools.partial(self._nth_line, chunk, number)
+                yield from _split_runs(texts, slow, number)
+                number += len(chunk)
+            self.records = number
+
+    def _nth_line(self, chunk: list[bytes], before: int, i: int):
+        return self._line_item(before + i + 1, chunk[i], None)
 
     def _line_records(self) -> Iterator[tuple[int, str | Reject]]:
         fast = None
@@ -429,7 +444,7 @@ class RangeReader:
             return
         yield 1, _check_text(1, text, "file")
 
-    def _parquet(self) -> Iterator[tuple[int, str | Reject]]:
+    def _parquet(self, runs: bool = False) -> Iterator[tuple[int, str | Reject]]:
         local = is_local(self.file.path)
         opened = (
             contextlib.nullcontext() if local
@@ -438,15 +453,15 @@ class RangeReader:
         with opened as raw:
             parquet = open_parquet(self.file.path, raw)
             yield from self._table_records(
-                _ParquetPiece(parquet, self.file, self.piece, self.cache)
+                _ParquetPiece(parquet, self.file, self.piece, self.cache), runs
             )
 
-    def _arrow(self) -> Iterator[tuple[int, str | Reject]]:
+    def _arrow(self, runs: bool = False) -> Iterator[tuple[int, str | Reject]]:
         with open_input(self.file, self.storage_options, ARROW_SCAN_BLOCK) as f:
             table = _ArrowPiece(f, self.file, self.piece, self.cache)
-        yield from self._table_records(table)
+        yield from self._table_records(table, runs)
 
-    def _table_records(self, table) -> Iterator[tuple[int, str | Reject]]:
+    def _table_records(self, table, runs: bool = False) -> Iterator:
         self.records = table.num_rows
         if self.objects:
             columns = None if self.fields is None else [n for n in table.names if n in self.fields]
@@ -466,12 +481,21 @@ class RangeReader:
             return
         values = table.read([column]).column(0).to_pylist()
         self._release(table)
-        for number, value in enumerate(values, start=1):
-            found, value = _lookup(value, rest) if rest else (True, value)
-            if not found:
-                yield number, Reject(number, MISSING_FIELD, f"no field {self.text_key!r}")
-            else:
-                yield number, _check_text(number, value, self.text_key)
+        slow = functools.partial(self._nth_value, values, rest)
+        if runs and not rest:
+            # What _check_text accepts of a str: pyarrow's strings are valid UTF-8 (the block
+            # was validated), so without lone surrogates; anything else goes the slow way.
+            texts = [v if type(v) is str and v and not v.isspace() else None for v in values]
+            yield from _split_runs(texts, slow, 0)
+            return
+        for i in range(len(values)):
+            yield i + 1, slow(i)
+
+    def _nth_value(self, values: list, rest: tuple[str, ...], i: int):
+        found, value = _lookup(values[i], rest) if rest else (True, values[i])
+        if not found:
+            return Reject(i + 1, MISSING_FIELD, f"no field {self.text_key!r}")
+        return _check_text(i + 1, value, self.text_key)
 
     def _release(self, table) -> None:
         """Keep a decoded block only while a later row range of it is still to come."""

@@ -3,15 +3,13 @@ stdlib twin) come out the same: the same texts, the same rejects with the same m
 
 from __future__ import annotations
 
-import gzip
 import json
-import random
 
 import pytest
 
 from shardtok.convert import records
 from shardtok.convert.inputs import InputFile
-from shardtok.convert.records import RangeReader, Reject, TextRun
+from shardtok.convert.records import RangeReader, Reject
 from shardtok.convert.units import InputRange
 
 pytest.importorskip("orjson")
@@ -81,59 +79,3 @@ def test_orjson_and_json_loads_read_the_same_records(tmp_path, monkeypatch, key)
         assert "plain" in texts and "second" in texts and "fine" in texts and "crlf" in texts
         reasons = {value.reason for _, value in fast if isinstance(value, Reject)}
         assert reasons == set(records.REASONS)
-
-
-def _flatten(entries) -> list[tuple[int, str | Reject]]:
-    out = []
-    for entry in entries:
-        if isinstance(entry, TextRun):
-            assert len(entry.numbers) == len(entry.texts) > 0
-            assert all(type(t) is str for t in entry.texts)
-            out += zip(entry.numbers, entry.texts)
-        else:
-            out.append(entry)
-    return out
-
-
-@pytest.mark.parametrize("compression", [None, "gzip"])
-@pytest.mark.parametrize("key", ["text", "meta.body"])
-def test_runs_are_the_records_iteration_gives(tmp_path, monkeypatch, key, compression):
-    """RangeReader.runs (the tokenizer's way) gives the records, numbers and rejects that
-    iterating gives, good texts gathered into runs; a compressed stream comes in chunks."""
-    monkeypatch.setattr(records, "_CHUNK_BYTES", 300)  # many chunks, runs cut at their ends
-    rng = random.Random(7)
-    good = [b'{"text": "t%d", "meta": {"body": "b%d"}}' % (i, i) for i in range(400)]
-    lines = [rng.choice(LINES) if rng.random() < 0.3 else g for g in good]
-    data = b"\n".join(lines) + b"\n"
-    path = tmp_path / ("c.jsonl" + (".gz" if compression else ""))
-    path.write_bytes(gzip.compress(data) if compression else data)
-    size = path.stat().st_size
-    file = InputFile(str(path), "jsonl", compression, size, path.stat().st_mtime_ns)
-
-    def reader():
-        return RangeReader(file, InputRange(0, 0, size), key, "lines")
-
-    whole = reader()
-    expected = list(whole)
-    by_runs = reader()
-    entries = list(by_runs.runs())
-    assert _flatten(entries) == expected and by_runs.records == whole.records == len(lines)
-    runs = [e for e in entries if isinstance(e, TextRun)]
-    assert max(len(r.texts) for r in runs) > 1  # runs really gather records
-    # ... never beyond a chunk of ~300 bytes of lines, whether the piece is read whole or
-    # streamed (a chunk ends with the line that reaches 300 bytes)
-    longest = max(map(len, lines)) + 1
-    assert max(sum(len(lines[n - 1]) + 1 for n in r.numbers) for r in runs) <= 300 + longest
-
-
-def test_runs_of_a_reader_without_the_fast_path_are_its_records(tmp_path, monkeypatch):
-    path = tmp_path / "c.jsonl"
-    path.write_bytes(b"\n".join(LINES) + b"\n")
-    monkeypatch.setattr(records, "_orjson_loads", None)
-    assert list(read_runs(path)) == read(path, "text")
-
-
-def read_runs(path):
-    size = path.stat().st_size
-    file = InputFile(str(path), "jsonl", None, size, path.stat().st_mtime_ns)
-    return RangeReader(file, InputRange(0, 0, size), "text", "lines").runs()
