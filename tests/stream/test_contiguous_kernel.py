@@ -14,16 +14,12 @@ from hypothesis import strategies as st
 from shardtok.stream import batch as batch_module
 from shardtok.stream.batch import contiguous_rows_numpy
 from shardtok.stream.masked import flag_untrained
+from tests.stream.test_masked_kernel import outputs
 
 kernel = pytest.mark.skipif(
     batch_module._contiguous_kernel is None,
     reason="built without a C compiler: numpy path only",
 )
-
-
-def outputs(rows: int, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
-    # Filled with garbage: every element must be written.
-    return (np.full((rows, seq_len), 7777, np.int64), np.full((rows, seq_len), -7777, np.int64))
 
 
 def split(run: np.ndarray, rng: np.random.Generator, cuts: int) -> list[np.ndarray]:
