@@ -35,9 +35,10 @@ from shardtok.convert.canary import Checked, canary_chars
 from shardtok.convert.encoder import BatchEncoder
 from shardtok.convert.failures import EncoderMismatch, UnitFailure
 from shardtok.convert.inputs import InputError
-from shardtok.convert.records import BlockCache, RangeReader, Reject, TextRun
+from shardtok.convert.records import RangeReader, Reject, TextRun
 from shardtok.convert.sft.conversation import SFTBad
 from shardtok.convert.sft.setup import SFTSetup
+from shardtok.convert.table_pieces import BlockCache
 from shardtok.convert.tokenizer import TokenizerSpec
 from shardtok.convert.unit_result import UnitResult
 from shardtok.convert.units import Unit

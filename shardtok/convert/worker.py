@@ -22,8 +22,8 @@ from shardtok.convert.canary import Checked
 from shardtok.convert.encoder import BatchEncoder
 from shardtok.convert.failures import EncoderMismatch, UnitFailure
 from shardtok.convert.inputs import InputFile
-from shardtok.convert.records import BlockCache
 from shardtok.convert.sft.setup import SFTSetup
+from shardtok.convert.table_pieces import BlockCache
 from shardtok.convert.tokenizer import TokenizerSpec
 from shardtok.convert.unit_result import UnitResult
 from shardtok.convert.unit_tokenizer import Scratch, SFTRecords, tokenize
@@ -51,7 +51,7 @@ class WorkerConfig:
 _config: WorkerConfig | None = None
 _encoder: BatchEncoder | None = None
 _sft: SFTRecords | None = None
-# A row group or record batch cut into row ranges, decoded once per worker (see records.py).
+# A row group or record batch cut into row ranges, decoded once per worker (see table_pieces.py).
 _blocks = BlockCache()
 
 

@@ -22,7 +22,8 @@ from shardtok.convert import ConvertOptions, convert, load_tokenizer
 from shardtok.convert.compressed import DamagedInputError
 from shardtok.convert.hf_folder import HFDatasetError
 from shardtok.convert.inputs import discover
-from shardtok.convert.records import BlockCache, RangeReader
+from shardtok.convert.records import RangeReader
+from shardtok.convert.table_pieces import BlockCache
 from shardtok.convert.units import plan_units
 from shardtok.errors import BadRecordError, ShardtokError
 from shardtok.format.manifest import load_manifest

@@ -14,7 +14,8 @@ import pytest
 from shardtok.convert import ConvertOptions, convert, load_tokenizer, phases, unit_status
 from shardtok.convert.inputs import discover
 from shardtok.convert.plan_file import PlanError
-from shardtok.convert.records import BlockCache, RangeReader
+from shardtok.convert.records import RangeReader
+from shardtok.convert.table_pieces import BlockCache
 from shardtok.convert.units import plan_units
 from shardtok.convert.workdir import WORK_DIR_NAME
 from tests.convert.test_determinism import tree_digest
