@@ -256,7 +256,7 @@ class RangeReader:
             yield from self._parquet(runs=True)
         elif kind == "arrow":
             yield from self._arrow(runs=True)
-        elif (fast := _fast_text(self.key_path)) is None:
+        elif (fast := self._fast()) is None:
             yield from self
         else:
             number = 0  # lines before the chunk
@@ -272,10 +272,15 @@ class RangeReader:
     def _nth_line(self, chunk: list[bytes], before: int, i: int):
         return self._line_item(before + i + 1, chunk[i], None)
 
+    def _fast(self):
+        """_fast_text's function for this piece's text field, or None (not JSONL texts, or no
+        orjson)."""
+        if self.file.kind != "jsonl" or self.objects:
+            return None
+        return _fast_text(self.key_path)
+
     def _line_records(self) -> Iterator[tuple[int, str | Reject]]:
-        fast = None
-        if self.file.kind == "jsonl" and not self.objects:
-            fast = _fast_text(self.key_path)
+        fast = self._fast()
         number = 0
         for chunk in _line_chunks(self.file, self.piece, self.storage_options):
             for raw in chunk:
