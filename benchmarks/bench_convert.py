@@ -40,6 +40,10 @@ backend=hf, no Megatron-style runs). Each summary line gives CPU seconds per mil
 (main process plus workers): a worker overlaps its writes with tokenizing on a second thread,
 so wall-clock speed per worker and CPU per token are both needed to judge it per core.
 
+The last lines pair each repeat's convert with the tiktoken ceiling run just before it (median
+and range of those ratios): on a VM whose speed drifts by tens of percent within a minute,
+best-of figures can pair one contender's fast minute with the other's slow one.
+
 --steady K also runs the tiktoken ceiling and convert on the corpus written K times over (the same
 documents, so the same cost per document), to separate what a job costs once (planning, forking,
 the last shard's write and fsync) from its throughput: convert's fixed cost per job is
@@ -56,6 +60,7 @@ import multiprocessing
 import os
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -418,6 +423,22 @@ def _summarize(title: str, pick: dict[str, dict], workers: list[int]) -> None:
     )
 
 
+def _paired(runs: dict[str, list[dict]], workers: list[int]) -> None:
+    """Each repeat's convert against the ceiling run just before it. On a VM whose speed
+    drifts by tens of percent over tens of seconds, best-of figures taken minutes apart can
+    pair a fast minute of one contender with a slow minute of the other; a pair measured
+    seconds apart shares its minute."""
+    print("\npaired (each repeat's convert per worker / that repeat's tiktoken ceiling):")
+    ceilings = [_rate(r) for r in runs["ceiling tiktoken"]]
+    for w in workers:
+        ratios = [_rate(r) / w / c for r, c in zip(runs[f"shardtok convert w={w}"], ceilings)]
+        ordered = sorted(ratios)
+        print(
+            f"target 5 at w={w}, paired: median {statistics.median(ratios):.1%} of {len(ratios)} "
+            f"(range {ordered[0]:.1%}-{ordered[-1]:.1%}): " + ", ".join(f"{x:.1%}" for x in ratios)
+        )
+
+
 def _steady(title: str, pick: dict[str, dict], workers: list[int], times: int) -> None:
     """Fixed cost per job and steady-state rate from the runs on the corpus and on its
     repetition (see --steady)."""
@@ -513,7 +534,6 @@ def main() -> int:
             (f"ceiling {how}", lambda how=how: bench_ceiling(tokenizer_dir, texts, how))
             for how in hows
         ]
-        jobs.append(("ceiling tiktoken", lambda: bench_ceiling_tiktoken(tokenizer_dir, texts)))
         jobs.append(
             (
                 "ceiling tiktoken lists",
@@ -528,7 +548,16 @@ def main() -> int:
                     lambda: bench_ceiling_tiktoken(tokenizer_dir, texts_repeated),
                 )
             )
+        # The ceiling right before the first convert: the paired summary holds each repeat's
+        # converts against its own ceiling, measured seconds apart.
+        jobs.append(("ceiling tiktoken", lambda: bench_ceiling_tiktoken(tokenizer_dir, texts)))
         for w in args.workers:
+            jobs.append(
+                (
+                    f"shardtok convert w={w}",
+                    lambda w=w: bench_shardtok(tokenizer_dir, corpus, w, work / "s"),
+                )
+            )
             if args.steady:
                 jobs.append(
                     (
@@ -536,12 +565,6 @@ def main() -> int:
                         lambda w=w: bench_shardtok(tokenizer_dir, repeated, w, work / "s"),
                     )
                 )
-            jobs.append(
-                (
-                    f"shardtok convert w={w}",
-                    lambda w=w: bench_shardtok(tokenizer_dir, corpus, w, work / "s"),
-                )
-            )
             if args.quick:
                 continue
             jobs.append(
@@ -574,6 +597,7 @@ def main() -> int:
     if args.steady:
         _steady(f"best of {args.repeats}", best, args.workers, args.steady)
         _steady(f"median of {args.repeats}", median, args.workers, args.steady)
+    _paired(runs, args.workers)
     return 0
 
 

@@ -1,6 +1,7 @@
 """benchmarks/bench_convert.py on a 1 MB corpus with the bundled tokenizer (which passes the
 tiktoken gate), so the script does not rot. No figure is asserted: only that every quick
-contender ran and the summary states target 5's ratios, end to end and (--steady) at the margin."""
+contender ran and the summary states target 5's ratios: end to end, (--steady) at the margin,
+and paired repeat by repeat."""
 
 from __future__ import annotations
 
@@ -35,6 +36,14 @@ def test_the_convert_benchmark_runs_its_quick_contenders(tmp_path):
             out,
             re.M,
         ), w
+    for w in (1, 2):  # one repeat: one pair, its own median and range
+        pair = re.search(
+            rf"^target 5 at w={w}, paired: median ([\d.]+%) of 1 \(range ([\d.]+%)-([\d.]+%)\): "
+            r"([\d.]+%)$",
+            out,
+            re.M,
+        )
+        assert pair is not None and len(set(pair.groups())) == 1, w
     corpus = tmp_path / "corpus-1mb.jsonl"
     assert (tmp_path / "corpus-1mb-x2.jsonl").read_bytes() == corpus.read_bytes() * 2
     assert (tmp_path / "out" / "s").is_dir()
