@@ -2,10 +2,10 @@
 
 Why: a worker's frame compression (zstd), crc32s and file writes take ~6% of its time, and all
 of them release the GIL; run on their own thread they overlap with the next batch's tokenizing
-instead of adding to it. tiktoken's encode does not release it (0.14.0: two threads encoding
+instead of adding to it. The CPU they cost is the same (the benchmark reports CPU per token as
+well as wall clock). tiktoken's encode does not release the GIL (0.14.0: two threads encoding
 take twice as long as one), so only this thread's C calls overlap; its Python between them
-waits for the tokenizing thread's GIL. The CPU they cost is the same (the
-benchmark reports CPU per token as well as wall clock).
+waits for the tokenizing thread.
 
 Work that releases the GIL belongs here: a job that holds it (say, `tokenizers`' encode)
 stalls the tokenizing thread every time that thread wants the GIL back. The worker's canary is

@@ -192,11 +192,13 @@ def test_builtins_serve_the_npm_tokenizers(tokenizer_name, builtin, end_of_turn)
 
 
 def test_a_block_ending_inside_a_multi_token_character(tmp_path):
-    """"日" is three byte tokens and the block ends with it: the overlap rule trains all three
+    """The block ends with "日", three byte tokens: the overlap rule trains all three
     (they are all the answer). transformers before 5.24 marked tokens from the one holding the
     block's first character to the *first* one holding its last, leaving two of them out; 5.24
     marks every token overlapping the block, as we do. The built-ins end their blocks with an
     end-of-turn token and never meet this."""
+    import transformers
+    from packaging.version import Version
     from transformers import PreTrainedTokenizerFast
 
     source = (
@@ -213,6 +215,7 @@ def test_a_block_ending_inside_a_multi_token_character(tmp_path):
     ids, mask = transformers_masks(tokenizer, source, messages)
     assert tokenizer.convert_ids_to_tokens(ids) == ["Q", "A", "Ġ", "æ", "Ĺ", "¥", "<|endoftext|>"]
     overlap = [0, 1, 1, 1, 1, 1, 0]
-    assert mask in ([0, 1, 1, 1, 0, 0, 0], overlap)  # before 5.24 / from 5.24 on
+    before = Version(transformers.__version__) < Version("5.24")
+    assert mask == ([0, 1, 1, 1, 0, 0, 0] if before else overlap)
     got_ids, got_mask, _ = ours(SFTEncoder(spec, max_tokens=None), renderer, messages)
     assert got_ids == ids and got_mask == overlap
