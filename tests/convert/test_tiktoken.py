@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tokenizers import AddedToken, Regex, Tokenizer, models, pre_tokenizers
 
 from shardtok.convert import ConvertOptions, convert, load_tokenizer
@@ -331,6 +333,7 @@ class _BrokenEncoding:
     def __init__(self, real):
         self.real = real
         self.special_tokens_set = real.special_tokens_set
+        self.encode_single_token = real.encode_single_token
 
     def encode_ordinary(self, text):
         ids = self.real.encode_ordinary(text)
@@ -390,3 +393,91 @@ def test_canary_mismatch_wins_over_a_later_bad_record_of_the_unit(tt_path, tmp_p
                           workers=1, progress=False, on_bad_record="error")  # fmt: skip
     with pytest.raises(TokenizerMismatchError, match="record 1: tiktoken and tokenizers"):
         convert(opts)
+
+
+# --- Joined runs (encoder._Joiner): one tiktoken call per run of documents -----------------
+
+_PIECES = list("ab <|>\n\t é") + ["<|", "|>", "<", "|", "endoftext", "😀", "  \n", *SPECIALS]
+_ENCODERS: dict = {}
+
+
+def _encoder_for(tt_path: Path, bos_eos: tuple[bool, bool]) -> BatchEncoder:
+    if bos_eos not in _ENCODERS:
+        prepend_bos, append_eos = bos_eos
+        spec = load_tokenizer(str(tt_path), prepend_bos=prepend_bos, append_eos=append_eos,
+                              bos_token="<|bos|>" if prepend_bos else None)  # fmt: skip
+        _ENCODERS[bos_eos] = BatchEncoder(spec)
+    return _ENCODERS[bos_eos]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    texts=st.lists(st.lists(st.sampled_from(_PIECES), max_size=8).map("".join), max_size=10),
+    bos_eos=st.sampled_from([(False, True), (True, True), (True, False), (False, False)]),
+)
+def test_joined_runs_give_every_document_its_own_ids(tt_path, texts, bos_eos):
+    encoder = _encoder_for(tt_path, bos_eos)
+    assert encoder._joiner is not None
+    tokens, sizes = encoder.encode(texts)
+    alone, alone_sizes = encoder._encode_from_arrays(texts)  # one call per document
+    assert tokens.dtype == alone.dtype and sizes.dtype == alone_sizes.dtype == np.int32
+    assert sizes.tolist() == alone_sizes.tolist() and tokens.tolist() == alone.tolist()
+
+
+def test_a_batch_of_plain_documents_is_one_tiktoken_call(tt_path, monkeypatch):
+    encoder = BatchEncoder(load_tokenizer(str(tt_path)))
+    calls = []
+    real = encoder._joiner._to_numpy
+    monkeypatch.setattr(
+        encoder._joiner, "_to_numpy", lambda text, **kw: calls.append(text) or real(text, **kw)
+    )
+    texts = [f"document {i}: some text\n" for i in range(100)]
+    tokens, sizes = encoder.encode(texts + ["holds <|endoftext|>"] + texts)
+    assert len(calls) == 2  # the two runs; the document holding an added token alone
+    assert (
+        tokens.tolist()
+        == encoder._encode_from_arrays(texts + ["holds <|endoftext|>"] + texts)[0].tolist()
+    )
+
+
+def _bytes_encoding(specials: dict[str, int]):
+    import tiktoken
+
+    ranks = {bytes([i]): i for i in range(256)}
+    return tiktoken.Encoding("bytes", pat_str=r"\S+|\s+", mergeable_ranks=ranks,
+                             special_tokens=specials)  # fmt: skip
+
+
+def test_no_joining_where_the_separator_could_start_on_a_documents_last_character():
+    from shardtok.convert.encoder import _Joiner
+
+    # "aa" between "xa" and "y": "xa" + "aa" + "y" = "xaaay", where "aa" is found one
+    # character early, inside the first document. No mark may end with a separator's start.
+    encoding = _bytes_encoding({"aa": 256})
+    assert _Joiner.for_encoding(encoding, frozenset(["aa"])) is None
+    forced = _Joiner(encoding, "aa", ["aa"])
+    ids = forced.encode(["xa", "y"]).tolist()
+    assert ids != [ord("x"), ord("a"), 256, ord("y")]  # what joining must give, and does not
+    assert _Joiner.for_encoding(_bytes_encoding({}), frozenset()) is None  # nothing to join with
+    ok = _Joiner.for_encoding(
+        _bytes_encoding({"<|a|>": 256, "ab": 257}), frozenset(["<|a|>", "ab"])
+    )
+    assert ok is not None and ok.sep == "<|a|>" and ok.marks == ["<|", "ab"]
+    assert ok.not_joinable(["x<|y", "xaby", "a", "b", "<"]) == [0, 1]
+
+
+def test_the_canary_checks_a_joined_run_of_two(tt_path, monkeypatch):
+    spec = load_tokenizer(str(tt_path))
+    encoder = BatchEncoder(spec)
+    real = encoder._joiner.encode
+
+    def second_copy_off_by_one(texts):
+        ids = real(texts).copy()
+        if len(texts) == 2:
+            ids[-1] += 1  # only the run is wrong, a text alone encodes right
+        return ids
+
+    assert encoder.canary("a horse and a cart") is None
+    monkeypatch.setattr(encoder._joiner, "encode", second_copy_off_by_one)
+    detail = encoder.canary("a horse and a cart")
+    assert detail is not None and "ids differ at position" in detail
