@@ -17,10 +17,14 @@ runs every contender once, interleaved, so machine noise spreads over all of the
   ceiling      the backend tokenizer's encode_batch_fast over the corpus in 1 MiB batches, one
                process, Rust thread pool off: what one core can do at best with tokenizers;
   call/batch   the same through `tokenizer(texts)["input_ids"]` and `encode_batch` (which API to use);
-  ceiling tiktoken  the same texts through convert's tiktoken encoder (the equivalence-gated
-               backend `--tokenizer-backend auto` picks for Llama 3), one process, each
-               document's ids as an array (tiktoken's encode_to_numpy, as convert does): the
-               ceiling convert is held to, per worker;
+  ceiling tiktoken  the same texts through tiktoken (the equivalence-gated backend
+               `--tokenizer-backend auto` picks for Llama 3), one process, one call per
+               document, its ids as an array (tiktoken's encode_to_numpy): the backend's own
+               ceiling, which convert is held to per worker;
+  ceiling encode  the same texts through convert's own encode step, in memory: the same 1 MiB
+               batches, each in runs of documents joined by an added token (one tiktoken call
+               per run, see encoder._Joiner) and EOS appended, as a worker encodes them; convert
+               held to this is held to everything but its reading and writing;
   ceiling tiktoken lists  the same with the ids as Python lists (encode / encode_ordinary: the
                ceiling of the runs before issue 18, kept for comparison);
   ceiling x2   two processes, each encoding half the corpus (split by characters, not documents)
@@ -40,7 +44,7 @@ backend=hf, no Megatron-style runs). Each summary line gives CPU seconds per mil
 (main process plus workers): a worker overlaps its writes with tokenizing on a second thread,
 so wall-clock speed per worker and CPU per token are both needed to judge it per core.
 
-The last lines pair each repeat's convert with the tiktoken ceiling run just before it (median
+The last lines pair each repeat's convert with the two ceilings run just before it (median
 and range of those ratios): on a VM whose speed drifts by tens of percent within a minute,
 best-of figures can pair one contender's fast minute with the other's slow one.
 
@@ -243,8 +247,18 @@ def tiktoken_encode(tokenizer_dir: Path, lists: bool = False):
 
 
 def bench_ceiling_tiktoken(tokenizer_dir: Path, texts: list[str], lists: bool = False) -> dict:
-    """convert's tiktoken encoder, one process, the same 1 MiB batches (texts in memory)."""
+    """tiktoken one document per call, one process, the same 1 MiB batches (texts in memory)."""
     return timed_encode(tiktoken_encode(tokenizer_dir, lists), texts)
+
+
+def bench_ceiling_encode(tokenizer_dir: Path, texts: list[str]) -> dict:
+    """convert's encode step (joined runs, EOS as convert appends it), one process, the same
+    1 MiB batches (texts in memory)."""
+    from shardtok.convert.encoder import BatchEncoder
+    from shardtok.convert.tokenizer import load_tokenizer
+
+    encoder = BatchEncoder(load_tokenizer(str(tokenizer_dir), backend="tiktoken"))
+    return timed_encode(lambda batch: (encoder.encode(batch)[0],), texts)
 
 
 def halves_by_characters(texts: list[str]) -> tuple[list[str], list[str]]:
@@ -404,7 +418,8 @@ def _summarize(title: str, pick: dict[str, dict], workers: list[int]) -> None:
         s = pick[f"shardtok convert w={w}"]
         print(
             f"target 5 at w={w}: convert per worker = {_rate(s) / w / _rate(ceiling):.1%} of the "
-            f"tiktoken ceiling (wall); CPU per token {s['cpu'] / s['tokens']:.3g} s against "
+            f"tiktoken ceiling (wall), {_rate(s) / w / _rate(pick['ceiling encode']):.1%} of "
+            f"the encode ceiling; CPU per token {s['cpu'] / s['tokens']:.3g} s against "
             f"the ceiling's {ceiling['cpu'] / ceiling['tokens']:.3g} s "
             f"({(s['cpu'] / s['tokens']) / (ceiling['cpu'] / ceiling['tokens']):.2f}x)"
         )
@@ -428,15 +443,17 @@ def _paired(runs: dict[str, list[dict]], workers: list[int]) -> None:
     drifts by tens of percent over tens of seconds, best-of figures taken minutes apart can
     pair a fast minute of one contender with a slow minute of the other; a pair measured
     seconds apart shares its minute."""
-    print("\npaired (each repeat's convert per worker / that repeat's tiktoken ceiling):")
-    ceilings = [_rate(r) for r in runs["ceiling tiktoken"]]
-    for w in workers:
-        ratios = [_rate(r) / w / c for r, c in zip(runs[f"shardtok convert w={w}"], ceilings)]
-        ordered = sorted(ratios)
-        print(
-            f"target 5 at w={w}, paired: median {statistics.median(ratios):.1%} of {len(ratios)} "
-            f"(range {ordered[0]:.1%}-{ordered[-1]:.1%}): " + ", ".join(f"{x:.1%}" for x in ratios)
-        )
+    print("\npaired (each repeat's convert per worker / that repeat's ceiling):")
+    for which in ("tiktoken", "encode"):
+        ceilings = [_rate(r) for r in runs[f"ceiling {which}"]]
+        for w in workers:
+            ratios = [_rate(r) / w / c for r, c in zip(runs[f"shardtok convert w={w}"], ceilings)]
+            ordered = sorted(ratios)
+            print(
+                f"target 5 at w={w}, paired with the {which} ceiling: median "
+                f"{statistics.median(ratios):.1%} of {len(ratios)} (range {ordered[0]:.1%}-"
+                f"{ordered[-1]:.1%}): " + ", ".join(f"{x:.1%}" for x in ratios)
+            )
 
 
 def _steady(title: str, pick: dict[str, dict], workers: list[int], times: int) -> None:
@@ -551,6 +568,7 @@ def main() -> int:
         # The ceiling right before the first convert: the paired summary holds each repeat's
         # converts against its own ceiling, measured seconds apart.
         jobs.append(("ceiling tiktoken", lambda: bench_ceiling_tiktoken(tokenizer_dir, texts)))
+        jobs.append(("ceiling encode", lambda: bench_ceiling_encode(tokenizer_dir, texts)))
         for w in args.workers:
             jobs.append(
                 (
