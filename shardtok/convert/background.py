@@ -3,9 +3,9 @@
 Why: a worker's frame compression (zstd), crc32s and file writes take ~6% of its time, and all
 of them release the GIL; run on their own thread they overlap with the next batch's tokenizing
 instead of adding to it. The CPU they cost is the same (the benchmark reports CPU per token as
-well as wall clock). tiktoken's encode does not release the GIL (0.14.0: two threads encoding
-take twice as long as one), so only this thread's C calls overlap; its Python between them
-waits for the tokenizing thread.
+well as wall clock). tiktoken 0.14 releases the GIL while it encodes but takes it back after
+every call, so this thread's Python between its C calls makes the tokenizing thread wait when a
+call returns meanwhile (encoder._Joiner makes those calls few: one per run of documents).
 
 Work that releases the GIL belongs here: a job that holds it (say, `tokenizers`' encode)
 stalls the tokenizing thread every time that thread wants the GIL back. The worker's canary is

@@ -271,8 +271,8 @@ def tokenize(
     records_read = 0
     # (piece, record, text) of the unit's first document, for the canary, when the main
     # process sent no verdict for it (canary.py). It runs on the sink's thread as soon as that
-    # document is read (both encoders hold the GIL, so it costs the tokenizing thread its
-    # ~0.35 ms per unit either way), and its verdict is awaited wherever the unit can
+    # document is read (tokenizers' encode holds the GIL, so it costs the tokenizing thread
+    # its ~0.35 ms per unit either way), and its verdict is awaited wherever the unit can
     # end (a bad record in error mode, an exception, its last record), so the outcome is what
     # checking the first document first would give; the unit's marker, the only thing that
     # makes its files count, is written after it.
