@@ -166,23 +166,22 @@ class BatchEncoder:
         """The texts' ids (in this encoder's dtype, writable) with the joiner's id between
         documents, and each document's size without it."""
         ids = joiner.encode(texts)
-        if ids is None:  # a lone surrogate: the texts one at a time, as they would be alone
-            arrays = list(map(self._encode_array, texts))
-            sizes = np.fromiter(map(len, arrays), dtype=np.int32, count=len(arrays))
-            sep = np.array([joiner.sep_id], dtype=self.dtype)
-            pieces = [sep] * (2 * len(arrays) - 1)
-            pieces[0::2] = arrays
-            return np.concatenate(pieces, dtype=self.dtype, casting="unsafe"), sizes
-        # Ids are below the vocabulary size, which the dtype was chosen to hold.
-        tokens = ids.astype(self.dtype, casting="unsafe")
-        ends = np.flatnonzero(tokens == joiner.sep_id)
-        if ends.size != len(texts) - 1:
-            # Not reachable while _Joiner's conditions hold; never a wrong boundary if not.
-            raise AssertionError(
-                f"joined encoding of {len(texts)} texts has {ends.size} separators"
-            )
-        sizes = np.diff(ends, prepend=-1, append=tokens.size).astype(np.int32) - 1
-        return tokens, sizes
+        if ids is not None:
+            # Ids are below the vocabulary size, which the dtype was chosen to hold.
+            tokens = ids.astype(self.dtype, casting="unsafe")
+            ends = np.flatnonzero(tokens == joiner.sep_id)
+            # Another count is not reachable while _Joiner's conditions hold; if it were, the
+            # texts one at a time below still give the right ids.
+            if ends.size == len(texts) - 1:
+                sizes = np.diff(ends, prepend=-1, append=tokens.size).astype(np.int32) - 1
+                return tokens, sizes
+        # A lone surrogate: the texts one at a time, as they would be alone.
+        arrays = list(map(self._encode_array, texts))
+        sizes = np.fromiter(map(len, arrays), dtype=np.int32, count=len(arrays))
+        sep = np.array([joiner.sep_id], dtype=self.dtype)
+        pieces = [sep] * (2 * len(arrays) - 1)
+        pieces[0::2] = arrays
+        return np.concatenate(pieces, dtype=self.dtype, casting="unsafe"), sizes
 
     def _marked(self, tokens: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Joined ids (a separator between documents) to documents with BOS/EOS as

@@ -481,3 +481,14 @@ def test_the_canary_checks_a_joined_run_of_two(tt_path, monkeypatch):
     monkeypatch.setattr(encoder._joiner, "encode", second_copy_off_by_one)
     detail = encoder.canary("a horse and a cart")
     assert detail is not None and "ids differ at position" in detail
+
+
+def test_a_run_with_a_separator_too_many_is_encoded_one_text_at_a_time(tt_path, monkeypatch):
+    encoder = BatchEncoder(load_tokenizer(str(tt_path)))
+    joiner = encoder._joiner
+    real = joiner.encode
+    monkeypatch.setattr(joiner, "encode", lambda texts: np.append(real(texts), joiner.sep_id))
+    texts = ["one", "two three", ""]
+    tokens, sizes = encoder.encode(texts)
+    alone, alone_sizes = encoder._encode_from_arrays(texts)
+    assert tokens.tolist() == alone.tolist() and sizes.tolist() == alone_sizes.tolist()
