@@ -118,9 +118,12 @@ class BatchEncoder:
         # The encoder that makes the tokens: the joined runs where there are any (the text
         # twice over, so that a run of two is checked: each copy must give hf's ids), else the
         # array path where there is one.
+        joined = None
         if self._joiner is not None and self._joiner.joinable(text):
-            tokens, sizes = self._joined_ids([text, text], self._joiner)
-            first = int(sizes[0])
+            joined = self._joined_ids([text, text], self._joiner)
+        if joined is not None:
+            tokens, ends = joined
+            first = int(ends[0])
             for fast in (tokens[:first].tolist(), tokens[first + 1 :].tolist()):
                 if fast != hf:
                     return describe_mismatch(hf, fast)
@@ -141,14 +144,18 @@ class BatchEncoder:
 
     def _encode_joined(self, texts: list[str], joiner: _Joiner) -> tuple[np.ndarray, np.ndarray]:
         # Runs of joinable texts in one call each; a text that may hold an added token alone
-        # (with every added token allowed), as _encode_from_arrays does.
+        # (with every added token allowed), as _encode_from_arrays does, and so a run that
+        # cannot be joined (a lone surrogate).
         pieces: list[np.ndarray] = []
         sizes: list[np.ndarray] = []
         at = 0
         for alone in [*joiner.not_joinable(texts), len(texts)]:
             if alone > at:
-                tokens, run_sizes = self._joined_ids(texts[at:alone], joiner)
-                tokens, run_sizes = self._marked(tokens, run_sizes)
+                run = texts[at:alone]
+                joined = self._joined_ids(run, joiner)
+                tokens, run_sizes = (
+                    self._encode_from_arrays(run) if joined is None else self._marked(*joined)
+                )
                 pieces.append(tokens)
                 sizes.append(run_sizes)
             if alone < len(texts):
@@ -162,42 +169,33 @@ class BatchEncoder:
             return np.empty(0, dtype=self.dtype), np.empty(0, dtype=np.int32)
         return np.concatenate(pieces), np.concatenate(sizes)
 
-    def _joined_ids(self, texts: list[str], joiner: _Joiner) -> tuple[np.ndarray, np.ndarray]:
+    def _joined_ids(
+        self, texts: list[str], joiner: _Joiner
+    ) -> tuple[np.ndarray, np.ndarray] | None:
         """The texts' ids (in this encoder's dtype, writable) with the joiner's id between
-        documents, and each document's size without it."""
+        documents, and the separators' positions; None where the run cannot be joined."""
         ids = joiner.encode(texts)
-        if ids is not None:
-            # Ids are below the vocabulary size, which the dtype was chosen to hold.
-            tokens = ids.astype(self.dtype, casting="unsafe")
-            ends = np.flatnonzero(tokens == joiner.sep_id)
-            # Another count is not reachable while _Joiner's conditions hold; if it were, the
-            # texts one at a time below still give the right ids.
-            if ends.size == len(texts) - 1:
-                sizes = np.diff(ends, prepend=-1, append=tokens.size).astype(np.int32) - 1
-                return tokens, sizes
-        # A lone surrogate: the texts one at a time, as they would be alone.
-        arrays = list(map(self._encode_array, texts))
-        sizes = np.fromiter(map(len, arrays), dtype=np.int32, count=len(arrays))
-        sep = np.array([joiner.sep_id], dtype=self.dtype)
-        pieces = [sep] * (2 * len(arrays) - 1)
-        pieces[0::2] = arrays
-        return np.concatenate(pieces, dtype=self.dtype, casting="unsafe"), sizes
+        if ids is None:  # a lone surrogate
+            return None
+        # Ids are below the vocabulary size, which the dtype was chosen to hold.
+        tokens = ids.astype(self.dtype, casting="unsafe")
+        ends = np.flatnonzero(tokens == joiner.sep_id)
+        # Another count is not reachable while _Joiner's conditions hold; if it were, the
+        # caller encodes the texts one at a time, which still gives the right ids.
+        return (tokens, ends) if ends.size == len(texts) - 1 else None
 
-    def _marked(self, tokens: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Joined ids (a separator between documents) to documents with BOS/EOS as
-        configured: each separator becomes EOS and/or BOS, in place where it is one of them."""
+    def _marked(self, tokens: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Joined ids (a separator at each of `ends`) to documents with BOS/EOS as configured,
+        and their sizes: each separator becomes EOS and/or BOS, in place where it is one."""
         bos, eos = self._bos, self._eos
-        if len(sizes) == 0:
-            return tokens, sizes
-        ends = np.cumsum(sizes[:-1], dtype=np.int64) + np.arange(len(sizes) - 1)
+        sizes = np.diff(ends, prepend=-1, append=tokens.size).astype(np.int32) - 1
         if bos is None and eos is None:
             return np.delete(tokens, ends), sizes
-        extra = (bos is not None) + (eos is not None)
-        if extra == 1:
-            tokens[ends] = eos if eos is not None else bos
-            mark = np.array([eos if eos is not None else bos], dtype=self.dtype)
-            pieces = [tokens, mark] if eos is not None else [mark, tokens]
-            return np.concatenate(pieces), sizes + 1
+        if bos is None or eos is None:
+            mark = eos if eos is not None else bos
+            tokens[ends] = mark
+            one = np.array([mark], dtype=self.dtype)
+            return np.concatenate([tokens, one] if eos is not None else [one, tokens]), sizes + 1
         tokens[ends] = eos
         tokens = np.insert(tokens, ends + 1, bos)
         head, tail = np.array([bos], dtype=self.dtype), np.array([eos], dtype=self.dtype)
@@ -289,7 +287,7 @@ class _Joiner:
         return None  # no added tokens, or none can stand between documents
 
     def joinable(self, text: str) -> bool:
-        return self._find(text) is None
+        return not self.not_joinable([text])
 
     def not_joinable(self, texts: list[str]) -> list[int]:
         """Positions of the texts that must be encoded alone."""
