@@ -10,7 +10,6 @@ With tiktoken, a batch's documents are encoded in runs, joined by an added token
 from __future__ import annotations
 
 import itertools
-import re
 
 import numpy as np
 
@@ -119,7 +118,7 @@ class BatchEncoder:
         # twice over, so that a run of two is checked: each copy must give hf's ids), else the
         # array path where there is one.
         joined = None
-        if self._joiner is not None and self._joiner.joinable(text):
+        if self._joiner is not None:
             joined = self._joined_ids([text, text], self._joiner)
         if joined is not None:
             tokens, ends = joined
@@ -143,13 +142,18 @@ class BatchEncoder:
         return self._encode_from_lists(texts)
 
     def _encode_joined(self, texts: list[str], joiner: _Joiner) -> tuple[np.ndarray, np.ndarray]:
-        # Runs of joinable texts in one call each; a text that may hold an added token alone
-        # (with every added token allowed), as _encode_from_arrays does, and so a run that
-        # cannot be joined (a lone surrogate).
+        if not texts:
+            return np.empty(0, dtype=self.dtype), np.empty(0, dtype=np.int32)
+        joined = self._joined_ids(texts, joiner)
+        if joined is not None:
+            return self._marked(*joined)
+        # A text holding the separator's own text (or a lone surrogate): such texts alone, as
+        # _encode_from_arrays does, the runs between them joined (or one text at a time, for a
+        # run that still cannot be).
         pieces: list[np.ndarray] = []
         sizes: list[np.ndarray] = []
         at = 0
-        for alone in [*joiner.not_joinable(texts), len(texts)]:
+        for alone in [*(i for i, text in enumerate(texts) if joiner.sep in text), len(texts)]:
             if alone > at:
                 run = texts[at:alone]
                 joined = self._joined_ids(run, joiner)
@@ -163,10 +167,6 @@ class BatchEncoder:
                 pieces.append(tokens)
                 sizes.append(one_size)
             at = alone + 1
-        if len(pieces) == 1:
-            return pieces[0], sizes[0]
-        if not pieces:
-            return np.empty(0, dtype=self.dtype), np.empty(0, dtype=np.int32)
         return np.concatenate(pieces), np.concatenate(sizes)
 
     def _joined_ids(
@@ -180,8 +180,8 @@ class BatchEncoder:
         # Ids are below the vocabulary size, which the dtype was chosen to hold.
         tokens = ids.astype(self.dtype, casting="unsafe")
         ends = np.flatnonzero(tokens == joiner.sep_id)
-        # Another count is not reachable while _Joiner's conditions hold; if it were, the
-        # caller encodes the texts one at a time, which still gives the right ids.
+        # Another count: a text holds the separator's text (see _Joiner); the caller then
+        # encodes such texts alone.
         return (tokens, ends) if ends.size == len(texts) - 1 else None
 
     def _marked(self, tokens: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -252,50 +252,40 @@ class BatchEncoder:
 
 
 class _Joiner:
-    """Encodes a run of documents in one tiktoken call, joined by an added token `sep`.
+    """Encodes a run of documents in one tiktoken call, joined by an added token `sep`, with
+    every added token allowed (as each document alone would be encoded).
 
     Why: each call costs ~3.5 us beside the BPE and hands the GIL back and forth once (the
     worker's writer thread then makes the tokenizing thread wait for it); most documents are
     short (the benchmark corpus: median 80 characters).
 
-    Exact: tiktoken cuts the text at each allowed added token first and runs its regex and BPE
-    on each piece between them alone (``CoreBPE::encode``: ``regex.find_iter(&text[start..end])``),
-    so ``a + sep + b`` encodes as ``ids(a) + [sep] + ids(b)``, provided no added token can match
-    anywhere but at the separators. A text is joined only when it holds none of `marks` (the
-    first two characters of every added token, or one for a one-character token), so no added
-    token starts inside it; one cannot start at its last character and run into `sep` either,
-    since no mark's second character is `sep`'s first; and no added token is a substring of
-    another (the gate's condition), so the one matching at a separator is `sep` itself. The
-    separator's id comes out only there: tokens from the joined text are substrings of it, and
-    `sep`'s text is in no document. BatchEncoder.canary checks a run of two against tokenizers.
+    Exact: tiktoken finds the added tokens first, leftmost first, and runs its regex and BPE on
+    each piece between them alone (``CoreBPE::encode``: ``regex.find_iter(&text[start..end])``),
+    so ``a + sep + b`` encodes as ``ids(a) + [sep] + ids(b)`` provided every added token found
+    lies inside a document or is a separator. One found inside a document is what that document
+    alone gives (it is allowed there too). None can start in a document and end past it: ending
+    inside `sep` needs an added token that ends with a proper prefix of `sep`, which
+    :meth:`for_encoding` rules out, and reaching past `sep` needs one that holds `sep`, which
+    the gate rules out (no added token is a substring of another). So each separator is found
+    where it was put, and its id comes out elsewhere only for a document holding `sep`'s text:
+    then the count is off, and those documents are encoded alone. Nothing is checked per
+    document on the way (a scan for added tokens' characters cost ~3% of a worker's
+    tokenizing thread). BatchEncoder.canary checks a run of two against tokenizers.
     """
 
-    def __init__(self, encoding, sep: str, marks: list[str]):
+    def __init__(self, encoding, sep: str, specials: frozenset):
         self.sep = sep
         self.sep_id = encoding.encode_single_token(sep)
-        self.marks = marks
         self._to_numpy = encoding.encode_to_numpy
-        self._allowed = frozenset([sep])
-        self._find = re.compile("|".join(map(re.escape, marks))).search
+        self._allowed = specials
 
     @classmethod
     def for_encoding(cls, encoding, specials: frozenset) -> _Joiner | None:
-        marks = sorted({s[:2] for s in specials})
         for sep in sorted(specials, key=encoding.encode_single_token):
-            if all(len(m) < 2 or m[1] != sep[0] for m in marks):
-                return cls(encoding, sep, marks)
+            prefixes = [sep[:k] for k in range(1, len(sep))]
+            if not any(s.endswith(p) for s in specials for p in prefixes):
+                return cls(encoding, sep, specials)
         return None  # no added tokens, or none can stand between documents
-
-    def joinable(self, text: str) -> bool:
-        return not self.not_joinable([text])
-
-    def not_joinable(self, texts: list[str]) -> list[int]:
-        """Positions of the texts that must be encoded alone."""
-        if len(self.marks) == 1:
-            mark = self.marks[0]
-            return [i for i, text in enumerate(texts) if mark in text]
-        find = self._find
-        return [i for i, text in enumerate(texts) if find(text) is not None]
 
     def encode(self, texts: list[str]) -> np.ndarray | None:
         """The joined texts' ids (uint32, read-only), or None for a lone surrogate."""

@@ -424,7 +424,9 @@ def test_joined_runs_give_every_document_its_own_ids(tt_path, texts, bos_eos):
     assert sizes.tolist() == alone_sizes.tolist() and tokens.tolist() == alone.tolist()
 
 
-def test_a_batch_of_plain_documents_is_one_tiktoken_call(tt_path, monkeypatch):
+def test_a_batch_is_one_tiktoken_call_and_added_tokens_in_documents_stay_theirs(
+    tt_path, monkeypatch
+):
     encoder = BatchEncoder(load_tokenizer(str(tt_path)))
     calls = []
     real = encoder._joiner._to_numpy
@@ -432,12 +434,27 @@ def test_a_batch_of_plain_documents_is_one_tiktoken_call(tt_path, monkeypatch):
         encoder._joiner, "_to_numpy", lambda text, **kw: calls.append(text) or real(text, **kw)
     )
     texts = [f"document {i}: some text\n" for i in range(100)]
-    tokens, sizes = encoder.encode(texts + ["holds <|endoftext|>"] + texts)
-    assert len(calls) == 2  # the two runs; the document holding an added token alone
-    assert (
-        tokens.tolist()
-        == encoder._encode_from_arrays(texts + ["holds <|endoftext|>"] + texts)[0].tolist()
+    batch = [*texts, "holds <|fim_middle|> and <|", "<", "<|bos|>", *texts]
+    tokens, sizes = encoder.encode(batch)
+    assert len(calls) == 1  # no document holds the separator's text
+    alone, alone_sizes = encoder._encode_from_arrays(batch)
+    assert tokens.tolist() == alone.tolist() and sizes.tolist() == alone_sizes.tolist()
+
+
+def test_documents_holding_the_separators_text_are_encoded_alone(tt_path, monkeypatch):
+    encoder = BatchEncoder(load_tokenizer(str(tt_path)))
+    sep = encoder._joiner.sep
+    calls = []
+    real = encoder._joiner._to_numpy
+    monkeypatch.setattr(
+        encoder._joiner, "_to_numpy", lambda text, **kw: calls.append(text) or real(text, **kw)
     )
+    batch = ["one", "two", f"holds {sep} inside", "three", "four", sep, "five"]
+    tokens, sizes = encoder.encode(batch)
+    alone, alone_sizes = encoder._encode_from_arrays(batch)
+    assert tokens.tolist() == alone.tolist() and sizes.tolist() == alone_sizes.tolist()
+    # the whole batch (count off), then "one two" and "three four" joined, "five" a run of one
+    assert calls[0] == sep.join(batch) and calls[1:] == [f"one{sep}two", f"three{sep}four", "five"]
 
 
 def _bytes_encoding(specials: dict[str, int]):
@@ -448,22 +465,29 @@ def _bytes_encoding(specials: dict[str, int]):
                              special_tokens=specials)  # fmt: skip
 
 
-def test_no_joining_where_the_separator_could_start_on_a_documents_last_character():
+def test_no_separator_that_an_added_token_could_end_inside():
     from shardtok.convert.encoder import _Joiner
 
-    # "aa" between "xa" and "y": "xa" + "aa" + "y" = "xaaay", where "aa" is found one
-    # character early, inside the first document. No mark may end with a separator's start.
-    encoding = _bytes_encoding({"aa": 256})
-    assert _Joiner.for_encoding(encoding, frozenset(["aa"])) is None
-    forced = _Joiner(encoding, "aa", ["aa"])
-    ids = forced.encode(["xa", "y"]).tolist()
-    assert ids != [ord("x"), ord("a"), 256, ord("y")]  # what joining must give, and does not
+    # "ba" between "xa" and "yba": "xa" + "ba" + "yba" = "xabayba", where the added token "ab"
+    # is found first, across the documents' boundary, and the second document's own "ba"
+    # makes the separator count right. No added token may end with a proper prefix of the
+    # separator ("ab" ends with "b"); "ab" as separator fails the same way ("ba" ends with "a").
+    specials = {"ba": 256, "ab": 257}
+    encoding = _bytes_encoding(specials)
+    assert _Joiner.for_encoding(encoding, frozenset(specials)) is None
+    forced = _Joiner(encoding, "ba", frozenset(specials))
+    ids = forced.encode(["xa", "yba"]).tolist()
+    assert ids.count(256) == 1  # one separator found, as if the run had joined right
+    assert ids != [ord("x"), ord("a"), 256, ord("y"), 256]  # what joining must give
+    # A separator may not end with its own prefix either: "xa" + "aa" finds "aa" at "xa"'s end.
+    assert _Joiner.for_encoding(_bytes_encoding({"aa": 256}), frozenset(["aa"])) is None
     assert _Joiner.for_encoding(_bytes_encoding({}), frozenset()) is None  # nothing to join with
-    ok = _Joiner.for_encoding(
-        _bytes_encoding({"<|a|>": 256, "ab": 257}), frozenset(["<|a|>", "ab"])
-    )
-    assert ok is not None and ok.sep == "<|a|>" and ok.marks == ["<|", "ab"]
-    assert ok.not_joinable(["x<|y", "xaby", "a", "b", "<"]) == [0, 1]
+    # The lowest id that qualifies: "<|a|>" does not ("b<" ends with its "<"), "b<" does.
+    specials = {"<|a|>": 256, "b<": 257}
+    encoding = _bytes_encoding(specials)
+    ok = _Joiner.for_encoding(encoding, frozenset(specials))
+    assert ok is not None and ok.sep == "b<"
+    assert ok.encode(["x<", "|a|>y"]).tolist() == [*b"x<", 257, *b"|a|>y"]
 
 
 def test_the_canary_checks_a_joined_run_of_two(tt_path, monkeypatch):
