@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import multiprocessing
 import os
 import resource
@@ -438,21 +439,41 @@ def _summarize(title: str, pick: dict[str, dict], workers: list[int]) -> None:
     )
 
 
+def _lower_bound(ratios: list[float], confidence: float = 0.95) -> tuple[float, int] | None:
+    """A distribution-free lower confidence bound for the median of the pairs' ratios: the
+    k-th smallest, with k the largest for which at least k of n independent ratios fall below
+    the true median with probability >= `confidence` (binomial, p = 1/2). None below 5 pairs."""
+    n = len(ratios)
+    k, below = 0, 0.0  # below: P(fewer than k+1 of n fall below the median)
+    while True:
+        below += math.comb(n, k) / 2**n
+        if 1 - below < confidence:
+            break
+        k += 1
+    return (sorted(ratios)[k - 1], k) if k >= 1 else None
+
+
 def _paired(runs: dict[str, list[dict]], workers: list[int]) -> None:
     """Each repeat's convert against the ceiling run just before it. On a VM whose speed
     drifts by tens of percent over tens of seconds, best-of figures taken minutes apart can
     pair a fast minute of one contender with a slow minute of the other; a pair measured
-    seconds apart shares its minute."""
+    seconds apart shares its minute. The lower bound says how sure the median is."""
     print("\npaired (each repeat's convert per worker / that repeat's ceiling):")
     for which in ("tiktoken", "encode"):
         ceilings = [_rate(r) for r in runs[f"ceiling {which}"]]
         for w in workers:
             ratios = [_rate(r) / w / c for r, c in zip(runs[f"shardtok convert w={w}"], ceilings)]
             ordered = sorted(ratios)
+            bound = _lower_bound(ratios)
+            sure = (
+                f"; 95% lower bound {bound[0]:.1%} (the {bound[1]}. lowest)"
+                if bound is not None
+                else ""
+            )
             print(
                 f"target 5 at w={w}, paired with the {which} ceiling: median "
-                f"{statistics.median(ratios):.1%} of {len(ratios)} (range {ordered[0]:.1%}-"
-                f"{ordered[-1]:.1%}): " + ", ".join(f"{x:.1%}" for x in ratios)
+                f"{statistics.median(ratios):.1%} of {len(ratios)}{sure} (range "
+                f"{ordered[0]:.1%}-{ordered[-1]:.1%}): " + ", ".join(f"{x:.1%}" for x in ratios)
             )
 
 

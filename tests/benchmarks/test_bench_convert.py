@@ -52,3 +52,16 @@ def test_the_convert_benchmark_runs_its_quick_contenders(tmp_path):
     corpus = tmp_path / "corpus-1mb.jsonl"
     assert (tmp_path / "corpus-1mb-x2.jsonl").read_bytes() == corpus.read_bytes() * 2
     assert (tmp_path / "out" / "s").is_dir()
+
+
+def test_the_paired_lower_bound_is_the_binomial_order_statistic():
+    sys.path.insert(0, str(REPO))
+    from benchmarks.bench_convert import _lower_bound
+
+    assert _lower_bound([0.9, 0.8, 1.0, 0.7]) is None  # 4 pairs: even the lowest is 94% sure
+    assert _lower_bound([0.9, 0.8, 1.0, 0.7, 0.95]) == (0.7, 1)  # 5: the lowest, 97% sure
+    # 12 pairs: 3 or more fall below the median with probability 1 - 79/4096 = 98.1%; 4 or
+    # more with 92.7%, too little
+    ratios = [0.93, 0.63, 1.07, 0.88, 0.91, 0.95, 0.86, 0.99, 0.97, 0.94, 0.9, 0.92]
+    assert _lower_bound(ratios) == (0.88, 3)
+    assert _lower_bound(ratios, confidence=0.9) == (0.9, 4)
