@@ -54,3 +54,32 @@ def test_extend_cuts_the_batches_add_cuts(runs, chars, docs):
         assert _batches(runs, whole=True) == by_one
     assert sum(by_one, []) == sum(runs, [])
     assert all(len(b) <= docs for b in by_one)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    entries=st.lists(
+        st.tuples(
+            st.integers(0, 2),  # piece
+            st.integers(1, 30),  # first record
+            st.integers(0, 4),  # records in the run; 0 with `single`: one record
+            st.booleans(),  # single: added with add(), not add_run()
+        ),
+        max_size=20,
+    )
+)
+def test_doc_rows_are_one_row_per_document_in_order(entries):
+    rows = unit_tokenizer._DocRows()
+    expected = []
+    for piece, first, n, single in entries:
+        if single:
+            rows.add(piece, first)
+            expected.append((piece, first))
+        else:
+            rows.add_run(piece, range(first, first + n))
+            expected.extend((piece, r) for r in range(first, first + n))
+    docs = np.full((rows.count, 3), -1, dtype=np.int64)
+    rows.fill(docs)
+    assert rows.count == len(expected)
+    assert [tuple(r) for r in docs[:, :2].tolist()] == expected
+    assert (docs[:, 2] == -1).all()  # the sizes' column is the caller's
