@@ -8,8 +8,10 @@ every call, so this thread's Python between its C calls makes the tokenizing thr
 call returns meanwhile (encoder._Joiner makes those calls few: one per run of documents).
 
 Work that releases the GIL belongs here: a job that holds it (say, `tokenizers`' encode)
-stalls the tokenizing thread every time that thread wants the GIL back. The worker's canary is
-the one such job, and a small one (0.5% of the input), which costs no more here than in line. Jobs run in the order
+stalls the tokenizing thread every time that thread wants the GIL back. Two such jobs are
+worth it: the worker's canary, a small one (0.5% of the input), which costs no more here than
+in line; and reading the next unit (unit_reader.ReadAhead: ~1 ms of parsing per 256 KiB unit),
+submitted just before the tokenizing thread goes into tiktoken for ~15 ms. Jobs run in the order
 they were submitted; the queue is bounded, so a slow disk holds the tokenizer back instead of
 letting batches pile up in memory.
 

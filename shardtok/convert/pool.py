@@ -61,7 +61,7 @@ class UnitPool:
     with WorkerLost (a BrokenProcessPool), as ProcessPoolExecutor does. Workers exit when this
     process dies, however it dies (see worker.py). Only the collector thread reaps them."""
 
-    _AHEAD = 2
+    _AHEAD = 3
 
     def __init__(self, config: WorkerConfig, workers: int, start_method: str | None = None):
         context = mp_context(start_method)

@@ -34,12 +34,12 @@ from shardtok.convert.background import BackgroundWriter
 from shardtok.convert.canary import Checked, canary_chars
 from shardtok.convert.encoder import BatchEncoder
 from shardtok.convert.failures import EncoderMismatch, UnitFailure
-from shardtok.convert.inputs import InputError
-from shardtok.convert.records import RangeReader, Reject, TextRun
+from shardtok.convert.records import Reject, TextRun
 from shardtok.convert.sft.conversation import SFTBad
 from shardtok.convert.sft.setup import SFTSetup
 from shardtok.convert.table_pieces import BlockCache
 from shardtok.convert.tokenizer import TokenizerSpec
+from shardtok.convert.unit_reader import PieceReader, ReadAhead
 from shardtok.convert.unit_result import UnitResult
 from shardtok.convert.units import Unit
 from shardtok.convert.workdir import ChecksumWriter, WorkDir, unit_base
@@ -190,18 +190,6 @@ class _SFTUnitWriter:
         self.ids, self.masks, self.pending = [], [], 0
 
 
-def _guarded(reader: RangeReader, path: str):
-    """Turn a damaged input (truncated .gz, corrupt .zst or .parquet) into an error naming the file."""
-    try:
-        yield from reader
-    except (OSError, EOFError, ValueError) as exc:
-        raise InputError(f"{path}: cannot read the input: {exc}") from None
-    except Exception as exc:  # zstandard.ZstdError, pyarrow.ArrowInvalid and kin
-        if type(exc).__module__.split(".")[0] in ("zstandard", "pyarrow", "gzip"):
-            raise InputError(f"{path}: cannot read the input: {exc}") from None
-        raise
-
-
 class Scratch:
     """Names for a unit's files before they are published (`scratch(name)` -> a path).
 
@@ -286,13 +274,17 @@ def tokenize(
     blocks: BlockCache,
     sink: BackgroundWriter,
     checked: Checked | None = None,
+    ahead: ReadAhead | None = None,
+    read_next: Callable[[], None] | None = None,
 ) -> Callable[[BaseException | None], UnitResult | UnitFailure | EncoderMismatch]:
     """Read and tokenize `unit`, handing its writes to the sink; returns the unit's
     conclusion, to be run on the sink's thread after them with the first failure among them
     (see worker.start_unit). `config` is the worker's WorkerConfig (not imported: worker.py
     imports this module); `encoder` or `sft`, `blocks` and `sink` are the worker's own.
     `checked`: the canary's verdict from the main process (canary.py), taken if it is on the
-    text this unit's canary checks, else the canary runs here."""
+    text this unit's canary checks, else the canary runs here. `ahead`: this unit's records if
+    they were read ahead (unit_reader.py); `read_next` is called once the unit is read, before
+    its last batch is encoded, to start reading the next one."""
     suffixes = [".tokens", ".frames"] + ([".mask"] if sft else []) + [".docs.npy", ".json"]
     paths = {suffix: scratch(suffix[1:]) for suffix in suffixes}
     # Created, written and (frames) compressed on the sink's thread; read there at the end.
@@ -353,14 +345,15 @@ def tokenize(
         else:
             sft.start_unit()
             batcher = _SFTUnitWriter(config.tokenizer.dtype, out, mask_out, framer, sink)
+        fields = sft.fields if sft is not None else None
+        read = ahead.take() if ahead is not None else None
         for piece_no, piece in enumerate(unit.pieces):
-            file = config.files[piece.input_index]
-            reader = RangeReader(
-                file, piece, config.text_key, config.txt_mode,
-                objects=sft is not None, fields=sft.fields if sft is not None else None,
-                storage_options=config.storage_options, cache=blocks,
-            )  # fmt: skip
-            for entry in _guarded(reader.runs() if sft is None else reader, file.path):
+            reader = (
+                read[piece_no]
+                if read is not None
+                else PieceReader(config, piece, sft is not None, fields, blocks)
+            )
+            for entry in reader:
                 if type(entry) is TextRun:
                     records_read += len(entry.numbers)
                     if canary is None:
@@ -388,6 +381,8 @@ def tokenize(
                     doc_rows.add(piece_no, record)
                     batcher.add(item)
             piece_records.append(reader.records)
+        if read_next is not None:
+            read_next()  # the next unit's reading, on the sink's thread while this one encodes
         batcher.flush()
         sink.submit(lambda: finished.append(framer.finish()))
         sizes = np.concatenate(batcher.sizes) if batcher.sizes else np.empty(0, np.int32)

@@ -4,7 +4,8 @@ init_worker makes a process a worker once (its encoder, or its SFT pipeline, is 
 then in a pool of ours (pool.UnitPool) serve_units takes units from a pipe until told to stop and
 the worker exits when the main process dies, while an engine's worker calls tokenize_unit. Each
 unit is tokenized on the calling thread (unit_tokenizer.py) and persisted by the process's one
-writer thread (background.py), which then concludes it, so the next unit may start at once.
+writer thread (background.py), which then concludes it, so the next unit may start at once;
+that thread also reads the next unit while this one is encoded (unit_reader.py).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from shardtok.convert.inputs import InputFile
 from shardtok.convert.sft.setup import SFTSetup
 from shardtok.convert.table_pieces import BlockCache
 from shardtok.convert.tokenizer import TokenizerSpec
+from shardtok.convert.unit_reader import ReadAhead
 from shardtok.convert.unit_result import UnitResult
 from shardtok.convert.unit_tokenizer import Scratch, SFTRecords, tokenize
 from shardtok.convert.units import Unit
@@ -82,10 +84,9 @@ def init_worker(
     if alive is not None:
         threading.Thread(target=_exit_with_main, args=(alive,), daemon=True).start()
     _config = config
-    if config.sft is None:
-        _encoder = BatchEncoder(config.tokenizer)
-    else:
-        _sft = SFTRecords(config.sft, config.tokenizer)
+    # One of the two, never a former configuration's other (a process made a worker twice).
+    _encoder = BatchEncoder(config.tokenizer) if config.sft is None else None
+    _sft = SFTRecords(config.sft, config.tokenizer) if config.sft is not None else None
 
 
 def tokenize_unit(unit: Unit) -> UnitResult | UnitFailure | EncoderMismatch:
@@ -105,19 +106,27 @@ def tokenize_unit(unit: Unit) -> UnitResult | UnitFailure | EncoderMismatch:
 Deliver = Callable[[object, BaseException | None], None]
 
 
-def start_unit(unit: Unit, deliver: Deliver, checked: Checked | None = None) -> None:
+def start_unit(
+    unit: Unit,
+    deliver: Deliver,
+    checked: Checked | None = None,
+    ahead: ReadAhead | None = None,
+    read_next: Callable[[], None] | None = None,
+) -> None:
     """Tokenize `unit` on this thread and return once its last batch is handed to the writer
     thread, which persists the unit and then calls `deliver(outcome, None)` (outcome as
     :func:`tokenize_unit` returns it) or `deliver(None, error)`. The next unit may start at
     once: each unit's files, verdict and marker are its own (see background.py). `checked`:
-    the canary's verdict from the main process, if it has one (see canary.py)."""
+    the canary's verdict from the main process, if it has one (see canary.py); `ahead` and
+    `read_next`: see unit_tokenizer.tokenize."""
     assert _config is not None and (_encoder or _sft) is not None, "init_worker was not called"
     workdir = _workdir(_config)
     scratch = Scratch(workdir, unit.index)
     try:
         conclusion = tokenize(
-            unit, _config, workdir, scratch, _encoder, _sft, _blocks, _sink(), checked
-        )
+            unit, _config, workdir, scratch, _encoder, _sft, _blocks, _sink(), checked,
+            ahead, read_next,
+        )  # fmt: skip
     except BaseException:
         scratch.close()
         raise
@@ -162,15 +171,30 @@ def serve_units(
                     (task_id, None, RuntimeError(f"{type(what).__name__}: {what} (unsent: {exc})"))
                 )
 
-    while True:
-        task = tasks.recv()
-        if task is None:
-            break
+    # The pool sends units ahead: the next one, if already here once a unit is read, is read
+    # on the writer thread while this one is encoded (unit_reader.py).
+    task, ahead = tasks.recv(), None
+    while task is not None:
         task_id, unit, checked = task
+        received: list = []  # (the next task, its ReadAhead), if it came while this unit ran
+
+        def read_next(received: list = received) -> None:
+            if not tasks.poll():
+                return
+            following = tasks.recv()
+            reading = None
+            if following is not None:
+                fields = _sft.fields if _sft is not None else None
+                reading = ReadAhead(following[1], config, _sft is not None, fields, _blocks)
+            received.append((following, reading))
+            if reading is not None:
+                _sink().submit(reading.run)
+
         try:
-            start_unit(unit, functools.partial(send, task_id), checked)
+            start_unit(unit, functools.partial(send, task_id), checked, ahead, read_next)
         except Exception as exc:
             send(task_id, None, exc)
+        task, ahead = received[0] if received else (tasks.recv(), None)
     _sink().close()
 
 
