@@ -39,21 +39,8 @@ def _flat(entries) -> list:
     return out
 
 
-def _in_place(config, unit: Unit) -> tuple[list, list[int], str | None]:
-    """Entries, records per piece and the error, read on this thread as tokenize does."""
-    entries, records = [], []
-    for piece in unit.pieces:
-        reader = PieceReader(config, piece, False, None, BlockCache())
-        try:
-            for entry in reader:
-                entries.append(entry)
-        except InputError as exc:
-            return _flat(entries), records, str(exc)
-        records.append(reader.records)
-    return _flat(entries), records, None
-
-
-def _replayed(pieces) -> tuple[list, list[int], str | None]:
+def _collect(pieces) -> tuple[list, list[int], str | None]:
+    """Entries, records per piece and the input error, as tokenize takes them."""
     entries, records = [], []
     for piece in pieces:
         try:
@@ -63,6 +50,12 @@ def _replayed(pieces) -> tuple[list, list[int], str | None]:
             return _flat(entries), records, str(exc)
         records.append(piece.records)
     return _flat(entries), records, None
+
+
+def _in_place(config, unit: Unit) -> tuple[list, list[int], str | None]:
+    """What reading on this thread gives, as tokenize reads a unit not read ahead."""
+    blocks = BlockCache()
+    return _collect(PieceReader(config, p, False, None, blocks) for p in unit.pieces)
 
 
 @pytest.fixture
@@ -91,7 +84,7 @@ def test_read_ahead_replays_what_reading_in_place_gives(two_files):
     assert error is not None and "b.jsonl.gz, byte offset" in error and "cut short" in error
     ahead = ReadAhead(unit, config, False, None, BlockCache())
     ahead.run()  # on the writer thread in a worker; it never raises
-    assert _replayed(ahead.take()) == expected
+    assert _collect(ahead.take()) == expected
 
 
 def test_a_read_not_started_is_the_tokenizing_threads(two_files):
@@ -126,7 +119,7 @@ def test_a_read_under_way_is_waited_for(two_files, monkeypatch):
     writer.join()
     tokenizer.join()
     monkeypatch.setattr(PieceReader, "__init__", real)
-    assert _replayed(taken[0]) == _in_place(config, unit)
+    assert _collect(taken[0]) == _in_place(config, unit)
 
 
 def _serve(config, units: list[Unit]) -> list:
