@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from shardtok.convert.inputs import InputError
 from shardtok.convert.records import RangeReader
 from shardtok.convert.table_pieces import BlockCache
-from shardtok.convert.units import Unit
+from shardtok.convert.units import MAX_AUTO_UNIT, Unit
 
 
 def guarded(entries, path: str):
@@ -69,6 +69,24 @@ class _ReadPiece:
             raise self._error
 
 
+# A unit read ahead is held whole until it is tokenized, where reading in place streams it
+# in ~1 MiB of lines: only units of at most this many bytes of plain JSONL or text are (every
+# unit convert plans by itself: MAX_AUTO_UNIT). A compressed file is one piece whatever its
+# size, and a Parquet or Arrow block is decoded by pyarrow, which holds no GIL: read in place.
+MAX_AHEAD_BYTES = MAX_AUTO_UNIT
+
+
+def reads_ahead(unit: Unit, files) -> bool:
+    """Whether `unit` (pieces of `files`) is read ahead when it can be."""
+    if unit.nbytes > MAX_AHEAD_BYTES:
+        return False
+    for piece in unit.pieces:
+        file = files[piece.input_index]
+        if file.compression is not None or file.kind not in ("jsonl", "txt"):
+            return False
+    return True
+
+
 class ReadAhead:
     """A unit's pieces, read on the worker's writer thread (:meth:`run`, submitted there) or,
     if that thread has not started on them when the tokenizing thread wants them, by the
@@ -80,16 +98,17 @@ class ReadAhead:
         self._lock = threading.Lock()
         self._state = "queued"  # -> "reading" (the writer thread) or "taken" (the tokenizer)
         self._done = threading.Event()
-        self._pieces: list[_ReadPiece] = []
+        self._pieces: list[_ReadPiece] | None = None
 
     def run(self) -> None:
-        """The writer thread's job. Never raises: an error is the unit's, raised where its
-        tokenizing reaches it."""
+        """The writer thread's job. Never raises: an error met reading is the unit's, raised
+        where its tokenizing reaches it; any other leaves the unit to be read in place."""
         with self._lock:
             if self._state != "queued":
                 return
             self._state = "reading"
         try:
+            pieces: list[_ReadPiece] = []
             unit, config, objects, fields, blocks = self._args
             for piece in unit.pieces:
                 entries: list = []
@@ -99,16 +118,20 @@ class ReadAhead:
                     entries.extend(reader)
                 except BaseException as exc:  # the unit's, to be raised where it is reached
                     records = reader.records if reader is not None else 0
-                    self._pieces.append(_ReadPiece(entries, records, exc))
-                    return  # a unit stops at its first error, as when read in place
-                self._pieces.append(_ReadPiece(entries, reader.records, None))
+                    pieces.append(_ReadPiece(entries, records, exc))
+                    break  # a unit stops at its first error, as when read in place
+                pieces.append(_ReadPiece(entries, reader.records, None))
+            self._pieces = pieces
+        except BaseException:  # not reading's (memory, say): take() gives None
+            self._pieces = None
         finally:
             self._done.set()
 
     def take(self) -> list[_ReadPiece] | None:
         """The pieces read ahead (waiting for a read under way), or None where the reading had
-        not started: it is the caller's now. A piece after one that stopped at an error is not
-        in the list (reading never gets past that error)."""
+        not started (or failed for a reason not the input's): it is the caller's now. A piece
+        after one that stopped at an error is not in the list (reading never gets past that
+        error)."""
         with self._lock:
             if self._state == "queued":
                 self._state = "taken"

@@ -26,7 +26,7 @@ from shardtok.convert.inputs import InputFile
 from shardtok.convert.sft.setup import SFTSetup
 from shardtok.convert.table_pieces import BlockCache
 from shardtok.convert.tokenizer import TokenizerSpec
-from shardtok.convert.unit_reader import ReadAhead
+from shardtok.convert.unit_reader import ReadAhead, reads_ahead
 from shardtok.convert.unit_result import UnitResult
 from shardtok.convert.unit_tokenizer import Scratch, SFTRecords, tokenize
 from shardtok.convert.units import Unit
@@ -183,7 +183,7 @@ def serve_units(
                 return
             following = tasks.recv()
             reading = None
-            if following is not None:
+            if following is not None and reads_ahead(following[1], config.files):
                 fields = _sft.fields if _sft is not None else None
                 reading = ReadAhead(following[1], config, _sft is not None, fields, _blocks)
             received.append((following, reading))

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from shardtok.convert import ConvertOptions, load_tokenizer, records, worker
+from shardtok.convert import ConvertOptions, load_tokenizer, records, unit_reader, worker
 from shardtok.convert.failures import UnitFailure
 from shardtok.convert.inputs import InputError, discover
 from shardtok.convert.records import Reject, TextRun
@@ -21,7 +21,7 @@ from shardtok.convert.runner import worker_config
 from shardtok.convert.sft.config import load_sft_config
 from shardtok.convert.sft.setup import prepare_sft
 from shardtok.convert.table_pieces import BlockCache
-from shardtok.convert.unit_reader import PieceReader, ReadAhead
+from shardtok.convert.unit_reader import PieceReader, ReadAhead, reads_ahead
 from shardtok.convert.units import InputRange, Unit, plan_units
 from shardtok.convert.workdir import WORK_DIR_NAME
 from tests.convert.test_determinism import tree_digest, write_corpus
@@ -92,7 +92,34 @@ def test_a_read_not_started_is_the_tokenizing_threads(two_files):
     ahead = ReadAhead(unit, config, False, None, BlockCache())
     assert ahead.take() is None  # the caller reads in place
     ahead.run()  # the writer thread comes too late: nothing is read twice
-    assert ahead._pieces == []
+    assert ahead._pieces is None and not ahead._done.is_set()
+
+
+def test_a_read_ahead_failing_for_no_reason_of_the_inputs_leaves_the_unit_to_be_read_in_place(
+    two_files, monkeypatch
+):
+    config, unit = two_files
+    ahead = ReadAhead(unit, config, False, None, BlockCache())
+    monkeypatch.setattr(unit_reader, "_ReadPiece", None)  # any failure outside a piece's read
+    ahead.run()
+    assert ahead.take() is None
+
+
+def test_only_small_units_of_plain_jsonl_or_text_are_read_ahead(tmp_path):
+    """A unit read ahead is held whole: a compressed file (one piece, whatever its size), a
+    Parquet or Arrow block, or a unit over MAX_AHEAD_BYTES is read in place, streamed."""
+    names = ["a.jsonl", "b.txt", "c.jsonl.gz", "d.jsonl.zst", "e.parquet"]
+    files = [SimpleNamespace(path=n, kind=n.split(".")[1], compression=None) for n in names]
+    files[2].compression, files[3].compression = "gzip", "zstd"
+
+    def unit(*indexes, nbytes=1000):
+        return Unit(0, tuple(InputRange(i, 0, 10) for i in indexes), nbytes)
+
+    assert reads_ahead(unit(0, 1), files)
+    assert reads_ahead(unit(0, nbytes=unit_reader.MAX_AHEAD_BYTES), files)
+    assert not reads_ahead(unit(0, nbytes=unit_reader.MAX_AHEAD_BYTES + 1), files)
+    for i in (2, 3, 4):
+        assert not reads_ahead(unit(0, i), files), names[i]
 
 
 def test_a_read_under_way_is_waited_for(two_files, monkeypatch):
