@@ -117,9 +117,7 @@ class BatchEncoder:
         # The encoder that makes the tokens: the joined runs where there are any (the text
         # twice over, so that a run of two is checked: each copy must give hf's ids), else the
         # array path where there is one.
-        joined = None
-        if self._joiner is not None:
-            joined = self._joined_ids([text, text], self._joiner)
+        joined = None if self._joiner is None else self._joined_ids([text, text], self._joiner)
         if joined is not None:
             tokens, ends = joined
             first = int(ends[0])
@@ -147,13 +145,16 @@ class BatchEncoder:
         joined = self._joined_ids(texts, joiner)
         if joined is not None:
             return self._marked(*joined)
-        # A text holding the separator's own text (or a lone surrogate): such texts alone, as
-        # _encode_from_arrays does, the runs between them joined (or one text at a time, for a
-        # run that still cannot be).
+        # Texts holding the separator's own text: those alone, as _encode_from_arrays does,
+        # the runs between them joined (one text at a time for a run that still cannot be).
+        # None: a lone surrogate, and the batch goes one text at a time.
+        holding = [i for i, text in enumerate(texts) if joiner.sep in text]
+        if not holding:
+            return self._encode_from_arrays(texts)
         pieces: list[np.ndarray] = []
         sizes: list[np.ndarray] = []
         at = 0
-        for alone in [*(i for i, text in enumerate(texts) if joiner.sep in text), len(texts)]:
+        for alone in [*holding, len(texts)]:
             if alone > at:
                 run = texts[at:alone]
                 joined = self._joined_ids(run, joiner)
