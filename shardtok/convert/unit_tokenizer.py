@@ -4,7 +4,7 @@ With ``--sft`` each record goes record -> Conversation -> Rendered -> (ids, mask
 record at a time (its mask needs the offsets of that record's own encoding), and the unit's
 masks (one uint8 per token) are persisted next to its tokens.
 
-Texts are encoded in batches of about `_BATCH_CHARS` characters; tokens stream to a temporary file
+Texts are encoded in batches of about 1 MiB of characters (unit_batches.py); tokens stream to a temporary file
 so a unit made of one large compressed file never holds all its tokens in memory. The unit's
 files are created, written, its frames compressed and its files but the marker published on a
 second thread (background.py: one per worker; it concludes a unit, verdict, marker and result,
@@ -21,10 +21,8 @@ pool's protocol); this module is what happens to one unit there, so each can be 
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import functools
-import itertools
 from collections.abc import Callable
 from pathlib import Path
 
@@ -36,158 +34,20 @@ from shardtok.convert.encoder import BatchEncoder
 from shardtok.convert.failures import EncoderMismatch, UnitFailure
 from shardtok.convert.records import Reject, TextRun
 from shardtok.convert.sft.conversation import SFTBad
-from shardtok.convert.sft.setup import SFTSetup
 from shardtok.convert.table_pieces import BlockCache
-from shardtok.convert.tokenizer import TokenizerSpec
+from shardtok.convert.unit_batches import (
+    DocRows,
+    SFTBatcher,
+    SFTRecords,
+    TextBatcher,
+    frame_encoder,
+)
 from shardtok.convert.unit_reader import PieceReader, ReadAhead
 from shardtok.convert.unit_result import UnitResult
 from shardtok.convert.units import Unit
 from shardtok.convert.workdir import ChecksumWriter, WorkDir, unit_base
-from shardtok.format.frames import FrameBuilder, FrameEncoder
+from shardtok.format.frames import FrameBuilder
 from shardtok.storage.folder import temporary_name
-
-_BATCH_CHARS = 1 << 20
-_BATCH_DOCS = 4096
-
-
-class _UnitTokenizer:
-    """Texts to token batches; each batch's writes (tokens file, frames) go to `sink`."""
-
-    def __init__(self, encoder: BatchEncoder, out, frames: FrameBuilder, sink: BackgroundWriter):
-        self.encoder = encoder
-        self.out = out
-        self.frames = frames
-        self.sink = sink
-        self.texts: list[str] = []
-        self.chars = 0
-        self.sizes: list[np.ndarray] = []
-        self.num_tokens = 0
-
-    def add(self, text: str) -> None:
-        self.texts.append(text)
-        self.chars += len(text)
-        if self.chars >= _BATCH_CHARS or len(self.texts) >= _BATCH_DOCS:
-            self.flush()
-
-    def extend(self, texts: list[str]) -> None:
-        """add() for each of `texts`, cut into the same batches, without a call per text."""
-        ends = list(itertools.accumulate(map(len, texts)))
-        at = 0
-        while at < len(texts):
-            before = ends[at - 1] if at else 0
-            # The text that brings the batch to _BATCH_CHARS closes it, as in add().
-            full = bisect.bisect_left(ends, _BATCH_CHARS - self.chars + before, at) + 1
-            stop = min(full, at + _BATCH_DOCS - len(self.texts), len(texts))
-            self.texts.extend(texts[at:stop])
-            self.chars += ends[stop - 1] - before
-            at = stop
-            if self.chars >= _BATCH_CHARS or len(self.texts) >= _BATCH_DOCS:
-                self.flush()
-
-    def flush(self) -> None:
-        if not self.texts:
-            return
-        tokens, sizes = self.encoder.encode(self.texts)
-        self.sink.submit(functools.partial(_store, self.out, self.frames, tokens, sizes))
-        self.sizes.append(sizes)
-        self.num_tokens += tokens.size
-        self.texts, self.chars = [], 0
-
-
-@functools.cache
-def _frame_encoder(level: int | None) -> FrameEncoder:
-    # One per process and level: every unit's frames are compressed on the process's one
-    # writer thread (worker._sink), one at a time.
-    return FrameEncoder(level)
-
-
-def _store(out, frames: FrameBuilder, tokens: np.ndarray, sizes: np.ndarray) -> None:
-    out.write(tokens.data)
-    frames.add(tokens, sizes)
-
-
-class SFTRecords:
-    """A worker's SFT pipeline (built once per worker: the jq patterns compile here) and the
-    current unit's counts."""
-
-    def __init__(self, setup: SFTSetup, spec: TokenizerSpec):
-        from shardtok.convert.sft.encode import SFTEncoder
-        from shardtok.convert.sft.formats import make_converter
-
-        config = setup.config
-        self.fields = config.record_fields()
-        self.convert = make_converter(config)
-        self.renderer = setup.renderer
-        self.encoder = SFTEncoder(
-            spec,
-            max_tokens=config.max_tokens,
-            truncation=config.truncation,
-            split_special_tokens=config.split_special_tokens,
-        )
-        self.start_unit()
-
-    def start_unit(self) -> None:
-        self.boundary = self.truncated = 0
-        # The jq rewrites a unit used travel in its result, so the note is the same whichever
-        # worker (or earlier run) did the unit.
-        if hasattr(self.convert, "rewrites"):
-            self.convert.rewrites.clear()
-
-    def encode(self, record):
-        """EncodedRecord (ids, mask, boundary_tokens, truncated) or SFTBad."""
-        conversation = self.convert(record)
-        if isinstance(conversation, SFTBad):
-            return conversation
-        encoded = self.encoder.encode(conversation, self.renderer)
-        if not isinstance(encoded, SFTBad):
-            self.boundary += int(encoded.boundary_tokens)
-            self.truncated += bool(encoded.truncated)
-        return encoded
-
-    def unit_stats(self, trained: int) -> dict:
-        rewrites = getattr(self.convert, "rewrites", [])
-        return {
-            "trained_tokens": trained,
-            "boundary_tokens": self.boundary,
-            "truncated_records": self.truncated,
-            "jq_rewrites": [list(r) for r in rewrites],
-        }
-
-
-class _SFTUnitWriter:
-    """Encoded records to the unit's token, mask and frame files, in batches."""
-
-    def __init__(self, dtype, out, mask_out, frames: FrameBuilder, sink: BackgroundWriter):
-        self.dtype = dtype
-        self.out = out
-        self.mask_out = mask_out
-        self.frames = frames
-        self.sink = sink
-        self.ids: list = []
-        self.masks: list = []
-        self.pending = 0
-        self.sizes: list[np.ndarray] = []
-        self.num_tokens = 0
-        self.trained = 0
-
-    def add(self, ids, mask) -> None:
-        self.ids.append(np.asarray(ids, dtype=self.dtype))
-        self.masks.append(np.asarray(mask, dtype=np.uint8))
-        self.pending += len(self.ids[-1])
-        if self.pending >= _BATCH_CHARS // 4 or len(self.ids) >= _BATCH_DOCS:
-            self.flush()
-
-    def flush(self) -> None:
-        if not self.ids:
-            return
-        tokens, mask = np.concatenate(self.ids), np.concatenate(self.masks)
-        sizes = np.fromiter(map(len, self.ids), dtype=np.int32, count=len(self.ids))
-        self.sink.submit(functools.partial(self.mask_out.write, mask.data))
-        self.sink.submit(functools.partial(_store, self.out, self.frames, tokens, sizes))
-        self.sizes.append(sizes)
-        self.num_tokens += tokens.size
-        self.trained += int(np.count_nonzero(mask))
-        self.ids, self.masks, self.pending = [], [], 0
 
 
 class Scratch:
@@ -225,45 +85,6 @@ class Scratch:
         self.made.clear()
 
 
-class _DocRows:
-    """The (piece, record) of each of a unit's documents, kept as runs of consecutive records
-    (a TextRun is one, and a single record extends the run it follows), and written out as
-    columns at the unit's end: a tuple per document and numpy's conversion of the list cost
-    ~1% of a worker's tokenizing thread."""
-
-    def __init__(self) -> None:
-        self._runs: list[list[int]] = []  # [piece, first record, last record + 1]
-        self.count = 0
-
-    def add_run(self, piece: int, records: range) -> None:
-        """`records`: consecutive record numbers (step 1)."""
-        if records:
-            self._extend(piece, records.start, records.stop)
-
-    def add(self, piece: int, record: int) -> None:
-        self._extend(piece, record, record + 1)
-
-    def _extend(self, piece: int, start: int, stop: int) -> None:
-        self.count += stop - start
-        if self._runs:
-            last = self._runs[-1]
-            if last[0] == piece and last[2] == start:
-                last[2] = stop
-                return
-        self._runs.append([piece, start, stop])
-
-    def fill(self, docs: np.ndarray) -> None:
-        """Columns 0 (piece) and 1 (record) of `docs`, one row per document."""
-        if not self._runs:
-            return
-        runs = np.asarray(self._runs, dtype=np.int64)
-        lengths = runs[:, 2] - runs[:, 1]
-        docs[:, 0] = np.repeat(runs[:, 0], lengths)
-        # Row j of run i (rows first_i...): record start_i + (j - first_i).
-        firsts = np.cumsum(lengths) - lengths
-        docs[:, 1] = np.arange(self.count) + np.repeat(runs[:, 1] - firsts, lengths)
-
-
 def tokenize(
     unit: Unit,
     config,
@@ -294,9 +115,9 @@ def tokenize(
     # then only appends them to shards (see FrameBuilder).
     framer = FrameBuilder(
         config.frame_size, config.compression_level, frames_out,
-        _frame_encoder(config.compression_level),
+        frame_encoder(config.compression_level),
     )  # fmt: skip
-    doc_rows = _DocRows()
+    doc_rows = DocRows()
     piece_records: list[int] = []
     rejects: list[list] = []
     records_read = 0
@@ -341,10 +162,10 @@ def tokenize(
         # Creating a file costs ~0.15 ms of CPU here (ext4): done beside the tokenizer.
         sink.submit(functools.partial(_open_into, writers, paths))
         if sft is None:
-            batcher = _UnitTokenizer(encoder, out, framer, sink)
+            batcher = TextBatcher(encoder, out, framer, sink)
         else:
             sft.start_unit()
-            batcher = _SFTUnitWriter(config.tokenizer.dtype, out, mask_out, framer, sink)
+            batcher = SFTBatcher(config.tokenizer.dtype, out, mask_out, framer, sink)
         fields = sft.fields if sft is not None else None
         read = ahead.take() if ahead is not None else None
         for piece_no, piece in enumerate(unit.pieces):

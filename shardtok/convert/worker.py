@@ -26,9 +26,10 @@ from shardtok.convert.inputs import InputFile
 from shardtok.convert.sft.setup import SFTSetup
 from shardtok.convert.table_pieces import BlockCache
 from shardtok.convert.tokenizer import TokenizerSpec
+from shardtok.convert.unit_batches import SFTRecords
 from shardtok.convert.unit_reader import ReadAhead, reads_ahead
 from shardtok.convert.unit_result import UnitResult
-from shardtok.convert.unit_tokenizer import Scratch, SFTRecords, tokenize
+from shardtok.convert.unit_tokenizer import Scratch, tokenize
 from shardtok.convert.units import Unit
 from shardtok.convert.workdir import WorkDir
 

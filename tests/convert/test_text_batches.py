@@ -1,4 +1,4 @@
-"""A worker's text batches: texts taken a run at a time (_UnitTokenizer.extend, the JSONL fast
+"""A worker's text batches: texts taken a run at a time (TextBatcher.extend, the JSONL fast
 path) are cut into exactly the batches that adding them one by one gives."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardtok.convert import unit_tokenizer
-from shardtok.convert.unit_tokenizer import _UnitTokenizer
+from shardtok.convert import unit_batches
+from shardtok.convert.unit_batches import TextBatcher
 
 
 class _Encoder:
@@ -29,7 +29,7 @@ class _Sink:
 
 def _batches(runs: list[list[str]], whole: bool) -> list[list[str]]:
     encoder = _Encoder()
-    batcher = _UnitTokenizer(encoder, None, None, _Sink())
+    batcher = TextBatcher(encoder, None, None, _Sink())
     for run in runs:
         if whole:
             batcher.extend(run)
@@ -48,8 +48,8 @@ def _batches(runs: list[list[str]], whole: bool) -> list[list[str]]:
 )
 def test_extend_cuts_the_batches_add_cuts(runs, chars, docs):
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(unit_tokenizer, "_BATCH_CHARS", chars)
-        patch.setattr(unit_tokenizer, "_BATCH_DOCS", docs)
+        patch.setattr(unit_batches, "_BATCH_CHARS", chars)
+        patch.setattr(unit_batches, "_BATCH_DOCS", docs)
         by_one = _batches(runs, whole=False)
         assert _batches(runs, whole=True) == by_one
     assert sum(by_one, []) == sum(runs, [])
@@ -69,7 +69,7 @@ def test_extend_cuts_the_batches_add_cuts(runs, chars, docs):
     )
 )
 def test_doc_rows_are_one_row_per_document_in_order(entries):
-    rows = unit_tokenizer._DocRows()
+    rows = unit_batches.DocRows()
     expected = []
     for piece, first, n, single in entries:
         if single:
