@@ -238,12 +238,17 @@ def timed_encode(encode, texts: list[str]) -> dict:
     }
 
 
-def tiktoken_encode(tokenizer_dir: Path, lists: bool = False):
-    """convert's tiktoken encoder: texts -> each text's ids (arrays, or lists with `lists`)."""
+def tiktoken_encoder(tokenizer_dir: Path):
+    """convert's encoder (a BatchEncoder) with the tiktoken backend."""
     from shardtok.convert.encoder import BatchEncoder
     from shardtok.convert.tokenizer import load_tokenizer
 
-    encoder = BatchEncoder(load_tokenizer(str(tokenizer_dir), backend="tiktoken"))
+    return BatchEncoder(load_tokenizer(str(tokenizer_dir), backend="tiktoken"))
+
+
+def tiktoken_encode(tokenizer_dir: Path, lists: bool = False):
+    """texts -> each text's ids (arrays, or lists with `lists`), one tiktoken call per text."""
+    encoder = tiktoken_encoder(tokenizer_dir)
     return encoder.encode_ids if lists else encoder.encode_arrays
 
 
@@ -255,10 +260,7 @@ def bench_ceiling_tiktoken(tokenizer_dir: Path, texts: list[str], lists: bool = 
 def bench_ceiling_encode(tokenizer_dir: Path, texts: list[str]) -> dict:
     """convert's encode step (joined runs, EOS as convert appends it), one process, the same
     1 MiB batches (texts in memory)."""
-    from shardtok.convert.encoder import BatchEncoder
-    from shardtok.convert.tokenizer import load_tokenizer
-
-    encoder = BatchEncoder(load_tokenizer(str(tokenizer_dir), backend="tiktoken"))
+    encoder = tiktoken_encoder(tokenizer_dir)
     return timed_encode(lambda batch: (encoder.encode(batch)[0],), texts)
 
 
