@@ -7,6 +7,7 @@ together; each command module imports its layer when it runs.
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import sys
 
@@ -57,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
         add(sub)
     for command in sub.choices.values():
         logs.add_global_arguments(command)  # a no-op for those that added the group themselves
+    parser.commands = sub.choices  # type: ignore[attr-defined]
     return parser
 
 
@@ -82,11 +84,49 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, bool]:
     traceback_wanted = "--traceback" in argv
     argv = [a for a in argv if a != "--traceback"]
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        _refuse_unknown(parser, args, unknown)
     if not getattr(args, "run", None):
         parser.print_help()
         raise SystemExit(EXIT_USAGE)
     return args, traceback_wanted
+
+
+def _refuse_unknown(parser: argparse.ArgumentParser, args, unknown: list[str]):
+    """argparse's "unrecognized arguments", said by the command that was given them (its
+    prog and its --help) and with the option each misspelt one probably meant."""
+    command = getattr(parser, "commands", {}).get(getattr(args, "command", None))
+    owner = command or parser
+    known = [
+        option
+        for each in {id(p): p for p in (parser, owner)}.values()
+        for action in each._actions
+        for option in action.option_strings
+        if option.startswith("--")
+    ]
+    guesses = [(word, _closest(word, known)) for word in unknown]
+    guesses = [(word, guess) for word, guess in guesses if guess is not None]
+    hint = ""
+    if len(guesses) == 1:
+        hint = f" (did you mean {guesses[0][1]}?)"
+    elif guesses:
+        pairs = ", ".join(f"{guess} for {word.split('=', 1)[0]}" for word, guess in guesses)
+        hint = f" (did you mean {pairs}?)"
+    owner.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
+
+
+def _closest(word: str, known: list[str]) -> str | None:
+    """The known option `word` (an unknown argument) most likely misspells, if any: underscores
+    are the commonest slip (``--seq_len``, as the Python API spells it), then typos."""
+    name = word.split("=", 1)[0]
+    if not name.startswith("-") or len(name) < 3 or name[1:].replace(".", "").isdigit():
+        return None  # a value or a short option: nothing worth guessing
+    wanted = "--" + name.lstrip("-").replace("_", "-").lower()
+    if wanted in known:
+        return wanted
+    close = difflib.get_close_matches(wanted, known, n=1, cutoff=0.75)
+    return close[0] if close else None
 
 
 def run(argv: list[str] | None = None) -> int:
