@@ -5,17 +5,17 @@ from __future__ import annotations
 import argparse
 import json
 
-from shardtok.cli.paths import TARGET_HELP, target
+from shardtok.cli.paths import TARGET_HELP, targets
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "inspect",
-        help="summarize a dataset folder, some of its shards, or one shard",
+        help="summarize dataset folders, some shards of a dataset, or one shard",
         description="Print counts, dtype, tokenizer, frames, document-length percentiles, the "
         "compression ratio and the dataset's manifests (index.json, and index.compact checked "
         "against it: exit status 1 when they disagree). For some shards of a dataset (a pattern, a glob or several files) the "
-        "counts are those shards'.",
+        "counts are those shards'. Several dataset folders are summarized one after another.",
         epilog="examples:\n  shardtok inspect data/\n  shardtok inspect data/shard-000000.tar --json\n"
         "  shardtok inspect 'data/shard-{000000..000003}.tar'   # 4 shards, checked against "
         "index.json\n  shardtok inspect 'data/shard-*.tar'",
@@ -35,17 +35,24 @@ def run(args) -> int:
     from shardtok.stream.factory import use_retry
 
     retry = retry_policy(args)  # --max-attempts, --timeout
-    chosen, shown = target(args.path)
-    if isinstance(chosen, DatasetSource):
-        use_retry(chosen, retry)
-        manifest = chosen.manifest  # a subset's view: its shards, its counts
-        subset = None if chosen.shards is None else len(chosen.dataset_manifest.shards)
-        summary = inspect_dataset(
-            manifest, chosen.open_file, shown, chosen.where_of, dataset_shards=subset
-        )
-        summary["manifests"] = chosen.manifests()  # index.json, and index.compact checked by it
+    summaries = []
+    for chosen, shown in targets(args.path):  # all located first: a typo fails before output
+        if isinstance(chosen, DatasetSource):
+            use_retry(chosen, retry)
+            manifest = chosen.manifest  # a subset's view: its shards, its counts
+            subset = None if chosen.shards is None else len(chosen.dataset_manifest.shards)
+            summary = inspect_dataset(
+                manifest, chosen.open_file, shown, chosen.where_of, dataset_shards=subset
+            )
+            # index.json, and index.compact checked by it
+            summary["manifests"] = chosen.manifests()
+        else:
+            summary = inspect_shard(open_source(chosen, retry=retry), shown)
+        summaries.append(summary)
+    if args.json:  # one target: its summary, as ever; several: a list of them
+        print(json.dumps(summaries[0] if len(summaries) == 1 else summaries, indent=1,
+                         sort_keys=True))  # fmt: skip
     else:
-        summary = inspect_shard(open_source(chosen, retry=retry), shown)
-    print(json.dumps(summary, indent=1, sort_keys=True) if args.json else format_summary(summary))
-    compact = summary.get("manifests", {}).get(COMPACT_NAME)
-    return 1 if compact is not None and not compact["agrees"] else 0
+        print("\n\n".join(format_summary(summary) for summary in summaries))
+    compacts = [s.get("manifests", {}).get(COMPACT_NAME) for s in summaries]
+    return 1 if any(c is not None and not c["agrees"] for c in compacts) else 0

@@ -31,6 +31,24 @@ def target(paths: list[str]) -> tuple[DatasetSource | Location, str]:
     return dataset, label(dataset.root)
 
 
+def targets(paths: list[str]) -> list[tuple[DatasetSource | Location, str]]:
+    """What `paths` name, in their order, each as ``target`` gives it: every dataset folder or
+    URL prefix on its own (`inspect A B` reads two datasets, which no list of shards can
+    hold), and the other paths (shard files, patterns, globs) together, as one dataset's
+    shards."""
+    if len(paths) == 1:
+        return [target(paths)]
+    alone = [not is_pattern(p) and is_dataset(Location.of(p)) for p in paths]
+    shards = [p for p, own in zip(paths, alone, strict=True) if not own]
+    chosen = []
+    for path, own in zip(paths, alone, strict=True):
+        if own:
+            chosen.append(target([path]))
+        elif path is shards[0]:  # the shards are read together, where the first one stood
+            chosen.append(target(shards))
+    return chosen
+
+
 def locate(path: str) -> Location:
     """`path` as a location; a local path that does not exist is one clear error (nothing to
     read is not a damaged shard)."""
