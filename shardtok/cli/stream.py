@@ -19,6 +19,7 @@ from shardtok.cli.stream_args import DATASET_HELP, add_stream_options, mix_from,
 from shardtok.cli.stream_job import StreamJob
 from shardtok.cli.stream_output import (
     decode_batches,
+    decoder,
     dump_batches,
     print_statistics,
     real_tokens,
@@ -127,8 +128,8 @@ def _add_output_options(p: argparse.ArgumentParser) -> None:
         default=0,
         metavar="N",
         help="print the text of the first N sequences (default 2), document by document; "
-        "untrained tokens (label -100: prompts, padding, document starts) are dimmed on a "
-        "terminal and in [[double brackets]] otherwise",
+        "untrained tokens (label -100: prompts, document starts) are dimmed on a terminal and "
+        "in [[double brackets]] otherwise; padding is a line naming its positions, not text",
     )
     p.add_argument(
         "--tokenizer",
@@ -215,6 +216,8 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError("--plan describes one dataset, not a mix")
         print(plan.to_json())
         return 0
+    # Checked before a batch is streamed: a missing --tokenizer must not cost the run first.
+    decode = decoder(args, [s.manifest for s in job.sources]) if args.decode else None
     if not args.json and plan is not None:
         print(plan.summary())
     if args.state_in:
@@ -302,6 +305,6 @@ def run(args: argparse.Namespace) -> int:
         dump_batches(args.dump, kept, plan_json)
         if not args.json:
             print(f"wrote {len(kept)} batches to {args.dump}")
-    if args.decode:
-        decode_batches(args, job.sources[0].manifest, kept, options.labels_format)
+    if decode is not None:
+        decode_batches(decode, kept, args.decode, options)
     return 0

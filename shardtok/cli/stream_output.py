@@ -35,10 +35,20 @@ def real_tokens(batch: dict, labels_format: str, pad_id: int, masked: bool) -> i
     ids, docs = batch["input_ids"], batch["document_ids"]
     total = rows * (seq_len + 1)
     for row in range(rows):
-        last = int(np.searchsorted(docs[row], docs[row, -1], side="left"))  # last segment
-        if last and (ids[row, last:] == pad_id).all() and ignored[row, last:].all():
-            total -= seq_len + 1 - last
+        start = padding_start(ids[row], ignored[row], docs[row], pad_id)
+        if start:  # a row of padding alone is left counted, as it always was
+            total -= seq_len + 1 - start
     return total
+
+
+def padding_start(ids: np.ndarray, ignored: np.ndarray, docs: np.ndarray, pad_id: int):
+    """The input position where one row's padding begins, or None: greedy and bfd pad a row's
+    end as a segment of its own, only `pad_id` tokens with no label trained (`ignored`, per
+    position, in either labels format), which the batch does not mark otherwise."""
+    last = int(np.searchsorted(docs, docs[-1], side="left"))  # the row's last segment
+    if (ids[last:] == pad_id).all() and ignored[last:].all():
+        return last
+    return None
 
 
 def trained_inputs(labels: np.ndarray, labels_format: str) -> np.ndarray:
@@ -67,9 +77,14 @@ def marked_text(decode, ids: np.ndarray, trained: np.ndarray, colour: bool) -> s
 def decoder(args, manifests: list):
     """A function decoding token ids with ``--tokenizer`` (default: the bundled one), refused
     when a manifest records another tokenizer and none was named (a warning when one was)."""
-    from shardtok.convert.tokenizer import BUNDLED, load_tokenizer
+    from shardtok.convert.tokenizer import BUNDLED, TokenizerLoadError, load_tokenizer
 
-    spec = load_tokenizer(args.tokenizer or BUNDLED, backend="hf")  # decoding: no tiktoken gate
+    try:
+        spec = load_tokenizer(args.tokenizer or BUNDLED, backend="hf")  # decoding: no tiktoken gate
+    except TokenizerLoadError as exc:
+        if args.tokenizer is None:
+            raise
+        raise UsageError(f"--tokenizer: {exc}") from None
     for manifest in manifests:
         recorded = (manifest.tokenizer or {}).get("fingerprint")
         if recorded and recorded != spec.fingerprint:
@@ -90,26 +105,43 @@ def decoder(args, manifests: list):
     return decode
 
 
-def decode_batches(args, manifest, batches: list[dict], labels_format: str) -> None:
-    decode = decoder(args, [manifest])
+# Only these packers pad a row; concat rows are full windows of the token stream.
+PADDING_PACKINGS = ("greedy", "bfd")
+
+
+def decode_batches(decode, batches: list[dict], count: int, options) -> None:
+    """The text of the first `count` sequences of `batches`, document by document (`decode`:
+    from ``decoder``); padding is named with its positions, never decoded: its pad id is a
+    real token of the vocabulary and would read as text."""
     colour = sys.stdout.isatty()
     legend = "dim" if colour else f"in {OPEN} {CLOSE}"
-    print(f"(untrained tokens -- label -100: prompts, padding, document starts -- are {legend})")
+    print(f"(untrained tokens -- label -100: prompts, document starts -- are {legend})")
     shown = 0
     for b, batch in enumerate(batches):
-        trained = trained_inputs(batch["labels"], labels_format)
+        labels = batch["labels"]
+        trained = trained_inputs(labels, options.labels_format)
         for row in range(len(batch["input_ids"])):
-            if shown >= args.decode:
+            if shown >= count:
                 return
             ids = batch["input_ids"][row]
             docs = batch["document_ids"][row]
+            padding = None
+            if options.packing in PADDING_PACKINGS:
+                ignored = labels[row] == IGNORE_INDEX
+                padding = padding_start(ids, ignored, docs, options.pad_id)
             print(f"=== batch {b} sequence {row} ===")
             bounds = [0, *np.flatnonzero(np.diff(docs)) + 1, len(ids)]
             for a, c in zip(bounds, bounds[1:]):
-                count = int(trained[row, a:c].sum())
+                if a == padding:
+                    print(
+                        f"--- padding: positions {a}..{c - 1}, {c - a} tokens of pad id "
+                        f"{options.pad_id}, none trained ---"
+                    )
+                    continue
+                count_trained = int(trained[row, a:c].sum())
                 print(
-                    f"--- document {docs[a]}: positions {a}..{c - 1}, {count} of {c - a} "
-                    "tokens trained ---"
+                    f"--- document {docs[a]}: positions {a}..{c - 1}, {count_trained} of "
+                    f"{c - a} tokens trained ---"
                 )
                 print(marked_text(decode, ids[a:c], trained[row, a:c], colour))
             shown += 1
