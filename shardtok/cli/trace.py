@@ -13,7 +13,7 @@ from pathlib import Path
 from shardtok.cli.arguments import at_least
 from shardtok.cli.stream_args import DATASET_HELP, add_stream_options, setup_from
 from shardtok.cli.stream_output import decoder, marked_text
-from shardtok.errors import ResumeStateError
+from shardtok.errors import ResumeStateError, UsageError
 from shardtok.storage.shard_names import SHARD_SUFFIX
 from shardtok.stream.factory import StreamSetup, check_stream_state
 from shardtok.stream.provenance import trace_step
@@ -29,14 +29,16 @@ R's batch at step N, its pieces of documents (source, shard file, document index
 and in export-megatron's output, the token range of that document, the slots it fills) and
 its padding. --decode prints each piece's text as well.
 
-Give the options the training run streamed with (or its config); step N is 1-based and
-counts batches per rank, as a trainer's steps do. The trace replays the worker's stream as
-token addresses, reading only the shards' indexes, from the start of the step's epoch (one
-dataset), of the run (a mix) or of its stage (a curriculum), or from --state, a saved position
-of that rank. Each worker passes over its own batches only: about 0.3 s per 10,000 of them at
-8 x 2048 tokens with concat, 0.7-0.8 s with greedy or bfd (measured on 2 cores), so step
-1,000,000 of a concat mix with 2 workers takes about 14 s, and a --state saved shortly before
-the step makes any trace quick.
+Give the options the training run streamed with (or its config), and its DataLoader workers per
+rank (--num-workers, 0 for in-process: each count deals the batches out differently, so it is
+never guessed), or --state, a position the run saved, whose layout the trace takes; step N is
+1-based and counts batches per rank, as a trainer's steps do. The trace replays the worker's
+stream as token addresses, reading only the shards' indexes, from the start of the step's epoch
+(one dataset), of the run (a mix) or of its stage (a curriculum), or from --state, a saved
+position of that rank. Each worker passes over its own batches only: about 0.3 s per 10,000 of
+them at 8 x 2048 tokens with concat, 0.7-0.8 s with greedy or bfd (measured on 2 cores), so
+step 1,000,000 of a concat mix with 2 workers takes about 14 s, and a --state saved shortly
+before the step makes any trace quick.
 """
 
 EPILOG = """\
@@ -45,14 +47,16 @@ examples:
   shardtok trace data/ --seq-len 2048 --batch-size 8 --world-size 8 --num-workers 2 \\
       --rank 3 --step 1200
   # a run that streamed some shards of a dataset: name them as it did (quote a pattern)
-  shardtok trace 'data/shard-{000000..000003}.tar' --seq-len 2048 --batch-size 8 --step 10
+  shardtok trace 'data/shard-{000000..000003}.tar' --seq-len 2048 --batch-size 8 --step 10 \\
+      --num-workers 0
   # a mix config (stream options inside it), with the text of every piece
   shardtok trace mix.yaml --step 1200 --rank 3 --world-size 8 --num-workers 2 --decode
-  # after a resume: start from the rank's saved position (layout and epoch come from it)
+  # after a resume: start from the rank's saved position (layout and epoch come from it,
+  # workers too: a --num-workers that contradicts it is refused)
   shardtok trace mix.yaml --step 250000 --state rank3.json
   # plain data for scripts: sequences[i].segments[j] has source, shard, document,
   # dataset_document, tokens [begin, end) and positions [begin, end) in the seq_len + 1 window
-  shardtok trace data/ --seq-len 2048 --batch-size 8 --step 10 --json
+  shardtok trace data/ --seq-len 2048 --batch-size 8 --num-workers 2 --step 10 --json
 """
 
 
@@ -84,7 +88,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "--step", type=at_least(1), required=True, metavar="N", help="1-based training step"
     )
     add_stream_options(p)
-    # None: not given, so a --state file's layout and epoch apply (else rank 0 of 1, epoch 0).
+    # None: not given, so a --state file's layout and epoch apply (else rank 0 of 1, epoch 0;
+    # --num-workers must then be given).
     p.set_defaults(rank=None, world_size=None, num_workers=None, epoch=None)
     p.add_argument(
         "--max-batches",
@@ -165,6 +170,14 @@ def run(args: argparse.Namespace) -> int:
             "num_workers": len(saved.workers),
             "epoch": saved.epoch,
         }
+        _check_workers(given["num_workers"], len(saved.workers), args.state)
+    elif given["num_workers"] is None:
+        # Each worker count deals the batches out differently: a default would name another
+        # run's documents, as confidently as the right ones.
+        raise UsageError(
+            "give --num-workers N, the DataLoader workers per rank the run trained with (0 for "
+            "in-process), or --state FILE, a position it saved"
+        )
     layout.update({key: value for key, value in given.items() if value is not None})
     trace = trace_step(setup, step=args.step, num_batches=args.max_batches, state=state, **layout)
     if args.decode:
@@ -174,6 +187,16 @@ def run(args: argparse.Namespace) -> int:
     else:
         print_trace(trace)
     return 0
+
+
+def _check_workers(given: int | None, saved: int, path: str) -> None:
+    """A --num-workers beside --state must be the state's: it records the run's worker streams
+    (one for 0 workers, in process, or 1)."""
+    if given is not None and max(given, 1) != saved:
+        raise UsageError(
+            f"--num-workers {given} contradicts {path}, saved by a run with {saved} worker "
+            f"stream(s) per rank: leave --num-workers out (the state says it)"
+        )
 
 
 def print_trace(trace: dict) -> None:

@@ -18,6 +18,7 @@ TEXTS = [
     "A trace names the shard, the document and the tokens of every piece.",
 ]
 SHAPE = ["--seq-len", "24", "--batch-size", "2", "--packing", "greedy", "--shuffle-buffer", "4"]
+IN_PROCESS = ["--num-workers", "0"]  # the layout of the run traced, which a trace never guesses
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +45,7 @@ def datasets(tmp_path_factory):
 
 def test_listing_json_and_decode(datasets, capsys):
     path, _ = datasets
-    args = ["trace", path, *SHAPE, "--step", "2", "--world-size", "2", "--rank", "1"]
+    args = ["trace", path, *SHAPE, "--step", "2", "--world-size", "2", "--rank", "1", *IN_PROCESS]
     assert run(args) == 0
     out = capsys.readouterr().out
     assert "step 2, rank 1 of 2: worker 0 of 1, its batch 1 (epoch 0)" in out
@@ -98,7 +99,7 @@ def test_errors_are_one_line(datasets, tmp_path, capsys):
         main(["trace", path, *SHAPE, "--step", "0"])
     assert exit_status.value.code == 2
     assert "--step: must be at least 1" in capsys.readouterr().err
-    assert main(["trace", path, *SHAPE, "--step", "100000"]) == 2
+    assert main(["trace", path, *SHAPE, "--step", "100000", *IN_PROCESS]) == 2
     err = capsys.readouterr().err.strip()
     assert "past the end of epoch 0" in err and "steps per epoch" in err and "\n" not in err
     assert main(["trace", path, "--step", "1"]) == 2
@@ -110,9 +111,10 @@ def test_errors_are_one_line(datasets, tmp_path, capsys):
                       f"  - data: {{dataset: {{dataset_path: {path}}}}}\n"
                       f"  - {{start_training_step: 5, data: {{dataset: {{dataset_path: {path}}}}}}}\n")  # fmt: skip
     capsys.readouterr()
-    assert main(["trace", str(stages), "--step", "7", "--max-batches", "6"]) == 2
+    assert main(["trace", str(stages), "--step", "7", "--max-batches", "6", *IN_PROCESS]) == 2
     assert "past" in capsys.readouterr().err  # the run's last step is 6
-    assert main(["trace", str(stages), "--step", "7", "--max-batches", "9", "--json"]) == 0
+    assert main(["trace", str(stages), "--step", "7", "--max-batches", "9", "--json",
+                 *IN_PROCESS]) == 0  # fmt: skip
     assert json.loads(capsys.readouterr().out)["part"] == {"stage": 1}  # not stage 0's mix
 
 
@@ -136,7 +138,8 @@ def test_decode_marks_the_untrained_tokens_of_fine_tuning_data(tmp_path, capsys)
             prompt = tokenizer.encode(f"Question {i}: what is packing?").ids
             answer = tokenizer.encode(" Whole conversations per sequence.").ids + [spec.eos_id]
             w.add(np.array(prompt + answer), mask=[0] * len(prompt) + [1] * len(answer))
-    args = ["trace", str(tmp_path), "--seq-len", "40", "--batch-size", "2", "--step", "1"]
+    args = ["trace", str(tmp_path), "--seq-len", "40", "--batch-size", "2", "--step", "1",
+            *IN_PROCESS]  # fmt: skip
     assert run([*args, "--decode", "--json"]) == 0
     trace = json.loads(capsys.readouterr().out)
     segment = trace["sequences"][0]["segments"][0]
