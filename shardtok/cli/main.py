@@ -27,7 +27,7 @@ typical session:
   shardtok inspect data/                                # counts, dtype, tokenizer, compression
   shardtok verify data/                                 # every checksum; exit 1 on damage
   shardtok stream data/ --seq-len 2048 --batch-size 8   # the batches a rank would train on
-  shardtok trace data/ --seq-len 2048 --batch-size 8 --step 100   # which documents step 100 holds
+  shardtok trace data/ --seq-len 2048 --batch-size 8 --num-workers 0 --step 100   # its documents
   shardtok export-megatron data/ out/corpus_text_document   # a .bin/.idx pair for Megatron-LM
 
 every command takes the options below, before or after its name (shardtok -v stream ... or
