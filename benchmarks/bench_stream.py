@@ -225,7 +225,8 @@ def child(args) -> None:
                 while True:
                     batch = dict(ring.allocate(BATCH, SEQ_LEN))
                     batch["cu_seqlens"] = batch["cu_seqlens"][: BATCH + 1]
-                    yield ring.package(batch, local=torch.utils.data.get_worker_info() is None)
+                    local = torch.utils.data.get_worker_info() is None
+                    yield ring.package(batch, labels_format="shifted", local=local)
 
         loader = DataLoader(Idle(), batch_size=None, num_workers=workers, **extra)
     elif args.kind == "plain":

@@ -30,6 +30,7 @@ from shardtok.memmap.tokens import open_local_data
 from shardtok.stream.batch import BATCH_KEYS, allocate_arrays, build_batch, check_labels_format
 from shardtok.stream.sequence import PackedSequence
 from shardtok.torch.memmap_plan import BatchPlan
+from shardtok.torch.model_inputs import model_batch
 from shardtok.torch.transport import SlotRing, to_tensors
 
 
@@ -148,5 +149,7 @@ class MemmapTokenDataset(Dataset):
             ring = self._ring
         batch = planned.batch(0, ring.allocate if ring is not None else allocate_arrays)
         if ring is None:
-            return to_tensors(batch)
-        return ring.package(batch, local=get_worker_info() is None)
+            return model_batch(to_tensors(batch), self.labels_format)
+        return ring.package(
+            batch, labels_format=self.labels_format, local=get_worker_info() is None
+        )

@@ -30,6 +30,7 @@ import torch
 
 from shardtok._process import process_alive
 from shardtok.stream.batch import BATCH_KEYS, allocate_arrays
+from shardtok.torch.model_inputs import model_batch
 
 ALIGN = 64
 DEFAULT_SLOTS = 16
@@ -116,16 +117,18 @@ class SlotRing:
         slot, self._current = self._current, None
         return slot
 
-    def package(self, batch: dict, *, local: bool = False):
-        """What to yield: a handle that unpickles to tensors in the main process, or (`local`,
-        no process boundary) the tensors themselves; ordinary tensors for a fallback batch."""
+    def package(self, batch: dict, *, labels_format: str, local: bool = False):
+        """What to yield: a handle that unpickles to the model's batch in the main process,
+        or (`local`, no process boundary) that batch itself; ordinary tensors for a fallback
+        batch. `labels_format`: the batch's (``model_inputs.model_batch``)."""
         slot = self.take_slot()
         if slot is None:
-            return to_tensors(batch)
+            return model_batch(to_tensors(batch), labels_format)
         extras = {k: v for k, v in batch.items() if k not in BATCH_KEYS}
         if local:
-            return _slot_tensors(self, slot, len(batch["cu_seqlens"]), extras)
-        return _SlotBatch(self, slot, len(batch["cu_seqlens"]), extras)
+            tensors = _slot_tensors(self, slot, len(batch["cu_seqlens"]), extras)
+            return model_batch(tensors, labels_format)
+        return _SlotBatch(self, slot, len(batch["cu_seqlens"]), extras, labels_format)
 
     def release(self, slot: int) -> None:
         self.control[slot] = FREE
@@ -140,16 +143,18 @@ def _attach_ring(batch_size: int, seq_len: int, slots: int, fd) -> SlotRing:
 class _SlotBatch:
     """Pickles to a handle; unpickles (in the main process) to a dict of tensors."""
 
-    __slots__ = ("ring", "slot", "cu_len", "extras")
+    __slots__ = ("ring", "slot", "cu_len", "extras", "labels_format")
 
-    def __init__(self, ring: SlotRing, slot: int, cu_len: int, extras: dict):
+    def __init__(self, ring: SlotRing, slot: int, cu_len: int, extras: dict, labels_format: str):
         self.ring, self.slot, self.cu_len, self.extras = ring, slot, cu_len, extras
+        self.labels_format = labels_format
 
     def __reduce__(self):
         ring = self.ring
         fd = DupFd(ring.fd) if ring.control[_ACK] == 0 else None
         layout = (ring.batch_size, ring.seq_len, ring.slot_bytes, ring.size)
-        return (_open_batch, (ring.name, ring.pid, fd, layout, self.slot, self.cu_len, self.extras))
+        where = (ring.name, ring.pid, fd, layout, self.slot, self.cu_len)
+        return (_open_batch, (*where, self.extras, self.labels_format))
 
 
 class _MappedRing:
@@ -189,8 +194,11 @@ def _map_ring(name: str, pid: int, fd, layout) -> _MappedRing:
     return ring
 
 
-def _open_batch(name: str, pid: int, fd, layout, slot: int, cu_len: int, extras: dict) -> dict:
-    return _slot_tensors(_map_ring(name, pid, fd, layout), slot, cu_len, extras)
+def _open_batch(
+    name: str, pid: int, fd, layout, slot: int, cu_len: int, extras: dict, labels_format: str
+) -> dict:
+    tensors = _slot_tensors(_map_ring(name, pid, fd, layout), slot, cu_len, extras)
+    return model_batch(tensors, labels_format)
 
 
 def _slot_tensors(ring: SlotRing | _MappedRing, slot: int, cu_len: int, extras: dict) -> dict:

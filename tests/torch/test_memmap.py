@@ -15,6 +15,7 @@ from shardtok.storage import open_source
 from shardtok.stream.batch import build_batch
 from shardtok.testing.synthetic import write_synthetic_dataset
 from shardtok.torch.memmap_dataset import MemmapTokenDataset
+from tests.helpers.batches import check_model_keys
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +129,7 @@ def test_batched_gather_equals_sample_by_sample(tmp_path_factory, lengths, seq_l
     ds = MemmapTokenDataset(prefix, seq_len=seq_len, num_samples=50, seed=3,
                             mask_boundary_labels=mask, shared_memory=False)  # fmt: skip
     indices = [p % len(ds) for p in picks]
-    fast = ds.collate(ds.__getitems__(indices))
+    fast = check_model_keys(ds.collate(ds.__getitems__(indices)))
     slow = build_batch([ds.sequence(i) for i in indices], mask_boundary_labels=mask)
     assert fast.keys() == slow.keys()
     for key in slow:

@@ -24,6 +24,7 @@ from shardtok.torch import ShardLoader
 from shardtok.torch.loader.memmap_batches import MemmapBatches
 from shardtok.torch.memmap_dataset import MemmapTokenDataset
 from shardtok.torch.memmap_plan import BatchPlan
+from tests.helpers.batches import check_model_keys
 
 OPTIONS = [
     dict(mask_boundary_labels=False, labels_format="shifted"),
@@ -38,7 +39,7 @@ def as_numpy(batch: dict) -> dict:
 
 
 def assert_equal(got: dict, want: dict, where: str = "") -> None:
-    got, want = as_numpy(got), as_numpy(want)
+    got, want = as_numpy(check_model_keys(got)), as_numpy(check_model_keys(want))
     assert set(got) == set(want), where
     for key, value in want.items():
         if isinstance(value, np.ndarray):

@@ -11,6 +11,7 @@ from typing import Any, Protocol
 import torch
 
 from shardtok.torch.loader.worker_pool import LoaderWorkerError, WorkerPool
+from shardtok.torch.model_inputs import model_batch
 
 
 class Owner(Protocol):
@@ -30,6 +31,7 @@ class LeanIterator:
     def __init__(self, loader: Owner, workers: WorkerPool, states: list[dict | None], first: int):
         self.loader, self.workers = loader, workers
         self.epoch = getattr(loader.dataset, "epoch", 0)  # the memmap path has no epochs
+        self.labels_format = labels_format(loader.dataset)
         self.positions = list(states)
         self.count = len(states)
         self.next_worker = first % self.count
@@ -57,7 +59,7 @@ class LeanIterator:
                 continue
             if self.loader.pin_memory and torch.cuda.is_available():
                 batch = pin(batch)
-            return batch
+            return model_batch(batch, self.labels_format)
         self._end()
         raise StopIteration
 
@@ -87,4 +89,11 @@ class LeanIterator:
 
 
 def pin(batch: dict) -> dict:
-    return {k: v.pin_memory() if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    pinned = {k: v.pin_memory() if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    return type(batch)(pinned)
+
+
+def labels_format(dataset) -> str:
+    """The label layout of `dataset`'s batches (a stream's options, or the memmap path's)."""
+    options = getattr(dataset, "options", None)
+    return options.labels_format if options is not None else dataset.labels_format

@@ -1,0 +1,98 @@
+"""What a batch carries so that ``model(**batch)`` is right for a Hugging Face causal LM as
+shipped, and what a DataLoader that batches on its own makes of shardtok's items.
+
+Isolation. transformers (from 4.53, ``masking_utils``) keeps packed documents apart when it
+gets ``position_ids`` that restart at 0, no ``attention_mask`` and no KV cache. A stock config
+has ``use_cache=True``, and the model then makes a cache in every forward, training included:
+the packed documents silently attend to each other (a packed conversation's logits 0.9 away from
+the same conversation alone, eager and SDPA alike). So every batch says ``use_cache=False``:
+the model builds no cache and its own packed-sequence detection isolates the documents under
+eager, SDPA and flex attention, and flash attention derives ``cu_seqlens`` from the same
+``position_ids``. No B·S² mask is built or moved: the model makes the one it needs from
+``position_ids`` on its own device.
+
+Labels. A shifted batch (the default) also carries ``shift_labels``, the same tensor as
+``labels``: transformers' causal-LM loss takes pre-shifted targets by that name and does not
+shift them again, so ``model(**batch).loss`` trains the right targets in either label format.
+
+A DataLoader's own batching. ``DataLoader(ds, batch_size=N)`` collates N items with torch's
+default collate, which copies the first item and fills it. A shardtok batch refuses to be
+collated again (it would nest batches, or fail on ``cu_seqlens`` of different lengths); a
+single sequence (a dataset built without ``batch_size``) collates into a batch that says
+``use_cache=False`` as well.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+from torch.utils.data._utils.collate import collate as _torch_collate
+
+from shardtok.errors import UsageError
+
+_COLLATE = _torch_collate.__code__
+
+_NESTED = (
+    "this ShardStreamDataset builds whole batches (batch_size={size} on the dataset), and a "
+    "DataLoader with batch_size set would batch them again: write DataLoader(ds, "
+    "batch_size=None, ...) or shardtok.torch.ShardLoader(ds, num_workers=...), or build the "
+    "dataset without batch_size to get single sequences for the DataLoader to batch"
+)
+
+
+def _collated_by_torch() -> bool:
+    # copy.copy(item) is called by torch's collate: 0 is __copy__, 1 copy.copy, 2 its caller.
+    return sys._getframe(2).f_code is _COLLATE
+
+
+class Batch(dict):
+    """A packed batch: tensors under the keys of docs/STREAMING.md, and plain values."""
+
+    __slots__ = ()
+
+    def __copy__(self) -> Batch:
+        if _collated_by_torch():
+            raise UsageError(_NESTED.format(size=len(self["input_ids"])))
+        return Batch(self)
+
+
+class Sample(dict):
+    """One sequence of a dataset built without ``batch_size``: 1-D tensors and plain values."""
+
+    __slots__ = ()
+
+    def __copy__(self) -> dict:
+        if _collated_by_torch():  # the clone that torch's collate fills becomes the batch
+            return Batch(self, use_cache=False)
+        return Sample(self)
+
+
+def model_batch(batch: dict, labels_format: str) -> Batch:
+    """`batch` with ``use_cache=False``, and ``shift_labels`` when its labels are shifted."""
+    out = Batch(batch)
+    out["use_cache"] = False
+    if labels_format == "shifted":
+        out["shift_labels"] = out["labels"]
+    return out
+
+
+def model_sample(batch: dict, labels_format: str) -> Sample:
+    """The one row of a batch of one, as a ``Sample``: ``input_ids``, ``labels``,
+    ``position_ids``, ``document_ids`` as [S] tensors, ``num_trained_tokens`` and
+    ``source_ids`` as 0-d tensors (a DataLoader stacks them into [N]); ``cu_seqlens`` and
+    ``max_seqlen`` describe a whole batch, so a sample has none."""
+    out = Sample(
+        input_ids=batch["input_ids"][0],
+        labels=batch["labels"][0],
+        position_ids=batch["position_ids"][0],
+        document_ids=batch["document_ids"][0],
+        num_trained_tokens=torch.tensor(int(batch["num_trained_tokens"])),
+        source_ids=batch["source_ids"][0],
+    )
+    if labels_format == "shifted":
+        out["shift_labels"] = out["labels"]
+    return out
+
+
+__all__ = ["Batch", "Sample", "model_batch", "model_sample"]

@@ -1,0 +1,121 @@
+"""Packed documents reach a Hugging Face model isolated: every document's logits in a packed
+batch equal its logits alone, under each attention implementation transformers runs on CPU,
+with the model's config as shipped (``use_cache=True``), for fine-tuning and pretraining data,
+greedy and bfd packing, and through ``transformers.Trainer`` fed by the dataset."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from shardtok.torch import ShardLoader, ShardStreamDataset
+from tests.helpers.masked import Known
+
+transformers = pytest.importorskip("transformers")
+
+LENGTHS = [int(n) for n in np.random.default_rng(3).integers(2, 30, size=60)]
+KNOWN = Known(LENGTHS, first=1, seed=4)
+VOCAB = KNOWN.end + 1
+SEQ_LEN = 48
+IMPLEMENTATIONS = ["eager", "sdpa", "flex_attention"]
+
+
+@pytest.fixture(scope="module")
+def datasets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("isolation")
+    return {
+        "sft": str(KNOWN.write(root / "sft")),
+        "pretrain": str(KNOWN.write(root / "pretrain", masked=False)),
+    }
+
+
+def stock_lm(attn_implementation: str):
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
+    )  # fmt: skip
+    assert config.use_cache  # as shipped: the model makes a cache in every forward
+    config._attn_implementation = attn_implementation
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def assert_isolated(model, batch) -> int:
+    """Every segment of every row gets the logits it gets alone; returns the segments seen."""
+    with torch.no_grad():
+        packed = model(**batch).logits
+        seen = 0
+        for row in range(batch["input_ids"].shape[0]):
+            docs = batch["document_ids"][row]
+            for doc in torch.unique(docs):
+                where = torch.nonzero(docs == doc).flatten()
+                alone = model(input_ids=batch["input_ids"][row, where][None]).logits[0]
+                torch.testing.assert_close(packed[row, where], alone, rtol=0, atol=1e-4)
+                seen += 1
+    return seen
+
+
+@pytest.mark.parametrize("attn", IMPLEMENTATIONS)
+@pytest.mark.parametrize("packing", ["greedy", "bfd"])
+@pytest.mark.parametrize("data", ["sft", "pretrain"])
+def test_model_call_isolates_packed_documents(datasets, data, packing, attn):
+    ds = ShardStreamDataset(datasets[data], seq_len=SEQ_LEN, batch_size=4, packing=packing,
+                            labels_format="hf", shuffle_buffer=0)  # fmt: skip
+    batch = next(iter(ds))
+    assert int(batch["document_ids"].max()) >= 1  # several documents share a row
+    assert assert_isolated(stock_lm(attn), batch) > 4
+
+
+def test_batches_from_loader_workers_isolate_too(datasets):
+    ds = ShardStreamDataset(datasets["sft"], seq_len=SEQ_LEN, batch_size=4, labels_format="hf")
+    batch = next(iter(ShardLoader(ds, num_workers=2)))
+    assert assert_isolated(stock_lm("sdpa"), batch) > 4
+
+
+@pytest.mark.parametrize("labels_format", ["shifted", "hf"])
+def test_the_model_trains_the_same_targets_in_either_label_format(datasets, labels_format):
+    """``model(**batch).loss`` is the mean cross-entropy over the trained targets: a shifted
+    batch carries them as ``shift_labels``, so the model does not shift them again."""
+    ds = ShardStreamDataset(datasets["sft"], seq_len=SEQ_LEN, batch_size=4,
+                            labels_format=labels_format)  # fmt: skip
+    batch = next(iter(ds))
+    model = stock_lm("sdpa")
+    with torch.no_grad():
+        out = model(**batch)
+    targets = batch["labels"]
+    if labels_format == "hf":  # aligned with input_ids: the target of column i is at i + 1
+        targets = torch.nn.functional.pad(targets[:, 1:], (0, 1), value=-100)
+    want = torch.nn.functional.cross_entropy(
+        out.logits.reshape(-1, VOCAB).float(), targets.reshape(-1), ignore_index=-100
+    )
+    torch.testing.assert_close(out.loss, want)
+
+
+def test_trainer_fed_by_the_dataset_isolates_and_batches_sequences(datasets, tmp_path):
+    """Trainer batches the sequences of a dataset built without batch_size with its own
+    DataLoader and collator; the model it calls sees isolated documents."""
+    ds = ShardStreamDataset(datasets["sft"], seq_len=SEQ_LEN, labels_format="hf",
+                            packing="greedy")  # fmt: skip
+    model = stock_lm("sdpa")
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=1, report_to=[],
+        use_cpu=True, dataloader_num_workers=0,
+    )  # fmt: skip
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=ds)
+    batch = next(iter(trainer.get_train_dataloader()))
+    assert batch["input_ids"].shape == (4, SEQ_LEN)
+    # The Trainer hands the model only its own arguments; document_ids come from the
+    # same sequences, built again here to name the segments.
+    rows = [next(it) for it in [iter(ds)] for _ in range(4)]
+    batch = {**batch, "document_ids": torch.stack([r["document_ids"] for r in rows])}
+    assert torch.equal(batch["input_ids"], torch.stack([r["input_ids"] for r in rows]))
+    model_args = {k: v for k, v in batch.items() if k != "document_ids"}
+    with torch.no_grad():
+        packed = model(**model_args).logits
+        for row in range(4):
+            docs = batch["document_ids"][row]
+            for doc in torch.unique(docs):
+                where = torch.nonzero(docs == doc).flatten()
+                alone = model(input_ids=batch["input_ids"][row, where][None]).logits[0]
+                torch.testing.assert_close(packed[row, where], alone, rtol=0, atol=1e-4)
