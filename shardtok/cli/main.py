@@ -141,7 +141,11 @@ def main(argv: list[str] | None = None) -> int:
     traceback: exit 2 for an option that cannot work, 1 for data, files or the network, 130 when
     interrupted, 141 when the reader of our output went away (``| head``); ``--traceback``
     shows the full trace."""
-    args, traceback_wanted = _parse(argv)
+    try:
+        args, traceback_wanted = _parse(argv)
+    except KeyboardInterrupt:  # no command yet, so nothing to resume
+        print("shardtok: interrupted", file=sys.stderr)
+        return 130
     name = f"shardtok {args.command}"
     try:
         with logs.logging_to_stderr(logs.options(args)):

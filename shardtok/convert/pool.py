@@ -12,13 +12,14 @@ import itertools
 import multiprocessing
 import multiprocessing.process
 import os
+import signal
 import sys
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
-from multiprocessing import connection
+from multiprocessing import connection, resource_tracker
 
 from shardtok.convert.worker import WorkerConfig, serve_units
 from shardtok.errors import ShardtokError
@@ -74,20 +75,23 @@ class UnitPool:
         self._broken: str | None = None
         self._closing = False
         try:
-            for number in range(workers):
-                tasks_r, tasks_w = context.Pipe(duplex=False)
-                results_r, results_w = context.Pipe(duplex=False)
-                process = context.Process(
-                    target=serve_units, name=f"shardtok-convert-{number}", daemon=True,
-                    args=(config, tasks_r, results_w, self._alive_r, self._alive_w),
-                )  # fmt: skip
-                process.start()
-                # The worker's ends: closed here, so that its death is an EOF here.
-                tasks_r.close()
-                results_w.close()
-                self._workers.append(_Worker(process, tasks_w, results_r))
-        except BaseException:
+            with _sigint_held(context):
+                for number in range(workers):
+                    tasks_r, tasks_w = context.Pipe(duplex=False)
+                    results_r, results_w = context.Pipe(duplex=False)
+                    process = context.Process(
+                        target=serve_units, name=f"shardtok-convert-{number}", daemon=True,
+                        args=(config, tasks_r, results_w, self._alive_r, self._alive_w),
+                    )  # fmt: skip
+                    process.start()
+                    # The worker's ends: closed here, so that its death is an EOF here.
+                    tasks_r.close()
+                    results_w.close()
+                    self._workers.append(_Worker(process, tasks_w, results_r))
+        except BaseException as exc:
             self._stop_workers()
+            if isinstance(exc, KeyboardInterrupt):
+                self._terminate()
             for worker in self._workers:
                 worker.process.join()
             raise
@@ -208,6 +212,18 @@ class UnitPool:
         self._alive_r.close()
         self._alive_w.close()
 
+    def interrupt(self) -> None:
+        """Ctrl-C: end the workers now rather than after the units they hold (a unit's files are
+        published atomically, so a rerun redoes the unfinished ones); :meth:`close` still waits
+        for them to exit."""
+        self._stop_workers()
+        self._terminate()
+
+    def _terminate(self) -> None:
+        for worker in self._workers:
+            with contextlib.suppress(OSError):  # reaped already
+                worker.process.terminate()
+
     def _stop_workers(self) -> None:
         with self._lock:
             if self._closing:
@@ -237,5 +253,42 @@ def worker_pool(
     pool = UnitPool(config, workers, start_method)
     try:
         yield pool
+    except KeyboardInterrupt:
+        pool.interrupt()
+        raise
     finally:
         pool.close()
+
+
+@contextlib.contextmanager
+def _sigint_held(context) -> Iterator[None]:
+    """Ctrl-C held back while workers start; raised here once they are.
+
+    Each worker inherits SIGINT blocked (through fork, and through exec under spawn and
+    forkserver) and keeps a Ctrl-C pending until it has chosen to ignore it
+    (worker.serve_units): none prints a traceback of its own start-up. And no Ctrl-C is raised
+    halfway through a start (a spawned worker whose data was never sent would print one)."""
+    if not hasattr(signal, "pthread_sigmask"):  # Windows: no masks, and no process groups
+        yield
+        return
+    if context.get_start_method() != "fork":
+        # The resource tracker, started with the first worker otherwise, unblocks SIGINT once
+        # it has spawned itself: started before the mask is set, it cannot undo it.
+        resource_tracker.ensure_running()
+    # The mask is this thread's: a thread of a library (a tokenizer's pool) may still take the
+    # signal, and Python would raise it here, so the handler only notes it meanwhile.
+    caught: list[int] = []
+    handler = None
+    if threading.current_thread() is threading.main_thread():
+        handler = signal.getsignal(signal.SIGINT)
+        if handler is not None:  # None: not installed from Python, so it cannot be restored
+            signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        if handler is not None:
+            signal.signal(signal.SIGINT, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        if caught:
+            signal.raise_signal(signal.SIGINT)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import signal
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -159,6 +160,12 @@ def serve_units(
     """A worker process of pool.UnitPool: (task id, unit, canary verdict or None) from
     `tasks` until None, (task id, outcome, error) on `results` as each unit is persisted (sent
     by the writer thread, while this thread tokenizes the next unit)."""
+    # Ctrl-C reaches the whole process group: the main process alone answers it (one line) and
+    # ends the pool, so no worker prints a traceback of its own. The pool starts workers with
+    # SIGINT blocked (pool._sigint_held): one that came since is dropped once ignored.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     init_worker(config, alive, alive_w)
     lock = threading.Lock()  # the writer thread sends; this one only when a unit cannot start
 
