@@ -27,6 +27,7 @@ from shardtok.stream.plan import EpochPlan
 from shardtok.stream.resume.saved import MergedState, Placement, WorkerState
 from shardtok.torch.distributed import data_parallel_rank
 from shardtok.torch.lengths import check_num_batches, check_worker_count, per_worker
+from shardtok.torch.model_inputs import model_batch, model_sample
 from shardtok.torch.transport import SlotRing, to_tensors
 
 _WORKERS_HOLD_STATE = (
@@ -34,6 +35,22 @@ _WORKERS_HOLD_STATE = (
     "stream it: the position lives in the workers. Checkpoint the loader instead "
     "(shardtok.torch.ShardLoader.state_dict(), or torchdata's StatefulDataLoader)"
 )
+
+
+_SAMPLE_LABELS = (
+    "a ShardStreamDataset without batch_size yields single sequences for a DataLoader or a "
+    "Trainer to batch: say which labels they need, labels_format='hf' for Hugging Face models "
+    "and Trainer (labels aligned with input_ids; the model shifts them) or 'shifted' for a loop "
+    "that computes its own loss (labels[i] is the target of input_ids[i])"
+)
+
+
+def _check_sample_labels(stream_options: dict) -> None:
+    # Trainer keeps only the model's own arguments, so the shift_labels that make a shifted
+    # batch right for model(**batch) never reach the model there: a silent default here would
+    # train two tokens ahead.
+    if "labels_format" not in stream_options:
+        raise UsageError(_SAMPLE_LABELS)
 
 
 class ShardStreamDataset(IterableDataset):
@@ -92,6 +109,9 @@ class ShardStreamDataset(IterableDataset):
         error when it was given, else a warning if ``len()`` was used (``ShardLoader``'s own
         ``len()`` is exact for its workers)."""
         super().__init__()
+        # Without batch_size the dataset yields single sequences, for a DataLoader (or a
+        # Trainer) to batch: a stream of batches of one, each position exact as ever.
+        self.yields_samples = options is None and "batch_size" not in stream_options
         if options is None:
             names = set(OPTION_NAMES)
             unknown = sorted(set(stream_options) - names)
@@ -100,6 +120,9 @@ class ShardStreamDataset(IterableDataset):
                     f"ShardStreamDataset got unknown option(s) {unknown}; stream options are "
                     f"{sorted(names)}"
                 )
+            if self.yields_samples:
+                _check_sample_labels(stream_options)
+                stream_options = {**stream_options, "batch_size": 1}
             options = StreamOptions(**stream_options)
         elif stream_options:
             raise TypeError("give either options=StreamOptions(...) or its fields, not both")
@@ -237,14 +260,17 @@ class ShardStreamDataset(IterableDataset):
         in_worker = self._worker_slot is not None or get_worker_info() is not None
         # In process nothing crosses a process boundary: batches are built in fresh arrays
         # (the allocator reuses the memory just freed; a slot cost ~3.5 µs more per batch).
-        if in_worker and self.shared_memory and SlotRing.supported():
+        # Samples never go into a slot: the DataLoader's collate copies them into its batch.
+        shared = self.shared_memory and not self.yields_samples
+        if in_worker and shared and SlotRing.supported():
             if self._ring is None:  # one per process, kept across epochs
                 self._ring = SlotRing(self.options.batch_size, self.options.seq_len)
             ring = self._ring
         placement = self._placement()
         info = get_worker_info()
-        if self._worker_slot is not None or info is not None:
-            self._in_workers.value = 1
+        # Where the position lives now: in the workers (the main process's state_dict()
+        # refuses) or here, in process (it is exact again).
+        self._in_workers.value = int(in_worker)
         if self._worker_slot is None and info is not None:  # a torch DataLoader's worker
             check_worker_count(
                 placement.num_workers, hint=self.num_workers, counted=self._len_workers,
@@ -267,9 +293,17 @@ class ShardStreamDataset(IterableDataset):
         # In a worker, batches are built in reused slots of shared memory and only a handle
         # crosses the process boundary.
         local = get_worker_info() is None
+        labels_format = self.options.labels_format
         try:
-            for batch in stream:
-                yield ring.package(batch, local=local) if ring is not None else to_tensors(batch)
+            if self.yields_samples:
+                for batch in stream:
+                    yield model_sample(to_tensors(batch), labels_format)
+            elif ring is not None:
+                for batch in stream:
+                    yield ring.package(batch, labels_format=labels_format, local=local)
+            else:
+                for batch in stream:
+                    yield model_batch(to_tensors(batch), labels_format)
         finally:  # an iterator left early: its shards and decode-ahead thread go now
             stream.close()
 
@@ -281,12 +315,9 @@ class ShardStreamDataset(IterableDataset):
         In the main process of a DataLoader whose workers stream this dataset it raises
         ResumeStateError: the position lives in the workers (checkpoint the loader)."""
         in_main = self._worker_slot is None and get_worker_info() is None
-        if (
-            in_main
-            and self._stream is None
-            and self._pending_state is None
-            and self._in_workers.value
-        ):
+        # Workers streamed since this process last iterated or loaded a state: whatever this
+        # process holds is behind them.
+        if in_main and self._in_workers.value:
             raise ResumeStateError(_WORKERS_HOLD_STATE)
         # Before the first batch, a state loaded but not yet used is still the position.
         pending = self._pending_state
@@ -318,6 +349,8 @@ class ShardStreamDataset(IterableDataset):
         shardtok 0.1 are upgraded."""
         saved = self.parse_state(state, strict)
         self.set_epoch(saved.epoch)
+        if self._worker_slot is None and get_worker_info() is None:
+            self._in_workers.value = 0  # the loaded state is the position now
         if isinstance(saved, MergedState):
             self.setup.check_resumes(saved)
             if saved.mixed and self.mix is None and self.curriculum is None:
@@ -352,17 +385,31 @@ class ShardStreamDataset(IterableDataset):
         ``export-megatron``'s output, token range of the document, window positions) and padding.
 
         `num_workers`: the DataLoader's workers (0: in process; default: the constructor's
-        `num_workers`, else 0). `state`: a saved position to
+        `num_workers`, else the state's). `state`: a saved position to
         start from instead of the epoch's start (``ShardLoader.state_dict()``, this dataset's
         ``state_dict()``, or the CLI's state file document); its epoch is used. Recomputed from
-        the plan and states alone (``shardtok.stream.provenance``): no token is read."""
+        the plan and states alone (``shardtok.stream.provenance``): no token is read.
+
+        The worker count decides which worker's batch a step is, so a trace never guesses it:
+        without `num_workers`, the constructor's or a `state` it is a UsageError."""
         from shardtok.stream.provenance import trace_step
         from shardtok.stream.provenance.states import saved_rank
 
         rank, world_size = data_parallel_rank(self.rank, self.world_size)
         if num_workers is None:
-            num_workers = self.num_workers or 0
-        epoch = self.epoch if state is None else saved_rank(state, self.setup).epoch
+            num_workers = self.num_workers
+        epoch = self.epoch
+        if state is not None:
+            saved = saved_rank(state, self.setup)
+            epoch = saved.epoch
+            if num_workers is None:  # 0 and 1 give the same round robin
+                num_workers = len(saved.workers)
+        if num_workers is None:
+            raise UsageError(
+                "trace needs the DataLoader's worker count, which decides which worker's batch "
+                "each step is: pass num_workers=K as in training (0: in process), give "
+                "ShardStreamDataset(num_workers=K), or trace from a saved state"
+            )
         return trace_step(
             self.setup, step=step, rank=rank, world_size=world_size, num_workers=num_workers,
             epoch=epoch, num_batches=self.num_batches, state=state,

@@ -42,8 +42,18 @@ _NESTED = (
 
 
 def _collated_by_torch() -> bool:
-    # copy.copy(item) is called by torch's collate: 0 is __copy__, 1 copy.copy, 2 its caller.
-    return sys._getframe(2).f_code is _COLLATE
+    # Called from refuse_collation (1) or __copy__ (1), from __copy__ (2), which copy.copy
+    # (2 or 3) calls for torch's collate (3 or 4).
+    caller = sys._getframe(3)
+    outer = caller.f_back
+    return caller.f_code is _COLLATE or (outer is not None and outer.f_code is _COLLATE)
+
+
+def refuse_collation(batch_size: int) -> None:
+    """For a whole batch's ``__copy__``: the one-line refusal when torch's collate copies it
+    (a DataLoader with batch_size set, batching batches)."""
+    if _collated_by_torch():
+        raise UsageError(_NESTED.format(size=batch_size))
 
 
 class Batch(dict):
@@ -52,8 +62,7 @@ class Batch(dict):
     __slots__ = ()
 
     def __copy__(self) -> Batch:
-        if _collated_by_torch():
-            raise UsageError(_NESTED.format(size=len(self["input_ids"])))
+        refuse_collation(len(self["input_ids"]))
         return Batch(self)
 
 
@@ -95,4 +104,4 @@ def model_sample(batch: dict, labels_format: str) -> Sample:
     return out
 
 
-__all__ = ["Batch", "Sample", "model_batch", "model_sample"]
+__all__ = ["Batch", "Sample", "model_batch", "model_sample", "refuse_collation"]

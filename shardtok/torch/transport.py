@@ -30,7 +30,7 @@ import torch
 
 from shardtok._process import process_alive
 from shardtok.stream.batch import BATCH_KEYS, allocate_arrays
-from shardtok.torch.model_inputs import model_batch
+from shardtok.torch.model_inputs import model_batch, refuse_collation
 
 ALIGN = 64
 DEFAULT_SLOTS = 16
@@ -140,14 +140,22 @@ def _attach_ring(batch_size: int, seq_len: int, slots: int, fd) -> SlotRing:
     return SlotRing(batch_size, seq_len, slots, fd=received)
 
 
-class _SlotBatch:
-    """Pickles to a handle; unpickles (in the main process) to a dict of tensors."""
+class _SlotBatch(dict):
+    """Pickles to a handle; unpickles (in the main process) to a dict of tensors.
+
+    An empty dict to torch: the DataLoader's ``default_convert`` copies a mapping it is handed
+    (here: the handle itself, unchanged), and its collate, batching batches, is refused."""
 
     __slots__ = ("ring", "slot", "cu_len", "extras", "labels_format")
 
     def __init__(self, ring: SlotRing, slot: int, cu_len: int, extras: dict, labels_format: str):
+        super().__init__()
         self.ring, self.slot, self.cu_len, self.extras = ring, slot, cu_len, extras
         self.labels_format = labels_format
+
+    def __copy__(self) -> _SlotBatch:
+        refuse_collation(self.ring.batch_size)
+        return self
 
     def __reduce__(self):
         ring = self.ring

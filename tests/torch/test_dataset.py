@@ -14,6 +14,7 @@ from shardtok.stream.options import StreamOptions
 from shardtok.stream.slice_stream import SliceStream
 from shardtok.torch import ShardStreamDataset
 from shardtok.torch.distributed import data_parallel_rank
+from tests.helpers.batches import check_model_keys
 
 OPTIONS = dict(seq_len=63, batch_size=4, shuffle_buffer=40, seed=5)
 
@@ -47,6 +48,7 @@ def expected(path, num_workers, epoch=0, rank=0, world_size=1, **overrides):
 def assert_same(batches, reference):
     assert len(batches) == len(reference)
     for got, want in zip(batches, reference):
+        got = check_model_keys(got)
         assert set(got) == set(want)
         for key, value in want.items():
             if isinstance(value, np.ndarray):

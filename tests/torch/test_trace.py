@@ -57,7 +57,7 @@ def test_one_dataset_in_process_from_its_own_state(folders):
         batches.append(batch)
         if step == 2:
             state = dataset.state_dict()
-    assert_reproduces(dataset.trace(len(batches)), batches[-1], read)
+    assert_reproduces(dataset.trace(len(batches), num_workers=0), batches[-1], read)
     trace = dataset.trace(4, state=state)
     assert trace["state_steps"] == 2
     assert_reproduces(trace, batches[3], read)

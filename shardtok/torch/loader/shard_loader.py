@@ -40,6 +40,7 @@ from shardtok.torch.loader.memmap_batches import MemmapBatches, MemmapBatchSourc
 from shardtok.torch.loader.saved import loader_state, memmap_loader_state, parse_loader_state
 from shardtok.torch.loader.worker_pool import LoaderWorkerError, WorkerPool
 from shardtok.torch.memmap_dataset import MemmapTokenDataset
+from shardtok.torch.model_inputs import model_batch
 from shardtok.torch.transport import SlotRing, to_tensors
 
 DEFAULT_PREFETCH = 4
@@ -82,6 +83,12 @@ class ShardLoader(DataLoader):
                 collate_fn=dataset.collate,  # type: ignore[union-attr]
             )  # fmt: skip
         elif isinstance(dataset, ShardStreamDataset):
+            if dataset.yields_samples:
+                raise UsageError(
+                    "ShardLoader hands over whole batches: give the ShardStreamDataset "
+                    "batch_size (a dataset without it yields single sequences, for a "
+                    "DataLoader's own batching)"
+                )
             if batch_size is not None or sampler is not None:
                 raise ValueError(
                     "a ShardStreamDataset builds its own batches: set batch_size on the dataset "
@@ -144,6 +151,7 @@ class ShardLoader(DataLoader):
         if self.num_workers == 0:
             return self._pinned(iter(dataset))
         options = dataset.options
+        dataset._in_workers.value = 1  # from now on the position lives in the workers
         states, first = self._resume or ([None] * self.num_workers, 0)
         if self._resume is None and dataset._pending_state is not None:
             states = [dataset._pending_state] * self.num_workers  # a merged (elastic) state
@@ -166,8 +174,9 @@ class ShardLoader(DataLoader):
         # CPU less per batch than a slot's views, finalizer and tensors (bench_memmap.py).
         batches, _ = source._start_stream(state)
         self._inline = batches
+        labels = source.dataset.labels_format
         for batch in batches:
-            yield to_tensors(batch)
+            yield model_batch(to_tensors(batch), labels)
 
     def _epoch_order(self) -> np.ndarray:
         if isinstance(self.sampler, SequentialSampler):
