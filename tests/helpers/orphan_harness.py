@@ -1,16 +1,29 @@
-"""Start a conversion, SIGKILL it as soon as its first worker exists, wait for every process it
-left behind to exit. Run as a script: ``orphan_harness.py START_METHOD INPUT OUTPUT``.
+"""Kill a process that has workers, and watch the workers it leaves behind. Two modes:
 
-This process makes itself a child subreaper (Linux), so the orphans are re-parented to it and
-can be watched (and reaped) here rather than vanishing under init. Exit 0 when none is left
+``orphan_harness.py START_METHOD INPUT OUTPUT``: start a conversion, SIGKILL it as soon as its
+first worker exists, wait for every process it left behind to exit. Exit 0 when none is left
 within the bound, 1 (naming them) when some are still alive; the bound is generous, the test
 never asserts how long it took.
+
+``orphan_harness.py loader DATASET METHOD:SIGNAL...``: per case, a trainer holding a
+``ShardLoader`` with two workers under that start method, killed with that signal right after
+a first batch from each worker (see ``loader_main``). Prints one JSON line per case: the
+workers' pids, when each exited after the trainer died, and any still alive after the bound
+(then killed).
+
+This process makes itself a child subreaper (Linux), so the orphans are re-parented to it and
+can be watched (and reaped) here rather than vanishing under init.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import ctypes
+import json
+import multiprocessing
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -132,5 +145,135 @@ def main() -> int:
         time.sleep(0.05)
 
 
+# -- ShardLoader: a trainer per (start method, signal) ------------------------------------------
+
+
+def _trainer(dataset: str, method: str, report: int) -> None:
+    from shardtok.torch import ShardLoader, ShardStreamDataset
+
+    ds = ShardStreamDataset(dataset, seq_len=63, batch_size=4)
+    loader = ShardLoader(ds, num_workers=2, multiprocessing_context=method)
+    batches = iter(loader)
+    # One batch from each worker (they take turns): a spawned worker still importing torch when
+    # its trainer dies cannot notice before its start-up ends, seconds later on a loaded machine.
+    for _ in range(loader.num_workers):
+        next(batches)
+    os.write(report, json.dumps([p.pid for p in loader._workers.processes]).encode() + b"\n")
+    time.sleep(_BOUND_S * 10)  # holding `batches` (its workers ahead, waiting for credit)
+
+
+def _start_trainer(dataset: str, method: str) -> tuple[int, int]:
+    """A forked trainer (torch already imported: its start costs nothing) and the read end of
+    the pipe it writes its workers' pids on."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid:
+        os.close(write)
+        return pid, read
+    os.close(read)
+    code = 0
+    try:
+        _trainer(dataset, method, write)
+    except KeyboardInterrupt:  # SIGINT: Python's own handler, then the exit handlers below
+        code = 130
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        code = 3
+    atexit._run_exitfuncs()  # what the interpreter runs on its way out (multiprocessing's)
+    os._exit(code)
+
+
+def _exited(pid: int) -> bool:
+    stat = _stat(pid)
+    return stat is None or stat[1] == "Z"
+
+
+def loader_main(dataset: str, cases: list[str]) -> int:
+    """Each case's trainer is signalled as soon as it reports its workers, and is left unreaped
+    (a zombie, as under a launcher that has not waited yet) until its workers are gone: they must
+    not take a zombie for a live main process. Times are taken by polling every 10 ms."""
+    # The script's own imports, as in a training job: the fork server starts with them and its
+    # workers do not import torch again (spawned ones still do).
+    import shardtok.torch  # noqa: F401
+
+    multiprocessing.set_forkserver_preload(["shardtok.torch"])
+    running = {}
+    for case in cases:
+        method, name = case.split(":")
+        pid, report = _start_trainer(dataset, method)
+        running[report] = {"method": method, "signal": name, "trainer": pid, "line": b""}
+    ready_by = time.monotonic() + _BOUND_S * 4
+    watched, results = [], []
+    while running or watched:
+        if running:
+            ready = select.select(list(running), [], [], 0.01)[0]
+        else:
+            ready = []
+            time.sleep(0.01)
+        now = time.monotonic()
+        for fd in ready:
+            case = running[fd]
+            chunk = os.read(fd, 4096)
+            case["line"] += chunk
+            if chunk and not case["line"].endswith(b"\n"):
+                continue
+            del running[fd]
+            os.close(fd)
+            if not chunk:
+                case["error"] = "the trainer exited before its first batches"
+                os.waitpid(case["trainer"], 0)
+                results.append(case)
+                continue
+            case["workers"] = json.loads(case.pop("line"))
+            os.kill(case["trainer"], getattr(signal, case["signal"]))
+            case.update(signalled=now, died=None, exits={})
+            watched.append(case)
+        for case in list(watched):
+            if case["died"] is None and _exited(case["trainer"]):
+                case["died"] = now
+            for worker in case["workers"]:
+                if worker not in case["exits"] and _exited(worker):
+                    case["exits"][worker] = now
+                with contextlib.suppress(ChildProcessError):  # an orphan now ours: reap it
+                    os.waitpid(worker, os.WNOHANG)
+            left = [w for w in case["workers"] if w not in case["exits"]]
+            over = now - case["signalled"] > _BOUND_S
+            if case["died"] is not None and (not left or over):
+                for worker in left:
+                    os.kill(worker, signal.SIGKILL)
+                os.waitpid(case["trainer"], 0)
+                watched.remove(case)
+                results.append(case | {"left": left})
+        if running and now > ready_by:
+            for case in running.values():
+                os.kill(case["trainer"], signal.SIGKILL)
+                os.waitpid(case["trainer"], 0)
+                results.append(case | {"error": "no first batches within the bound"})
+            running = {}
+    for case in results:
+        if "error" not in case:
+            case["after_death_s"] = {w: t - case["died"] for w, t in case.pop("exits").items()}
+            case["death_after_signal_s"] = case.pop("died") - case.pop("signalled")
+        case.pop("line", None)
+        print(json.dumps(case), flush=True)
+    # What else the trainers left (fork servers, resource trackers) goes once they see the
+    # trainers gone; not part of the cases' verdicts.
+    deadline = time.monotonic() + _BOUND_S
+    while _descendants(os.getpid()) and time.monotonic() < deadline:
+        _reap()
+        time.sleep(0.05)
+    for pid in _descendants(os.getpid()):
+        print(f"left behind: {pid} {_cmdline(pid)}", file=sys.stderr)
+        os.kill(pid, signal.SIGKILL)
+    _reap()
+    return 0
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["loader"]:
+        if ctypes.CDLL(None).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+            sys.exit("cannot become a child subreaper")
+        sys.exit(loader_main(sys.argv[2], sys.argv[3:]))
     sys.exit(main())

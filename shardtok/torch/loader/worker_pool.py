@@ -17,9 +17,15 @@ by value, the ring, pipes, semaphore and flag as descriptors or names of the sam
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import gc
 import os
 import pickle
+import signal
+import sys
+import threading
+import time
 import traceback
 
 import numpy as np
@@ -30,7 +36,9 @@ from shardtok.errors import ShardtokError
 from shardtok.stream.batch import BATCH_KEYS
 from shardtok.torch.transport import SlotRing, _slot_tensors, to_tensors
 
-LIVENESS_S = 5.0  # how often a blocked side checks that the other side still exists
+LIVENESS_S = 5.0  # how long the main process waits for a worker to stop or to exit
+WATCH_S = 0.2  # how often a worker's watchdog checks that the main process still exists
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 class LoaderWorkerError(ShardtokError):
@@ -62,6 +70,13 @@ class WorkerPool:
         self.results, self.commands, self.processes = [], [], []
         self._shut_down = False
         self.owner = parent = os.getpid()
+        method = context.get_start_method()
+        # The kernel's parent-death signal comes when the *thread* that forked the worker exits:
+        # a pool started on another thread (a prefetching thread that ends while persistent
+        # workers live on) would lose its workers with it. See _exit_with_main for forkserver.
+        death_signal = (
+            method != "forkserver" and threading.current_thread() is threading.main_thread()
+        )
         for w in range(count):
             # Made just before this worker starts and closed here right after, a result pipe's
             # sending end lives in its worker alone: the worker's death is an EOF.
@@ -79,6 +94,8 @@ class WorkerPool:
                     self.credits[w],
                     self.stops[w],
                     parent,
+                    method != "forkserver",
+                    death_signal,
                 ),
                 name=f"shardtok-loader-worker-{w}",
                 daemon=True,
@@ -200,6 +217,44 @@ def raise_worker_error(worker: int, message: tuple) -> None:
 # -- the worker process ---------------------------------------------------------------------
 
 
+def _exit_with_main(parent: int, child_of_main: bool, death_signal: bool) -> None:
+    """End this worker within WATCH_S of the main process `parent` dying, whatever killed it."""
+    # Two mechanisms. On Linux the kernel sends PR_SET_PDEATHSIG's signal the moment the parent
+    # dies: nothing polled, and it reaches a worker busy in code that holds the GIL. SIGKILL,
+    # because a forked worker inherits the training script's Python handlers (a SIGTERM handler
+    # that saves a checkpoint), and holds nothing that needs cleaning up. It only covers fork and
+    # spawn workers of a pool started on the main thread (see WorkerPool): a forkserver worker's
+    # parent is the fork server, which exits at EOF on its liveness pipe, and multiprocessing
+    # hands every forkserver child a copy of that pipe's write end, so the fork server outlives
+    # a dead main process as long as its workers do (the old polling left such workers alive for
+    # good while the killed main process was an unreaped zombie). For those, and off Linux, a
+    # watchdog thread checks the main process's pid five times a second: a few system calls
+    # beside the batch loop, none in it. Watching for EOF on a pipe of our own instead, as
+    # convert's workers do, would stall the same way whenever a later child of the main process
+    # (a torch DataLoader worker) inherits the write end.
+    if death_signal and sys.platform == "linux":
+        with contextlib.suppress(OSError, AttributeError):  # no prctl: the watchdog alone
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    ppid = os.getppid()
+
+    def main_gone() -> bool:
+        # process_alive: a main process killed but not yet reaped by its own parent is a zombie,
+        # which still takes signal 0.
+        return os.getppid() != ppid or not process_alive(parent)
+
+    # The main process may have died before the signal was asked for (then none comes): a fork
+    # or spawn worker is then already a child of another process.
+    if (child_of_main and ppid != parent) or main_gone():
+        os._exit(1)
+
+    def watch() -> None:
+        while not main_gone():
+            time.sleep(WATCH_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="shardtok-loader-watchdog", daemon=True).start()
+
+
 def _worker_main(
     dataset,
     worker: int,
@@ -210,7 +265,10 @@ def _worker_main(
     credits,
     stop,
     parent: int,
+    child_of_main: bool,
+    death_signal: bool,
 ) -> None:
+    _exit_with_main(parent, child_of_main, death_signal)
     # A forked worker shares the main process's pages until it writes to one, and a garbage
     # collection writes to every object it examines. When a full collection was due in the main
     # process at the fork, each worker's first collection was that full one: ~0.1 s of CPU and a
@@ -222,34 +280,21 @@ def _worker_main(
     torch.set_num_threads(1)
     dataset._worker_slot = (worker, count)
     dataset._ring = ring
-    # The main process is `parent`, but a forkserver worker's parent is the fork server: the
-    # main process is gone when its pid is, or when this worker was handed to init (a fork or
-    # spawn worker whose main process exited; a fork server exits with its main process).
-    ppid = os.getppid()
-
-    def orphaned() -> bool:
-        return os.getppid() != ppid or not process_alive(parent)
-
     try:
         while True:
-            while not commands.poll(LIVENESS_S):
-                if orphaned():
-                    return
-            kind, state = commands.recv()
+            kind, state = commands.recv()  # blocks: _exit_with_main ends an orphan
             if kind == "exit":
                 return
-            _run_epoch(dataset, ring, state, out, credits, stop, orphaned)
+            _run_epoch(dataset, ring, state, out, credits, stop)
     except (KeyboardInterrupt, EOFError, BrokenPipeError):
         return
 
 
-def _run_epoch(dataset, ring: SlotRing | None, state, out, credits, stop, orphaned) -> None:
+def _run_epoch(dataset, ring: SlotRing | None, state, out, credits, stop) -> None:
     try:
         stream, _ = dataset._start_stream(state)
         while True:
-            while not credits.acquire(timeout=LIVENESS_S):
-                if orphaned():
-                    return
+            credits.acquire()
             if stop.value:
                 out.send(("stopped",))
                 return
@@ -273,4 +318,4 @@ def _run_epoch(dataset, ring: SlotRing | None, state, out, credits, stop, orphan
         out.send(("error", pickled, traceback.format_exc()))
 
 
-__all__ = ["LIVENESS_S", "LoaderWorkerError", "WorkerPool", "raise_worker_error"]
+__all__ = ["LIVENESS_S", "WATCH_S", "LoaderWorkerError", "WorkerPool", "raise_worker_error"]
