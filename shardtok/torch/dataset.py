@@ -27,7 +27,7 @@ from shardtok.stream.plan import EpochPlan
 from shardtok.stream.resume.saved import MergedState, Placement, WorkerState
 from shardtok.torch.distributed import data_parallel_rank
 from shardtok.torch.lengths import check_num_batches, check_worker_count, per_worker
-from shardtok.torch.model_inputs import model_batch, model_sample
+from shardtok.torch.model_inputs import model_batch, model_sample, warn_if_transformers_mixes
 from shardtok.torch.transport import SlotRing, to_tensors
 
 _WORKERS_HOLD_STATE = (
@@ -138,6 +138,7 @@ class ShardStreamDataset(IterableDataset):
         elif isinstance(dataset, MixSpec):
             dataset.allow_mixed_tokenizers |= allow_mixed_tokenizers
         self.setup = StreamSetup.of(dataset, options)
+        warn_if_transformers_mixes(options.labels_format)
         for each in self.setup.sources:
             each.manifest  # noqa: B018 - read now: fail here, not in a worker
         self.num_batches = num_batches

@@ -30,7 +30,7 @@ from shardtok.memmap.tokens import open_local_data
 from shardtok.stream.batch import BATCH_KEYS, allocate_arrays, build_batch, check_labels_format
 from shardtok.stream.sequence import PackedSequence
 from shardtok.torch.memmap_plan import BatchPlan
-from shardtok.torch.model_inputs import model_batch
+from shardtok.torch.model_inputs import model_batch, warn_if_transformers_mixes
 from shardtok.torch.transport import SlotRing, to_tensors
 
 
@@ -54,6 +54,7 @@ class MemmapTokenDataset(Dataset):
         self.cache_dir = cache_dir
         self.mask_boundary_labels = mask_boundary_labels
         check_labels_format(labels_format)  # here, not in a worker's collate
+        warn_if_transformers_mixes(labels_format)
         self.labels_format = labels_format
         self.shared_memory = shared_memory
         self._samples: GPTSamples | None = None

@@ -24,7 +24,10 @@ single sequence (a dataset built without ``batch_size``) collates into a batch t
 
 from __future__ import annotations
 
+import importlib.metadata
+import re
 import sys
+import warnings
 
 import torch
 from torch.utils.data._utils.collate import collate as _torch_collate
@@ -47,6 +50,35 @@ def _collated_by_torch() -> bool:
     caller = sys._getframe(3)
     outer = caller.f_back
     return caller.f_code is _COLLATE or (outer is not None and outer.f_code is _COLLATE)
+
+
+ISOLATING_TRANSFORMERS = (4, 54)  # masking_utils' packed-sequence detection (eager, SDPA, flex)
+_warned: list[bool] = []
+
+
+def _installed_transformers() -> str | None:
+    try:
+        return importlib.metadata.version("transformers")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def warn_if_transformers_mixes(labels_format: str) -> None:
+    """Once per process, for a dataset made for Hugging Face models: warn when the installed
+    transformers predates its isolation of packed documents by ``position_ids``."""
+    version = _installed_transformers() if labels_format == "hf" and not _warned else None
+    if version is None:
+        return
+    release = tuple(int(part) for part in re.findall(r"\d+", version)[:2])
+    if release >= ISOLATING_TRANSFORMERS:
+        return
+    _warned.append(True)
+    warnings.warn(
+        f"transformers {version} lets packed documents attend to each other under eager and SDPA "
+        "attention (it isolates them by position_ids from 4.54 on): install transformers>=4.54, "
+        "or run flash_attention_2, or give the model a block-causal mask (docs/MODELS.md)",
+        stacklevel=3,
+    )
 
 
 def refuse_collation(batch_size: int) -> None:
@@ -104,4 +136,11 @@ def model_sample(batch: dict, labels_format: str) -> Sample:
     return out
 
 
-__all__ = ["Batch", "Sample", "model_batch", "model_sample", "refuse_collation"]
+__all__ = [
+    "Batch",
+    "Sample",
+    "model_batch",
+    "model_sample",
+    "refuse_collation",
+    "warn_if_transformers_mixes",
+]

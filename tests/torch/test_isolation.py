@@ -5,6 +5,9 @@ greedy and bfd packing, and through ``transformers.Trainer`` fed by the dataset.
 
 from __future__ import annotations
 
+import warnings
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -119,3 +122,45 @@ def test_trainer_fed_by_the_dataset_isolates_and_batches_sequences(datasets, tmp
                 where = torch.nonzero(docs == doc).flatten()
                 alone = model(input_ids=batch["input_ids"][row, where][None]).logits[0]
                 torch.testing.assert_close(packed[row, where], alone, rtol=0, atol=1e-4)
+
+
+def test_the_documented_block_causal_mask_isolates_under_sdpa(datasets):
+    """The mask of docs/MODELS.md, run as written, with F.scaled_dot_product_attention."""
+    text = (Path(__file__).parents[2] / "docs" / "MODELS.md").read_text()
+    block = text.split("```python\n")[1].split("```")[0]
+    assert "def block_causal_mask" in block
+    scope: dict = {}
+    exec(block, scope)
+    ds = ShardStreamDataset(datasets["sft"], seq_len=SEQ_LEN, batch_size=4, packing="bfd")
+    batch = next(iter(ds))
+    mask = scope["block_causal_mask"](batch["document_ids"])
+    assert mask.shape == (4, 1, SEQ_LEN, SEQ_LEN) and mask.dtype == torch.bool
+    torch.manual_seed(1)
+    q, k, v = (torch.randn(4, 2, SEQ_LEN, 8) for _ in range(3))
+    packed = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    for row in range(4):
+        docs = batch["document_ids"][row]
+        for doc in torch.unique(docs):
+            where = torch.nonzero(docs == doc).flatten()
+            alone = torch.nn.functional.scaled_dot_product_attention(
+                q[row : row + 1, :, where], k[row : row + 1, :, where], v[row : row + 1, :, where],
+                is_causal=True,
+            )  # fmt: skip
+            torch.testing.assert_close(packed[row : row + 1, :, where], alone)
+
+
+def test_an_old_transformers_is_warned_about_once(datasets, monkeypatch):
+    from shardtok.torch import model_inputs
+
+    monkeypatch.setattr(model_inputs, "_installed_transformers", lambda: "4.53.2")
+    monkeypatch.setattr(model_inputs, "_warned", [])
+    with pytest.warns(UserWarning, match=r"install transformers>=4.54"):
+        ShardStreamDataset(datasets["sft"], seq_len=SEQ_LEN, batch_size=4, labels_format="hf")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ShardStreamDataset(datasets["sft"], seq_len=SEQ_LEN, batch_size=4, labels_format="hf")
+    monkeypatch.setattr(model_inputs, "_warned", [])
+    monkeypatch.setattr(model_inputs, "_installed_transformers", lambda: "5.25.0")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ShardStreamDataset(datasets["sft"], seq_len=SEQ_LEN, batch_size=4, labels_format="hf")
