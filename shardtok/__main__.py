@@ -1,5 +1,5 @@
 import sys
 
-from shardtok.cli import main
+from shardtok.command import main
 
 sys.exit(main())

@@ -82,7 +82,7 @@ LAYER_RULES: dict[str, set[str]] = {
 # Top-level modules that are not layers: every layer may import them, and they import no layer.
 SHARED = {"", "errors", "_process", "_checksum", "_threads"}
 # `python -m shardtok` is the command line.
-ALIASES = {"__main__": "cli"}
+ALIASES = {"__main__": "cli", "command": "cli"}  # the console script and python -m shardtok
 
 _SHARED_LAYER = "(shared)"
 
