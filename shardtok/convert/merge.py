@@ -37,6 +37,7 @@ from shardtok.convert.progress import plural, progress_bar
 from shardtok.convert.unit_result import UnitResult
 from shardtok.convert.units import Unit
 from shardtok.convert.workdir import WorkDir
+from shardtok.convert.worker import ignore_sigint
 from shardtok.errors import ShardtokError
 from shardtok.format.manifest import MANIFEST_NAME, Manifest, ShardEntry
 from shardtok.format.mmidx import token_dtype
@@ -101,7 +102,9 @@ class _LocalMap:
 
     def start(self) -> ProcessPoolExecutor:
         if self.pool is None:
-            self.pool = ProcessPoolExecutor(self.jobs, mp_context=mp_context(self.start_method))
+            self.pool = ProcessPoolExecutor(
+                self.jobs, mp_context=mp_context(self.start_method), initializer=ignore_sigint
+            )
         return self.pool
 
     def close(self) -> None:

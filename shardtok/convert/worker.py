@@ -150,6 +150,16 @@ def start_unit(
     _sink().conclude(conclude)
 
 
+def ignore_sigint() -> None:
+    """A convert worker's first act. Ctrl-C reaches the whole process group: the main process
+    alone answers it (one line) and ends the pool, so no worker prints a traceback of its own.
+    The unit pool starts workers with SIGINT blocked (pool._sigint_held): one that came since is
+    dropped once ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def serve_units(
     config: WorkerConfig,
     tasks: Connection,
@@ -160,12 +170,7 @@ def serve_units(
     """A worker process of pool.UnitPool: (task id, unit, canary verdict or None) from
     `tasks` until None, (task id, outcome, error) on `results` as each unit is persisted (sent
     by the writer thread, while this thread tokenizes the next unit)."""
-    # Ctrl-C reaches the whole process group: the main process alone answers it (one line) and
-    # ends the pool, so no worker prints a traceback of its own. The pool starts workers with
-    # SIGINT blocked (pool._sigint_held): one that came since is dropped once ignored.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if hasattr(signal, "pthread_sigmask"):
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    ignore_sigint()
     init_worker(config, alive, alive_w)
     lock = threading.Lock()  # the writer thread sends; this one only when a unit cannot start
 
