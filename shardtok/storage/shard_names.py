@@ -38,6 +38,9 @@ from shardtok.storage.location import Location, display_url, name_problem
 
 MAX_NAMES = 1_000_000  # names one pattern may expand to: refused beyond, before expanding
 MAX_PATTERN = 65_536  # characters: nesting is parsed recursively, each level once more
+# Digits of a range's bound or step: far more than any shard number needs, and below what
+# Python turns into an int from text (4,300 digits) or prints a count of.
+MAX_DIGITS = 30
 SHARD_SUFFIX = ".tar"
 MIX_HINT = "to mix datasets pass a mapping {location: weight} or --source"
 
@@ -69,6 +72,9 @@ class _Literal:
 
 class _IntRange:
     def __init__(self, start: str, end: str, step: str | None):
+        for number in (start, end, step or ""):
+            if len(number.lstrip("-")) > MAX_DIGITS:
+                raise _TooManyDigits(number)
         padded = any(s.startswith(("0", "-0")) for s in (start, end) if s not in ("0", "-0"))
         self.format = f"%0{max(len(start), len(end)) if padded else 0}d"
         by = (int(step) or 1) if step else 1
@@ -76,7 +82,9 @@ class _IntRange:
         self.range = range(first, last + 1, by) if first < last else range(first, last - 1, -by)
 
     def count(self) -> int:
-        return len(self.range)
+        # len() of a range stops at sys.maxsize; a bound of 20 digits passes it.
+        r = self.range
+        return max(0, (r.stop - r.start + r.step - (1 if r.step > 0 else -1)) // r.step)
 
     def values(self) -> list[str]:
         return [self.format % i for i in self.range]
@@ -84,6 +92,8 @@ class _IntRange:
 
 class _CharRange:
     def __init__(self, start: str, end: str, step: str | None):
+        if step and len(step) > MAX_DIGITS:
+            raise _TooManyDigits(step)
         by = (int(step) or 1) if step else 1
         first, last = _ALPHABET.index(start), _ALPHABET.index(end)
         if first < last:
@@ -125,6 +135,10 @@ def _unescape(text: str) -> str:
 
 
 class _Unbalanced(Exception):
+    pass
+
+
+class _TooManyDigits(Exception):
     pass
 
 
@@ -202,14 +216,21 @@ def _parsed(pattern: str) -> list:
         raise UsageError(f"pattern {shown}: unbalanced braces") from None
     except RecursionError:
         raise UsageError(f"pattern {shown}: braces nested too deep") from None
+    except _TooManyDigits as exc:
+        raise UsageError(
+            f"pattern {shown}: a range's number has more than {MAX_DIGITS} digits "
+            f"({_shown(exc.args[0])})"
+        ) from None
 
 
 def _expand(patterns: list[str], shown: str, limit: int) -> list[str]:
     trees = [_parsed(p) for p in patterns]
     count = sum(_count(t) for t in trees)
     if count > limit:
+        # Many ranges multiply to a count Python would refuse to print (over 4,300 digits).
+        many = f"{count:,}" if count < 10**MAX_DIGITS else f"over 10^{MAX_DIGITS}"
         raise UsageError(
-            f"pattern {_shown(shown)} expands to {count:,} names, more than {limit:,}: name "
+            f"pattern {_shown(shown)} expands to {many} names, more than {limit:,}: name "
             "fewer shards per pattern"
         )
     return [_unescape(v) for tree in trees for v in _raw(tree)]

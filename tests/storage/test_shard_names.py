@@ -81,6 +81,23 @@ def test_a_huge_pattern_is_refused_before_any_name_is_made():
         expand_braces("shard-{000000..000003.tar")
 
 
+def test_bounds_past_any_machine_integer_are_a_usage_error():
+    pattern = "data/shard-{0..99999999999999999999999}.tar"
+    with pytest.raises(UsageError) as info:
+        select_shards(pattern)
+    assert str(info.value) == (
+        f"pattern {pattern!r} expands to 100,000,000,000,000,000,000,000 names, more than "
+        "1,000,000: name fewer shards per pattern"
+    )
+    with pytest.raises(UsageError, match=r"a range's number has more than 30 digits"):
+        expand_braces("s-{0..1%s}.tar" % ("0" * 5000))  # past what int() reads from text
+    with pytest.raises(UsageError, match=r"more than 30 digits"):
+        expand_braces("s-{a..c..%s}.tar" % ("9" * 5000))
+    with pytest.raises(UsageError, match=r"expands to over 10\^30 names, more than 1,000,000"):
+        expand_braces("x" + "{0..999999999999}" * 3000)  # a count of 36,000 digits
+    assert expand_braces("s-{1..3..99999999999999999999}") == ["s-1"]
+
+
 def test_what_names_a_dataset_or_some_of_its_shards(tmp_path):
     data = tmp_path / "ds"
     data.mkdir()
