@@ -11,8 +11,10 @@ for them.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +28,7 @@ from shardtok.format.shard_reader import ShardReader, ShardStreamReader
 from shardtok.storage.base import ByteSource, ObjectNotFoundError
 from shardtok.storage.cache import LocalCache
 from shardtok.storage.endpoints import endpoint_of, note_reached, was_reached
-from shardtok.storage.location import Location
+from shardtok.storage.location import Location, LocationError
 from shardtok.storage.manifest_files import ManifestFiles, missing
 from shardtok.storage.prefetch import Prefetcher
 from shardtok.storage.shard_names import check_shard_name, select_shards
@@ -46,6 +48,11 @@ class DatasetSource:
     (whatever order they were given in, so a subset always plans the same), and the counts
     they add up to; ``dataset_manifest`` is index.json whole. ``DatasetSource.of`` reads a
     location, pattern, glob or list into a source.
+
+    A local dataset's files (manifests, shards) must resolve inside its folder: a symbolic link
+    to a file elsewhere is refused with a ``LocationError`` before it is opened, unless
+    `allow_symlinks_outside` (links within the folder, and a folder that is itself a link, are
+    always followed).
     """
 
     def __init__(
@@ -57,6 +64,7 @@ class DatasetSource:
         cache_dir: str | Path | None = None,
         cache_bytes: int | None = None,
         shards: Sequence[str] | None = None,
+        allow_symlinks_outside: bool = False,
     ):
         # `location` is kept as given (less trailing slashes): resume fingerprints record it.
         self.location = str(Location.of(location).url).rstrip("/") or "/"
@@ -66,7 +74,8 @@ class DatasetSource:
         self.cache_bytes = cache_bytes
         if self.cache_dir is not None and not cache_bytes:
             raise ValueError("cache_dir needs cache_bytes, the cache's size limit")
-        self.root = Location(self.location)
+        self.allow_symlinks_outside = bool(allow_symlinks_outside)
+        self.root = self._root()
         self.shards = None if shards is None else _shard_names(shards, self.root)
         self._reset()
 
@@ -77,6 +86,12 @@ class DatasetSource:
         self._entries: dict[str, ShardEntry] | None = None
         self._prefetcher: Prefetcher | None = None
         self._sizes: dict[str, np.ndarray] = {}
+
+    def _root(self) -> Location:
+        root = Location(self.location)
+        if root.is_local and not self.allow_symlinks_outside:
+            return _Confined(root.url)
+        return root
 
     @classmethod
     def of(
@@ -90,7 +105,8 @@ class DatasetSource:
         """The source `what` names: a dataset folder or URL prefix, or some of its shards (a
         ``.tar`` file or URL, a brace pattern, a local glob, or a list of those; see
         ``shard_names.select_shards``). `base`: the folder relative local paths are read from.
-        `kwargs` go to the constructor (``retry``, ``cache_dir``, ``cache_bytes``)."""
+        `kwargs` go to the constructor (``retry``, ``cache_dir``, ``cache_bytes``,
+        ``allow_symlinks_outside``)."""
         chosen = select_shards(what, base=base)
         return cls(chosen.root, storage_options, shards=chosen.shards, **kwargs)
 
@@ -104,6 +120,8 @@ class DatasetSource:
         }
         if self.shards is not None:
             state["shards"] = self.shards
+        if self.allow_symlinks_outside:  # absent otherwise: states saved before it still load
+            state["allow_symlinks_outside"] = True
         # A spawned worker starts with no endpoint reached: without this, a server restarting
         # just as it starts would be taken for a wrong port and fail the run (endpoints).
         if not self.is_local and was_reached(self._endpoint()):
@@ -113,8 +131,8 @@ class DatasetSource:
     def __setstate__(self, state: dict) -> None:
         state = dict(state)
         reached = state.pop("reached", False)
-        self.__dict__.update({"shards": None, **state})
-        self.root = Location(self.location)
+        self.__dict__.update({"shards": None, "allow_symlinks_outside": False, **state})
+        self.root = self._root()
         self._reset()
         if reached:
             note_reached(self._endpoint())
@@ -171,7 +189,8 @@ class DatasetSource:
 
     def where_of(self, name: str) -> str:
         """How to name file `name` in messages (a URL without credentials)."""
-        return self.root.join(name).display
+        # Naming a file reads nothing: a link out of the folder is refused where it is opened.
+        return Location.join(self.root, name).display
 
     def open_file(self, name: str) -> ByteSource:
         """File `name` of the dataset as a ``ByteSource``; nothing is read yet."""
@@ -310,6 +329,30 @@ class DatasetSource:
         reader = ShardReader(source, where)
         check_shard_identity(reader.meta, entry, self.manifest, where, size)
         return reader
+
+
+@dataclass(frozen=True)
+class _Confined(Location):
+    """A local dataset folder whose joined names must resolve inside it (``DatasetSource``):
+    every file of the dataset, manifests included, is opened through ``join``."""
+
+    @cached_property
+    def _real(self) -> str:
+        return os.path.realpath(self.local_path)
+
+    def join(self, name: str) -> Location:
+        target = super().join(name)
+        resolved = os.path.realpath(target.local_path)
+        if os.path.commonpath([self._real, resolved]) != self._real:
+            # Only the link's target is named, never anything read from it.
+            raise LocationError(
+                target.display,
+                None,
+                f"a symbolic link to {resolved}, outside the dataset's folder {self._real}: "
+                "refused without reading it (DatasetSource(..., allow_symlinks_outside=True) "
+                "follows such links)",
+            )
+        return target
 
 
 def _shard_names(shards: Sequence[str], root: Location) -> tuple[str, ...]:

@@ -8,6 +8,8 @@ dataset's origin, 127.0.0.2 another one that must never see the canary header.
 
 from __future__ import annotations
 
+import os
+import pickle
 import shutil
 import subprocess
 import sys
@@ -154,6 +156,74 @@ def test_a_remote_dataset_never_reads_local_files(dataset, origins):  # noqa: F8
         assert "root:" not in _full_text(info.value)
 
 
+def _linked_copy(dataset: Path, folder: Path, name: str, target: str | Path) -> Path:
+    """A copy of `dataset` whose file `name` is a symbolic link to `target`."""
+    shutil.copytree(dataset, folder)
+    (folder / name).unlink(missing_ok=True)
+    (folder / name).symlink_to(target)
+    return folder
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("target", ["/etc/passwd", "COPY_OUTSIDE", "MISSING_OUTSIDE"])
+def test_a_shard_linked_outside_the_folder_is_refused_unread(dataset, tmp_path, kind, target):
+    # A working copy of the shard outside: before, the stream followed the link and served it.
+    copy = tmp_path / "elsewhere" / "shard-000000.tar"
+    copy.parent.mkdir()
+    shutil.copy(dataset / "shard-000000.tar", copy)
+    target = {"COPY_OUTSIDE": copy, "MISSING_OUTSIDE": tmp_path / "gone.tar"}.get(target, target)
+    bad = _linked_copy(dataset, tmp_path / "ds", "shard-000000.tar", target)
+    republish(bad, lambda doc: None, kind)
+    source = DatasetSource(bad)
+    shard = bad / "shard-000000.tar"
+    expected = f"{shard}: a symbolic link to {os.path.realpath(target)}, outside the dataset's "
+    for use in (source.open_stream, source.open_random, source.open_file):
+        with pytest.raises(LocationError) as info:
+            use("shard-000000.tar")
+        assert str(info.value).startswith(expected), str(info.value)
+        assert "root:" not in _full_text(info.value)
+        _one_line_without(str(info.value))
+    with pytest.raises(LocationError, match="outside the dataset's folder"):
+        next(iter(SliceStream(source, OPTIONS)))
+
+
+@pytest.mark.parametrize("name", ["index.json", "index.compact"])
+def test_a_manifest_linked_outside_the_folder_is_refused(dataset, tmp_path, name):
+    outside = tmp_path / "theirs"
+    shutil.copytree(dataset, outside)
+    republish(outside, lambda doc: None, "both")
+    mine = tmp_path / "ds"
+    shutil.copytree(outside, mine)
+    (mine / name).unlink()
+    (mine / name).symlink_to(outside / name)
+    with pytest.raises(LocationError) as info:
+        _ = DatasetSource(mine).manifest
+    assert str(info.value).startswith(f"{mine / name}: a symbolic link to {outside / name},")
+
+
+def test_only_links_leaving_the_folder_are_refused_unless_allowed(dataset, tmp_path):
+    inside = tmp_path / "inside"
+    shutil.copytree(dataset, inside)
+    (inside / "store").mkdir()
+    (inside / "shard-000000.tar").rename(inside / "store" / "real.tar")
+    (inside / "shard-000000.tar").symlink_to("store/real.tar")  # always followed
+    (tmp_path / "alias").symlink_to(inside)  # a dataset folder that is itself a link
+    for where in (inside, tmp_path / "alias"):
+        assert DatasetSource(where).open_random("shard-000000.tar").meta is not None
+    elsewhere = tmp_path / "elsewhere.tar"
+    shutil.copy(dataset / "shard-000000.tar", elsewhere)
+    ds = _linked_copy(dataset, tmp_path / "ds", "shard-000000.tar", elsewhere)
+    with pytest.raises(LocationError, match="outside the dataset's folder"):
+        DatasetSource(ds).open_random("shard-000000.tar")
+    source = pickle.loads(pickle.dumps(DatasetSource(ds, allow_symlinks_outside=True)))
+    assert source.allow_symlinks_outside
+    assert next(iter(SliceStream(source, OPTIONS))) is not None
+    assert DatasetSource.of(str(ds), allow_symlinks_outside=True).open_random("shard-000000.tar")
+    plain = pickle.loads(pickle.dumps(DatasetSource(ds)))
+    with pytest.raises(LocationError, match="outside the dataset's folder"):
+        plain.open_random("shard-000000.tar")
+
+
 # -- 2. credentials go to the dataset's own origin only ----------------------------------------
 
 
@@ -274,6 +344,16 @@ def test_cli_errors_are_one_line_without_the_signature(origins, command):  # noq
     _one_line_without(result.stderr, SIGNATURE)
     assert SIGNATURE not in result.stdout
     assert "X-Amz-Signature=***" in result.stderr
+
+
+def test_cli_refuses_a_shard_linked_outside_in_one_line(dataset, tmp_path):
+    ds = _linked_copy(dataset, tmp_path / "ds", "shard-000000.tar", "/etc/passwd")
+    for args in (["inspect", str(ds)], ["verify", str(ds)]):
+        result = _cli(*args)
+        assert result.returncode != 0 and "Traceback" not in result.stderr
+        assert "a symbolic link to /etc/passwd, outside the dataset's folder" in result.stderr
+        assert "root:" not in result.stderr + result.stdout
+        assert "looks like a bug" not in result.stderr
 
 
 @pytest.mark.parametrize("kind", KINDS)
