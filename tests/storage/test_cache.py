@@ -8,10 +8,14 @@ import os
 import random
 import traceback
 
+import numpy as np
 import pytest
 
 from shardtok.errors import StorageError
 from shardtok.storage import LocalCache, RetryPolicy, open_source
+from shardtok.storage.dataset import DatasetSource
+from shardtok.stream import SliceStream, StreamOptions
+from shardtok.testing.synthetic import write_synthetic_dataset
 from tests.helpers.fault_proxy import Fault, fault_proxy  # noqa: F401
 from tests.helpers.servers import http_server, s3_server  # noqa: F401
 
@@ -149,3 +153,63 @@ def test_four_processes_share_one_cache(s3_server, tmp_path):  # noqa: F811
     assert list((folder / "tmp").iterdir()) == []
     for path in (folder / "objects").iterdir():  # every entry is a complete, correct object
         assert hashlib.sha256(path.read_bytes()).hexdigest() in digests
+
+
+def _damage(path) -> None:
+    """Flip bytes in the middle of a cached file, its size unchanged (what a disk error or a
+    hand edit leaves, and the size check alone cannot see)."""
+    with open(path, "r+b") as f:
+        f.seek(os.path.getsize(path) // 2)
+        middle = f.read(16)
+        f.seek(-16, os.SEEK_CUR)
+        f.write(bytes(b ^ 0xFF for b in middle))
+
+
+def test_a_damaged_cached_object_is_evicted_and_fetched_again(s3_server, tmp_path, caplog):  # noqa: F811
+    data = os.urandom(300 * KiB)
+    url = s3_server.put("damaged/obj.bin", data)
+    options = s3_server.storage_options()
+    folder = tmp_path / "cache"
+    assert open_source(url, options, FAST, cache=LocalCache(folder, 10 << 20)).read_range(0, 4)
+    (path,) = (folder / "objects").iterdir()
+    _damage(path)
+    for run in range(2):  # later runs: the first fetches again, the next finds it intact
+        caplog.clear()
+        cache = LocalCache(folder, 10 << 20)
+        with (
+            caplog.at_level("WARNING", logger="shardtok.storage.cache"),
+            open_source(url, options, FAST, cache=cache) as src,
+        ):
+            assert src.read_range(0, len(data)) == data
+        warnings = [r.getMessage() for r in caplog.records]
+        if run == 0:
+            (message,) = warnings
+            assert message.startswith(f"{path}: the cached copy of {url} fails its check")
+            assert "evicted, fetching it again" in message and "\n" not in message
+        else:
+            assert warnings == []
+        assert path.read_bytes() == data
+    assert list((folder / "tmp").iterdir()) == []
+
+
+def test_a_stream_through_a_damaged_cache_reads_the_object_again(s3_server, tmp_path, caplog):  # noqa: F811
+    local = tmp_path / "ds"
+    write_synthetic_dataset(local, num_tokens=6000, vocab_size=1000, mean_length=100)
+    for file in local.iterdir():
+        s3_server.put(f"damaged-ds/{file.name}", file.read_bytes())
+    options = StreamOptions(seq_len=32, batch_size=4)
+    cache = {"cache_dir": tmp_path / "cache", "cache_bytes": 64 << 20}
+
+    def tokens(source) -> list:  # every batch of an epoch, as plain lists
+        return [
+            {k: np.asarray(v).tolist() for k, v in b.items()} for b in SliceStream(source, options)
+        ]
+
+    want = tokens(DatasetSource(local))
+    remote = s3_server.url("damaged-ds")
+    assert tokens(DatasetSource(remote, s3_server.storage_options(), **cache)) == want
+    (path,) = (tmp_path / "cache" / "objects").glob("*shard-000000.tar")
+    _damage(path)
+    with caplog.at_level("WARNING", logger="shardtok.storage.cache"):
+        assert tokens(DatasetSource(remote, s3_server.storage_options(), **cache)) == want
+    assert [str(path) in r.getMessage() for r in caplog.records] == [True]
