@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import os
 from dataclasses import dataclass
 
@@ -37,6 +38,12 @@ TOKENIZER_NAME = "tokenizer.json"
 # The fingerprint's own format (the whole plan.json of shardtok 0.2 carried it): bump it when a
 # unit's persisted content changes for the same inputs and options.
 FINGERPRINT_FORMAT = 1
+# The fingerprint's entry covering the unit list and job name. The units follow from the rest of
+# the fingerprint, so it only tells an edited or damaged plan.json from the planned one (a unit
+# dropped from the list would otherwise be merged away unseen); the name only names the shards,
+# so it is left out when deciding whether finished units can be kept. Plans written before it
+# (shardtok 0.3.0 and earlier) have no such entry and are read as before.
+PLAN_DIGEST = "plan"
 
 _MAX_DISTRIBUTED_UNIT = 256 << 20
 _TARGET_UNITS = 10_000
@@ -106,6 +113,19 @@ def fingerprint(opts, files: list[InputFile], unit_size: int) -> dict:
     return doc
 
 
+def plan_digest(name: str, units: list) -> str:
+    """The fingerprint's PLAN_DIGEST entry: sha256 of the job's name and its units as plan.json
+    lists them."""
+    text = json.dumps([name, units], separators=(",", ":"), ensure_ascii=True)
+    return "sha256:" + hashlib.sha256(text.encode("ascii")).hexdigest()
+
+
+def _reuse_key(fingerprint_: object) -> object:
+    if not isinstance(fingerprint_, dict):
+        return fingerprint_
+    return {k: v for k, v in fingerprint_.items() if k != PLAN_DIGEST}
+
+
 def tokenizer_fingerprint(backend_json: bytes) -> str:
     """As load_tokenizer computes it: sha256 of the backend tokenizer's serialized JSON."""
     return "sha256:" + hashlib.sha256(backend_json).hexdigest()
@@ -157,6 +177,7 @@ def plan_document(opts, files: list[InputFile], units: list[Unit], unit_size: in
         if f.etag is not None:
             entry["etag"] = f.etag
         inputs.append(entry)
+    units_json = [[u.index, u.nbytes, [p.to_json() for p in u.pieces]] for u in units]
     job = {
         "output": opts.output,
         # Relative input paths are kept as given (they name the inputs in the manifest and in
@@ -171,7 +192,7 @@ def plan_document(opts, files: list[InputFile], units: list[Unit], unit_size: in
         "frame_size": opts.frame_size,
         "unit_size": unit_size,
         "inputs": inputs,
-        "units": [[u.index, u.nbytes, [p.to_json() for p in u.pieces]] for u in units],
+        "units": units_json,
         "tokenizer": {
             "name": spec.name,
             "fingerprint": spec.fingerprint,
@@ -188,7 +209,10 @@ def plan_document(opts, files: list[InputFile], units: list[Unit], unit_size: in
     return {
         "format": PLAN_FORMAT,
         "version": PLAN_VERSION,
-        "fingerprint": fingerprint(opts, files, unit_size),
+        "fingerprint": {
+            **fingerprint(opts, files, unit_size),
+            PLAN_DIGEST: plan_digest(opts.name, units_json),
+        },
         "job": job,
     }
 
@@ -206,13 +230,14 @@ def units_as_version_1(units: list) -> list | None:
 
 def same_units(existing: object, doc: dict) -> bool:
     """Whether the plan `existing` (plan.json as found, anything) may keep its finished units
-    under the plan `doc`: both in this format, with equal fingerprints. A version 1 plan (the
+    under the plan `doc`: both in this format, with equal fingerprints (but for the PLAN_DIGEST
+    entry: a plan with another name keeps its units, and one without the entry too). A version 1 plan (the
     previous release) keeps them too when its units are exactly `doc`'s: a unit's files are the
     same in both versions, only the plan's way of writing pieces changed."""
     if not (
         isinstance(existing, dict)
         and existing.get("format") == PLAN_FORMAT
-        and existing.get("fingerprint") == doc["fingerprint"]
+        and _reuse_key(existing.get("fingerprint")) == _reuse_key(doc["fingerprint"])
     ):
         return False
     if existing.get("version") == PLAN_VERSION:

@@ -273,6 +273,7 @@ def _merge(opts, files, units, workdir, settings, jobs, map_tasks, local, note, 
         docs = _write_shards(tasks, jobs, map_tasks, local, progress)
         _raise_damage(workdir, units, docs)
         manifest = _manifest(opts, docs, ledger.accounting.extra(settings))
+        _check_dataset(folder, manifest, ledger)
         rejects_path = _publish(folder, manifest, rejects)
         logger.info(
             "wrote %s: %d shards, %s documents, %s tokens",
@@ -346,6 +347,25 @@ def _manifest(opts, docs: list[dict], extra: dict) -> Manifest:
         extra,
         None if opts.sft is None else dict(opts.sft.metadata or {}),
     )
+
+
+def _check_dataset(folder: Folder, manifest: Manifest, ledger: _Ledger) -> None:
+    """The last word before index.json: the manifest must read back by the readers' own rule,
+    and the shards must hold exactly the units' documents and tokens. Every input to the merge
+    is checked where it is read; this is what keeps whatever slipped past from becoming a
+    dataset that `shardtok verify` fails or that silently lacks documents."""
+    where = folder.display_of(MANIFEST_NAME)
+    try:
+        Manifest.from_bytes(manifest.to_bytes(), where)
+    except ShardtokError as exc:
+        raise ShardtokError(f"the merge would write an unreadable dataset: {exc}") from None
+    want = (sum(r.num_documents for r in ledger.results), sum(r.num_tokens for r in ledger.results))
+    got = (manifest.num_documents, manifest.num_tokens)
+    if got != want:
+        raise ShardtokError(
+            f"{where}: not written: the shards hold {got[0]:,} documents and {got[1]:,} tokens, "
+            f"the work units {want[0]:,} and {want[1]:,}; run `shardtok convert merge` again"
+        )
 
 
 def _publish(folder: Folder, manifest: Manifest, rejects: RejectsFile | None) -> str | None:

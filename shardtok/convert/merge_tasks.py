@@ -99,6 +99,31 @@ def _load_unit(workdir: WorkDir, index: int, dtype, checksums: dict):
     return tokens, docs
 
 
+def _check_table(index: int, table: np.ndarray, sizes: np.ndarray, tokens: np.ndarray) -> None:
+    """The marker's frame table against the unit's checked tokens: each frame's documents,
+    uncompressed size and crc32 (`table`: the part's rows, documents counted from the part's
+    first). The shard's index takes the table as it is, so a marker damaged here (its own
+    bytes have no checksum) would make a shard that fails verify; as _Damaged, the unit is
+    sent back to run-units instead."""
+    ends = np.cumsum(sizes) * tokens.itemsize
+    raw = memoryview(np.ascontiguousarray(tokens)).cast("B")
+    firsts = table[:, 0].tolist() + [len(sizes)]
+    for number, (first, size, _, crc) in enumerate(table.tolist()):
+        last = firsts[number + 1]
+        if not 0 <= first < last <= len(sizes):
+            why = "does not take the documents in order"
+        else:
+            lo = int(ends[first - 1]) if first else 0
+            hi = int(ends[last - 1])
+            if hi - lo != size:
+                why = "does not match the tokens' sizes"
+            elif zlib.crc32(raw[lo:hi]) != crc:
+                why = "lists a crc32 its frame's tokens do not have"
+            else:
+                continue
+        raise _Damaged(index, f"{unit_base(index)}.json's frame table {why} (frame {number})")
+
+
 @dataclass(frozen=True)
 class UnitPart:
     """Frames of one unit that go into one shard."""
@@ -140,6 +165,7 @@ def _framed(task: ShardTask, part: UnitPart) -> FramedDocs:
         if not np.array_equal(again, table):
             raise AssertionError(f"unit {part.index}: re-encoded frames differ from the plan")
     else:
+        _check_table(part.index, table, sizes, tokens[lo:hi])
         size = int(table[:, 2].sum())
         frames = _checked(part.index, checksums, ".frames", task.workdir.load_frames(part.index))
         stored = memoryview(frames)[part.stored_at : part.stored_at + size]

@@ -28,7 +28,7 @@ from shardtok.convert.job import Job, distributed_unit_size, settings
 from shardtok.convert.merge import merge_units
 from shardtok.convert.output_dir import finished_manifest, output_folder
 from shardtok.convert.output_lock import OutputLock, os_error
-from shardtok.convert.plan_file import load_job
+from shardtok.convert.plan_file import load_job, name_problem
 from shardtok.convert.pool import usable_cores, worker_pool
 from shardtok.convert.progress import ConvertProgress, ConvertResult, plural, size_text
 from shardtok.convert.runner import (
@@ -126,6 +126,9 @@ def plan(opts: ConvertOptions) -> PlanSummary:
     An equal plan keeps its finished units (other merge options, such as the shard size, just
     update it); any other work there is discarded, as the one-command convert does. Without
     --unit-size, units grow for large corpora (see job.distributed_unit_size)."""
+    problem = name_problem(opts.name)
+    if problem is not None:  # refused now, not by every rank reading the plan back
+        raise UsageError(f"--name {problem}")
     with open_job(opts, remote=True) as (opts, files):
         planned = plan_job(opts, files, distributed_unit_size)
     input_bytes = sum(f.size for f in files)

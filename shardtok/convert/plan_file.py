@@ -16,11 +16,13 @@ import json
 from shardtok.convert.inputs import InputFile
 from shardtok.convert.job import (
     FINGERPRINT_FORMAT,
+    PLAN_DIGEST,
     PLAN_FORMAT,
     PLAN_VERSION,
     TOKENIZER_NAME,
     Job,
     fingerprint,
+    plan_digest,
     tokenizer_fingerprint,
 )
 from shardtok.convert.sft.config import FORMATS, ROLES, TRUNCATIONS, SFTConfig
@@ -29,6 +31,8 @@ from shardtok.convert.tokenizer import BACKENDS, TokenizerSpec
 from shardtok.convert.units import InputRange, Unit
 from shardtok.convert.workdir import PLAN_NAME, WorkDir
 from shardtok.errors import ShardtokError, UsageError
+from shardtok.format.shard_plan import shard_file_name
+from shardtok.format.validate import is_plain_name
 
 _KINDS = ("jsonl", "txt", "parquet", "arrow")
 _COMPRESSIONS = (None, "gzip", "zstd")
@@ -39,6 +43,19 @@ _AGAIN = "run `shardtok convert plan` again"
 
 class PlanError(ShardtokError):
     """plan.json or tokenizer.json is missing, damaged, edited, or from another shardtok."""
+
+
+def name_problem(name: object) -> str | None:
+    """Why `name` cannot prefix the shards' file names (None when it can): their names must be
+    plain file names by the manifest's own rule, or the dataset could not be read back."""
+    if not isinstance(name, str) or not name:
+        return "must be a plain file name prefix, got an empty name"
+    if not (is_plain_name(name) and is_plain_name(shard_file_name(name, 0))):
+        return (
+            f"must be a plain file name prefix ([A-Za-z0-9._-], not starting with '.', without "
+            f"'..', short enough for NAME-000000.tar), got {_short(name)}"
+        )
+    return None
 
 
 def plan_bytes(workdir: WorkDir) -> bytes:
@@ -218,6 +235,81 @@ def _read_units(
     return tuple(units)
 
 
+def _check_coverage(
+    check: _Check, units: tuple[Unit, ...], files: tuple[InputFile, ...], txt_mode: str
+) -> None:
+    """The units' pieces, in unit order, must take every input file in order, each part once:
+    a unit dropped from the list, repeated or moved would otherwise lose, double or reorder
+    documents in a dataset that verifies. Byte ranges must tile their file; row groups, record
+    batches and row ranges must follow on (the plan cannot see how many rows a group has, so a
+    Parquet or Arrow file's last pieces are the fingerprint's to vouch for)."""
+    pieces = [(u.index, j, p) for u in units for j, p in enumerate(u.pieces)]
+    by_file: list[list] = [[] for _ in files]
+    last = -1
+    for index, j, piece in pieces:
+        if piece.input_index < last:
+            check.fail(f"job.units[{index}] piece {j}", "takes an input file out of order")
+        last = piece.input_index
+        by_file[piece.input_index].append((index, j, piece))
+    for number, (file, taken) in enumerate(zip(files, by_file)):
+        if file.kind == "parquet":
+            problem = _follows_on(taken, lambda p: (p.row_group,), lambda p, q: (
+                p.row_group + 1 == q.row_group and q.start == q.end == 0
+            ), first=lambda p: p.row_group == 0)  # fmt: skip
+        elif file.kind == "arrow":
+            problem = _follows_on(taken, lambda p: (p.start, p.end), lambda p, q: (
+                p.end == q.start
+            ), first=lambda p: True, empty=False)  # fmt: skip
+        elif file.splittable and not (file.kind == "txt" and txt_mode == "file"):
+            problem = _tiles(taken, file.size)
+        elif [(p.start, p.end) for _, _, p in taken] != [(0, file.size)]:
+            problem = "must be one piece of the whole file"
+        else:
+            problem = None
+        if problem is not None:
+            where, message = problem if isinstance(problem, tuple) else (None, problem)
+            check.fail(where or f"job.inputs[{number}]", message)
+
+
+def _tiles(taken: list, size: int):
+    """Why byte ranges `taken` do not cut [0, size) into consecutive non-empty ranges, or None."""
+    at = 0
+    for index, j, piece in taken:
+        if piece.start != at or piece.end <= piece.start:
+            whole = "its file's next range" if at else "its file's first range"
+            return f"job.units[{index}] piece {j}", f"is not {whole} (from byte {at:,})"
+        at = piece.end
+    if at != size:
+        return f"is not covered by the units (its last {size - at:,} bytes are in none)"
+    return None
+
+
+def _follows_on(taken: list, block, follows, first, empty=True):
+    """Why blocks (row groups, record batch runs) `taken` do not follow on from one another,
+    each whole or in row ranges from row 0, or None. `block(piece)`: the block's identity;
+    `follows(p, q)`: whether block q comes right after block p; `first(p)`: whether p may open
+    the file; `empty`: whether the file may have no pieces."""
+    if not taken:
+        return None if empty else "is not covered by the units"
+    previous = None
+    for index, j, piece in taken:
+        where = f"job.units[{index}] piece {j}"
+        if previous is not None and block(piece) == block(previous):
+            ok = (
+                previous.rows is not None
+                and piece.rows is not None
+                and piece.rows[0] == previous.rows[1]
+            )
+        else:
+            ok = (piece.rows is None or piece.rows[0] == 0) and (
+                first(piece) if previous is None else follows(previous, piece)
+            )
+        if not ok:
+            return where, "does not follow on from the piece before it"
+        previous = piece
+    return None
+
+
 def _read_tokenizer(check: _Check, job: dict, backend_json: bytes) -> TokenizerSpec:
     doc = check.of(job, "tokenizer", dict, "a mapping", "job.tokenizer")
     at = "job.tokenizer."
@@ -344,29 +436,37 @@ def parse_plan(data: bytes, backend_json: bytes | None, where: str) -> Job:
     if backend_json is None:
         raise PlanError(f"{where}: {TOKENIZER_NAME} is missing next to it: {_AGAIN}")
     files = _read_inputs(check, job)
+    txt_mode = check.choice(job, "txt_mode", _TXT_MODES, "job.txt_mode")
+    units = _read_units(check, job, files, version)
+    _check_coverage(check, units, files, txt_mode)
     level = check.integer(job, "compression_level", 1, 22, "job.compression_level", optional=True)
     result = Job(
         output=check.string(job, "output", "job.output"),
         base_dir=check.string(job, "base_dir", "job.base_dir"),
         name=check.string(job, "name", "job.name"),
         text_key=check.string(job, "text_key", "job.text_key"),
-        txt_mode=check.choice(job, "txt_mode", _TXT_MODES, "job.txt_mode"),
+        txt_mode=txt_mode,
         on_bad_record=check.choice(job, "on_bad_record", _BAD_RECORD_MODES, "job.on_bad_record"),
         shard_size=check.integer(job, "shard_size", 1, path="job.shard_size"),
         compression_level=level,
         frame_size=check.integer(job, "frame_size", 1, path="job.frame_size"),
         unit_size=check.integer(job, "unit_size", 1, path="job.unit_size"),
         files=files,
-        units=_read_units(check, job, files, version),
+        units=units,
         tokenizer=_read_tokenizer(check, job, backend_json),
         sft=_read_sft(check, job),
         fingerprint=stored_fingerprint,
     )
-    if not result.name or "/" in result.name or "\\" in result.name:
-        check.fail("job.name", f"must be a plain file name prefix, got {_short(result.name)}")
+    problem = name_problem(result.name)
+    if problem is not None:
+        check.fail("job.name", problem)
     # The job must be the one fingerprinted: this also checks the chat template's text against
     # the hash the fingerprint records.
-    if fingerprint(result, list(files), result.unit_size) != stored_fingerprint:
+    expected = fingerprint(result, list(files), result.unit_size)
+    if PLAN_DIGEST in stored_fingerprint:  # (plans written before it are read without)
+        units_json = [[u.index, u.nbytes, [p.to_json() for p in u.pieces]] for u in units]
+        expected[PLAN_DIGEST] = plan_digest(result.name, units_json)
+    if expected != stored_fingerprint:
         raise PlanError(
             f"{where}: the job disagrees with the plan's fingerprint (the plan is damaged or was "
             f"edited: {_AGAIN})"

@@ -266,6 +266,9 @@ class WorkDir:
             for suffix, want in expected.items():
                 if suffix in sizes and sizes[suffix] != want:
                     return f"{base + suffix} is {sizes[suffix]} bytes, its marker says {want}"
+            problem = _frame_table_problem(result, dtype.itemsize)
+            if problem is not None:
+                return f"its marker's frame table {problem}"
             if verify:
                 for suffix, crc in sorted(result.checksums.items()):
                     if self.folder.crc32(base + suffix) != crc:
@@ -396,6 +399,22 @@ class WorkDir:
             return
         for trash in self.path.parent.glob(_TRASH_PREFIX + "*"):
             shutil.rmtree(trash, ignore_errors=True)
+
+
+def _frame_table_problem(result: UnitResult, itemsize: int) -> str | None:
+    """What is wrong with the frame table of `result` on its own (the crc32 of each frame is the
+    merge's to check against the tokens), or None: frames must take the documents in order,
+    each frame some, and their sizes must add up to the tokens."""
+    firsts = [row[0] for row in result.frames]
+    if result.num_documents == 0:
+        return None if not firsts else "lists frames for a unit without documents"
+    if not firsts or firsts[0] != 0:
+        return "does not start at the first document"
+    if any(b <= a for a, b in zip(firsts, firsts[1:])) or firsts[-1] >= result.num_documents:
+        return "does not take the documents in order"
+    if sum(row[1] for row in result.frames) != result.num_tokens * itemsize:
+        return "does not add up to the unit's tokens"
+    return None
 
 
 def _load_npy(source, mmap_mode=None) -> np.ndarray:
