@@ -31,7 +31,12 @@ import re
 from collections.abc import Collection
 
 from shardtok.convert.sft.conversation import Conversation, Message, Rendered, merge_spans
-from shardtok.convert.sft.jinja_env import TrackedMessages, compile_template, render_tracked
+from shardtok.convert.sft.jinja_env import (
+    TrackedMessages,
+    budget_message,
+    compile_template,
+    render_tracked,
+)
 
 # Loop attributes that take the next message before the current one's turn is output.
 _PEEKS = re.compile(r"\bloop\s*(\.\s*|\[\s*['\"])(last|nextitem)\b")
@@ -101,7 +106,8 @@ class ChatTemplateRenderer:
         try:
             return self.render_text(messages)
         except Exception as exc:  # raise_exception, undefined names, type errors in the template
-            raise RenderRefused(f"the chat template cannot render it: {exc}") from None
+            why = budget_message(exc) or exc
+            raise RenderRefused(f"the chat template cannot render it: {why}") from None
 
     def turn_bounds(self, messages: list[dict], text: str) -> list[int]:
         """Character offsets where each message's turn starts in `text`, plus len(text), from

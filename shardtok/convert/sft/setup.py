@@ -37,7 +37,11 @@ def prepare_sft(config: SFTConfig, spec, tokenizer_path: str | Path) -> SFTSetup
         from shardtok.convert.sft.construction import jq_renderer
         from shardtok.convert.sft.jq_patterns import JqPatterns
 
-        JqPatterns(config.loss_masking_jq_patterns, config.source)  # compiles, or UsageError
+        patterns = JqPatterns(config.loss_masking_jq_patterns, config.source)  # or UsageError
+        try:
+            patterns.probe()
+        finally:
+            patterns.close()
         renderer = jq_renderer(config, spec)
         return SFTSetup(config, renderer, config.as_metadata())
     from shardtok.convert.sft.templates import load_template, template_tokens

@@ -25,6 +25,7 @@ from collections.abc import Collection
 from importlib import resources
 from pathlib import Path
 
+from shardtok.convert.sft.jinja_env import budget_message
 from shardtok.convert.sft.render import PROBE, ChatTemplateRenderer, RenderRefused
 from shardtok.errors import UsageError
 
@@ -172,6 +173,12 @@ def _check(renderer: ChatTemplateRenderer, tokenizer_path: str | None) -> None:
         prompted, _ = renderer.render_text([user], add_generation_prompt=True)
         pair, spans = renderer.render_text([user, assistant])
     except Exception as exc:
+        over = budget_message(exc)
+        if over is not None:
+            raise UsageError(
+                f"{label}, {over} (on a plain user/assistant conversation): a template must "
+                "render a conversation within that budget"
+            ) from None
         raise UsageError(f"{label} fails on a plain user/assistant conversation: {exc}") from None
     if plain == prompted and not plain.endswith(user["content"]):
         tail = plain[plain.rfind(user["content"]) + len(user["content"]) :]
