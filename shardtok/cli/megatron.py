@@ -89,7 +89,6 @@ def add_export_parser(sub) -> None:
 def _run_export_megatron(args) -> int:
     from shardtok.format.megatron_io import export_megatron
 
-    Path(args.out_prefix).parent.mkdir(parents=True, exist_ok=True)
     docs, tokens = export_megatron(args.dataset, args.out_prefix, masks=args.mask)
     print(
         f"wrote {args.out_prefix}.bin and {args.out_prefix}.idx: {docs:,} documents, {tokens:,} tokens"

@@ -137,7 +137,7 @@ def decode_idx(
         )
     if bytes(view[:9]) != MAGIC:
         raise fail(
-            0, f"bad magic {bytes(view[:9])!r}, expected {MAGIC!r} (not a Megatron MMIDIDX index)"
+            0, f"bad magic: the first 9 bytes are not {MAGIC!r} (not a Megatron MMIDIDX index)"
         )
     (version,) = struct.unpack_from("<Q", view, 9)
     if version != VERSION:

@@ -76,19 +76,30 @@ def decode_header(block: bytes, offset: int, where: str) -> MemberHeader | None:
         )
     if block == b"\0" * BLOCK:
         return None
+    # Until the checksum and the magic match, these 512 bytes may be any file at all (a shard
+    # path that leads to someone else's file): messages name offsets and what is wrong, and
+    # never quote the bytes, not even the digits of a checksum field.
     stored = _octal(block[148:156], offset + 148, where, "checksum")
     computed = sum(block[:148]) + 8 * 0x20 + sum(block[156:BLOCK])
     if stored != computed:
         raise CorruptShardError(
-            where, None, offset, f"tar header checksum {stored} != computed {computed}"
+            where, None, offset, "not a tar header: its checksum does not match its 512 bytes"
         )
     if block[257:263] != b"ustar\0":
         raise CorruptShardError(where, None, offset + 257, "not a POSIX ustar header")
     if block[156:157] not in (b"0", b"\0"):
+        kind = _MEMBER_TYPES.get(block[156:157], "of a type ustar does not define")
+        raise CorruptShardError(where, None, offset + 156, f"member is {kind}, not a regular file")
+    raw_name = block[0:100].split(b"\0", 1)[0]
+    if not raw_name or b"/" in raw_name or not all(0x20 <= c < 0x7F for c in raw_name):
         raise CorruptShardError(
-            where, None, offset + 156, f"member type {block[156:157]!r} is not a regular file"
+            where,
+            None,
+            offset,
+            f"member name ({len(raw_name)} bytes) is not 1-{MAX_NAME} printable ASCII bytes "
+            "without '/'",
         )
-    name = block[0:100].split(b"\0", 1)[0].decode("ascii", errors="replace")
+    name = raw_name.decode("ascii")
     if block[345:346] != b"\0":
         raise CorruptShardError(
             where, name, offset + 345, "ustar name prefix is not used by shardtok shards"
@@ -103,5 +114,21 @@ def _octal(field: bytes, offset: int, where: str, what: str) -> int:
         return int(text, 8) if text else 0
     except ValueError:
         raise CorruptShardError(
-            where, None, offset, f"tar header {what} field {field!r} is not octal"
+            where, None, offset, f"tar header {what} field ({len(field)} bytes) is not octal"
         ) from None
+
+
+# Named from this fixed list only, so a type byte is never echoed.
+_MEMBER_TYPES = {
+    b"1": "a hard link",
+    b"2": "a symbolic link",
+    b"3": "a character device",
+    b"4": "a block device",
+    b"5": "a directory",
+    b"6": "a FIFO",
+    b"7": "a contiguous file",
+    b"g": "a pax global header",
+    b"x": "a pax extended header",
+    b"L": "a GNU long name",
+    b"K": "a GNU long link name",
+}

@@ -81,6 +81,12 @@ def verify_shard(
         with open_stream() as raw:
             stream = _HashingReader(raw)
             reader = ShardStreamReader(stream, where, full_checks=True)
+            # The head's claims first: what a frame may decode to is bounded by counts the
+            # manifest agrees with, never by what a foreign shard's own frame table declares.
+            if entry is not None:
+                _check_entry(where, entry, reader, stream, declared_only=True)
+                if manifest is not None:
+                    check_shard_identity(reader.meta, entry, manifest, where)
             for _ in reader.documents():
                 pass
             stream.drain()  # trailing bytes (none in shards we write) still count towards the file hash
@@ -103,14 +109,24 @@ def verify_shard(
 
 
 def _check_entry(
-    where: str, entry: ShardEntry, reader: ShardStreamReader, stream: _HashingReader
+    where: str,
+    entry: ShardEntry,
+    reader: ShardStreamReader,
+    stream: _HashingReader,
+    declared_only: bool = False,
 ) -> None:
+    """The manifest's claims against the shard: with `declared_only`, the counts its head
+    declares (before any frame is decoded); otherwise also the file's size and sha256."""
     claims = (
-        ("byte size", entry.bytes, stream.nbytes),
         ("document count", entry.num_documents, reader.meta.num_documents),
         ("token count", entry.num_tokens, reader.meta.num_tokens),
-        ("sha256", entry.sha256, stream.sha256.hexdigest()),
     )
+    if not declared_only:
+        claims = (
+            ("byte size", entry.bytes, stream.nbytes),
+            *claims,
+            ("sha256", entry.sha256, stream.sha256.hexdigest()),
+        )
     for what, manifest_says, shard_has in claims:
         if manifest_says != shard_has:
             raise CorruptShardError(
