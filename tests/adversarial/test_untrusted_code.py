@@ -77,10 +77,14 @@ BOMBS = {
     "{% endfor %}",
     "repeat": "{{ 'A' * 2000000000 }}",
 }
-GOOD = (
-    "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.role == 'assistant' %}"
-    "{% generation %}{{ m.content }}<|im_end|>{% endgeneration %}{% else %}{{ m.content }}"
-    "<|im_end|>{% endif %}\n{% endfor %}"
+GOOD = (  # the bundled chatml template's body: passes the start-up turn checks
+    "{%- for message in messages -%}{%- if message.role == 'assistant' -%}"
+    "{{- '<|im_start|>assistant\\n' -}}"
+    "{%- generation -%}{{- message.content + '<|im_end|>' -}}{%- endgeneration -%}"
+    "{{- '\\n' -}}{%- else -%}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' -}}"
+    "{%- endif -%}{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
 )
 
 
