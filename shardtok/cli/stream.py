@@ -15,7 +15,13 @@ from collections.abc import Iterator
 import numpy as np
 
 from shardtok.cli.arguments import at_least
-from shardtok.cli.stream_args import DATASET_HELP, add_stream_options, mix_from, options_from
+from shardtok.cli.stream_args import (
+    DATASET_HELP,
+    add_stream_options,
+    check_steps,
+    mix_from,
+    options_from,
+)
 from shardtok.cli.stream_job import StreamJob
 from shardtok.cli.stream_output import (
     decode_batches,
@@ -207,6 +213,7 @@ def _preview_mix(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_steps(args.max_batches, "--max-batches")
     if args.plan and (args.source or args.config):
         return _preview_mix(args)
     job = StreamJob(args)

@@ -14,6 +14,7 @@ from shardtok.stream.mix.spec import MixSpec, mix_spec
 from shardtok.stream.mix.stages import Curriculum, load_curriculum, load_stage
 from shardtok.stream.nodes.base import HISTORY
 from shardtok.stream.options import OPTION_NAMES, PACKINGS, StreamOptions
+from shardtok.stream.provenance.trace import MAX_STEPS
 
 
 def add_stream_options(p: argparse.ArgumentParser) -> None:
@@ -124,6 +125,15 @@ def dataset_from(entries: Sequence[str]) -> DatasetSource:
     """The DATASET positional(s): one folder, URL prefix, shard, pattern or glob, or several
     shard files (what a shell makes of an unquoted glob) of one dataset."""
     return DatasetSource.of(entries[0] if len(entries) == 1 else list(entries))
+
+
+def check_steps(value: int | None, flag: str) -> None:
+    """`value` (from `flag`) within what a stream, a preview or a trace can count, else a
+    UsageError."""
+    if value is not None and value > MAX_STEPS:
+        raise UsageError(
+            f"{flag} {value:,} is more than shardtok counts steps to ({MAX_STEPS:,} per rank)"
+        )
 
 
 def options_from(args: argparse.Namespace, config: dict | None = None) -> StreamOptions:

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from shardtok.cli.arguments import at_least
-from shardtok.cli.stream_args import DATASET_HELP, add_stream_options, setup_from
+from shardtok.cli.stream_args import DATASET_HELP, add_stream_options, check_steps, setup_from
 from shardtok.cli.stream_output import decoder, marked_text
 from shardtok.errors import ResumeStateError, UsageError
 from shardtok.storage.shard_names import SHARD_SUFFIX
@@ -151,6 +151,8 @@ LAYOUT = ("rank", "world_size", "num_workers", "epoch")
 
 def run(args: argparse.Namespace) -> int:
     given = {key: getattr(args, key) for key in LAYOUT}  # None: not on the command line
+    check_steps(args.step, "--step")
+    check_steps(args.max_batches, "--max-batches")
     # The stream arguments check --rank against --world-size; with --state those may come
     # from the file, and the trace checks them against it.
     args.rank = given["rank"] or 0

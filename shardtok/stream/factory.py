@@ -111,7 +111,7 @@ def _check_levels(value: object) -> None:
     if isinstance(value, dict):
         if envelope.is_enveloped(value):
             kind = value.get("kind")
-            if kind not in NODE_CLASSES:
+            if not isinstance(kind, str) or kind not in NODE_CLASSES:
                 raise ResumeStateError(f"a stream state holds a state of unknown kind {kind!r}")
             NODE_CLASSES[kind].parse_state(value)
         for item in value.values():

@@ -27,6 +27,8 @@ from shardtok.stream.mix.spec import MixSpec
 from shardtok.stream.mix.stages import Curriculum, Stage
 from shardtok.stream.options import StreamOptions
 
+MAX_EPOCHS = 10_000
+
 
 def one_stage(spec: MixSpec, name: str = "mix") -> Curriculum:
     """A plain mix as a curriculum of one stage (its options go with it)."""
@@ -156,6 +158,13 @@ def _walk_epochs(source, options, per_worker, *, world_size, slots, epoch) -> di
 
     def plan(e: int):
         if e not in plans:
+            if len(plans) >= MAX_EPOCHS:
+                # Epochs are planned one by one: a count that walks this many would take hours
+                # (and a plan's memory each) for a preview of one small source's repeats.
+                raise UsageError(
+                    f"{source.display}: these batches read more than {MAX_EPOCHS:,} of its "
+                    "epochs per slice, more than a preview walks: give fewer --max-batches"
+                )
             plans[e] = plan_for(source, options, epoch=e, world_size=world_size, num_workers=slots)
         return plans[e]
 

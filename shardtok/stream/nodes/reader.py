@@ -24,7 +24,7 @@ from itertools import islice
 
 import numpy as np
 
-from shardtok.errors import CorruptShardError
+from shardtok.errors import CorruptShardError, ResumeStateError
 from shardtok.format.decode_ahead import DecodeAhead
 from shardtok.format.shard_reader import AHEAD_FRAMES, ShardStreamReader
 from shardtok.storage.dataset import DatasetSource
@@ -294,7 +294,10 @@ class SliceReader(DocumentNode):
             state = self.parse_state(state)
             group = envelope.check_range(self.KIND, "group", state["group"], 0, self.num_groups)
             self.position = state["position"]
-            self._open_group(group, state["ordinal"])
+            try:
+                self._open_group(group, state["ordinal"])
+            except ValueError as exc:  # an ordinal past the group's documents: an edited state
+                raise ResumeStateError(f"reader state: field 'ordinal': {exc}") from None
 
     def _next(self) -> np.ndarray:
         docs = self._next_many(1)

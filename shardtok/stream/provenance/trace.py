@@ -34,6 +34,10 @@ from shardtok.stream.provenance.skip import skip_rows
 from shardtok.stream.provenance.states import SavedRank, saved_rank
 from shardtok.stream.resume.saved import Placement
 
+# A bound far past any training run's steps, so a step or batch count is refused before a
+# preview, a trace or a schedule is sized or walked by it (its rows stay within int64 too).
+MAX_STEPS = 10**12
+
 
 def trace_step(
     setup: StreamSetup,
@@ -56,6 +60,9 @@ def trace_step(
     output's fields."""
     if isinstance(step, bool) or not isinstance(step, int) or step < 1:
         raise UsageError(f"training steps count from 1, got {step!r}")
+    for what, value in (("step", step), ("num_batches", num_batches)):
+        if value is not None and value > MAX_STEPS:
+            raise UsageError(f"{what} {value:,} is more than shardtok counts steps to")
     slots = max(int(num_workers), 1)
     saved: SavedRank | None = None
     if state is not None:
