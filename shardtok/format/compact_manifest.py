@@ -7,10 +7,13 @@ fixed-size rows stored group-major (``shard_groups``), so a worker reads the hea
 of the groups its own slice touches: two range reads, well under 1 MB at 10^6 shards.
 
 It is written beside ``index.json`` by ``Manifest.write`` (the one manifest writer), before it,
-and is tied to it: the header records index.json's size and sha256. Readers check the size on
-every open (a stat or HEAD, no bytes), the header's and each group's crc32 on every read, and
-``shardtok inspect`` compares the two files row by row. Byte layout: docs/FORMAT.md
-("index.compact").
+and the two are tied both ways: the header records index.json's size and sha256, and index.json
+records the sha256 of this header (``header_digest``) on its first line, where a worker reads it
+with the size (one small read instead of a stat), so a header that lists other shards than
+index.json is refused without reading index.json whole. The rows, which a worker reads only in
+part, are bound to the header by ``rows_sha256`` (checked whenever every row has been read) and
+per group by crc32 and the group's token sum. ``shardtok verify`` and ``inspect`` compare the two
+files row by row. Byte layout: docs/FORMAT.md ("index.compact").
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from shardtok.format.shard_groups import (
     group_start,
     group_sums,
 )
-from shardtok.format.validate import want_int, want_plain_name, want_str
+from shardtok.format.validate import want_int, want_plain_name, want_sha256, want_str
 
 COMPACT_NAME = "index.compact"
 MAGIC = b"STKCMAN\x00"
@@ -51,6 +54,15 @@ INDEX_SIZE_AT = 96  # FIXED's index_size: the size of the index.json written wit
 NAME_WIDTH_AT = 108
 MAX_NAME = 255  # the longest plain file name (validate._PLAIN_NAME)
 OWN_NAMES = ("index.json", COMPACT_NAME)  # a manifest never lists itself as a shard
+# The header bytes that depend on index.json's own bytes (its sha256 and size, and the crc32
+# over them): left out of header_digest, which index.json records, or each would hash the other.
+UNBOUND = ((64, 104), (HEADER_CRC_AT, HEADER_CRC_AT + 4))
+# index.json's first key (sorted keys: it sorts before "dtype"), so its head holds it.
+HEADER_DIGEST_KEY = "compact_header_sha256"
+INDEX_HEAD = 256  # what a worker reads of index.json: the digest line with room for whitespace
+_INDEX_HEAD_DIGEST = re.compile(
+    rb'\{\s*"' + HEADER_DIGEST_KEY.encode() + rb'"\s*:\s*"([0-9a-f]{64})"'
+)
 
 ReadRange = Callable[[int, int], bytes]
 
@@ -94,70 +106,114 @@ def _digests(hexes) -> np.ndarray:
     return np.frombuffer(b"".join(bytes.fromhex(h) for h in hexes), dtype="V32")
 
 
+def header_digest(head: bytes) -> str:
+    """The sha256 index.json records of a compact header (bytes ``[0, R)``), the bytes of
+    ``UNBOUND`` taken as zeros."""
+    head = bytearray(head)
+    for begin, end in UNBOUND:
+        head[begin:end] = bytes(end - begin)
+    return hashlib.sha256(head).hexdigest()
+
+
+def index_head_digest(head: bytes) -> str | None:
+    """The compact header digest that index.json's first bytes record, None when they record
+    none (index.json of an earlier release)."""
+    match = _INDEX_HEAD_DIGEST.match(head)
+    return match.group(1).decode() if match else None
+
+
+def rows_digest(records: Sequence[bytes]) -> str:
+    """sha256 over the sha256 of each group's rows (``records``, in group order, no crc32): a
+    reader that has read every group checks it without keeping the rows' bytes."""
+    return rows_digest_of(hashlib.sha256(r).digest() for r in records)
+
+
+def rows_digest_of(group_digests) -> str:
+    return hashlib.sha256(b"".join(group_digests)).hexdigest()
+
+
+class CompactDraft:
+    """A compact manifest before index.json exists: its header, whose ``digest`` index.json
+    records, then ``finish`` with index.json's bytes."""
+
+    def __init__(self, manifest):
+        shards = list(manifest.shards)
+        n = len(shards)
+        groups = group_count(n)
+        metas = {s.meta_sha256 is not None for s in shards}
+        if len(metas) > 1:  # one manifest mixes releases: keep the compact form exact by refusing
+            raise ValueError("some shard entries have meta_sha256 and some do not")
+        flags = FLAG_META_SHA256 if metas == {True} else 0
+        if manifest.masked:
+            flags |= FLAG_TRAINED_TOKENS
+        files = [s.file for s in shards]
+        pattern = name_pattern(files)
+        name_width = 0
+        if pattern is None and n:
+            flags |= FLAG_NAMES
+            name_width = max(len(f.encode()) for f in files)
+        dtype = row_dtype(flags, name_width)
+        rows = np.zeros(n, dtype=dtype)  # shard order first, then rearranged group-major
+        for key in ("bytes", "num_documents", "num_tokens"):
+            rows[key] = np.fromiter((getattr(s, key) for s in shards), dtype=np.uint64, count=n)
+        rows["sha256"] = _digests(s.sha256 for s in shards)
+        if flags & FLAG_TRAINED_TOKENS:
+            rows["trained_tokens"] = np.fromiter((s.trained_tokens for s in shards), np.uint64, n)
+        if flags & FLAG_META_SHA256:
+            rows["meta_sha256"] = _digests(s.meta_sha256 for s in shards)
+        if flags & FLAG_NAMES:
+            rows["name"] = np.array([f.encode() for f in files], dtype=f"S{name_width}")
+        rows = rows[group_major(n, groups)]
+        raw, width = rows.tobytes(), dtype.itemsize
+        starts = [group_start(g, n, groups) * width for g in range(groups)] + [n * width]
+        records = [raw[a:b] for a, b in zip(starts, starts[1:])]
+        meta = {
+            "dtype": manifest.dtype.name,
+            "extra": manifest.extra,
+            "name": manifest.name,
+            "tokenizer": manifest.tokenizer,
+            "vocab_size": manifest.vocab_size,
+        }
+        if manifest.masked:
+            meta["sft"] = manifest.sft
+        if pattern is not None:
+            meta["names"] = pattern
+        # Binds the rows, which a worker reads only in part, to the header index.json records.
+        meta["rows_sha256"] = rows_digest(records)
+        meta_bytes = json.dumps(meta, sort_keys=True, ensure_ascii=True).encode()
+        tokens = np.fromiter((s.num_tokens for s in shards), dtype=np.int64, count=n)
+        sums = group_sums(tokens, groups).astype("<u8")
+        sums_at = _align8(FIXED.size + len(meta_bytes))
+        records_at = sums_at + 8 * groups
+        fixed = FIXED.pack(
+            MAGIC, VERSION, flags, n, groups, dtype.itemsize,
+            manifest.num_tokens, manifest.num_documents, manifest.num_bytes,
+            manifest.trained_tokens or 0,
+            bytes(32), 0,  # index.json's sha256 and size: finish() fills them in
+            len(meta_bytes), name_width, records_at, 0, 0,
+        )  # fmt: skip
+        head = bytearray(fixed + meta_bytes)
+        head += bytes(sums_at - len(head))
+        head += sums.tobytes()
+        self.head = head
+        self.digest = header_digest(head)
+        self.records = records
+
+    def finish(self, index_bytes: bytes) -> bytes:
+        """The file, written with index.json `index_bytes` (which records ``digest``)."""
+        head = bytearray(self.head)
+        head[64:104] = hashlib.sha256(index_bytes).digest() + struct.pack("<Q", len(index_bytes))
+        crc = zlib.crc32(head[FIXED.size :], zlib.crc32(head[:HEADER_CRC_AT]))
+        head[HEADER_CRC_AT : HEADER_CRC_AT + 4] = struct.pack("<I", crc)
+        out = [bytes(head)]
+        for record in self.records:
+            out += [record, struct.pack("<I", zlib.crc32(record))]
+        return b"".join(out)
+
+
 def compact_bytes(manifest, index_bytes: bytes) -> bytes:
     """The compact manifest of `manifest`, whose index.json is `index_bytes`."""
-    shards = list(manifest.shards)
-    n = len(shards)
-    groups = group_count(n)
-    metas = {s.meta_sha256 is not None for s in shards}
-    if len(metas) > 1:  # one manifest mixes releases: keep the compact form exact by refusing
-        raise ValueError("some shard entries have meta_sha256 and some do not")
-    flags = FLAG_META_SHA256 if metas == {True} else 0
-    if manifest.masked:
-        flags |= FLAG_TRAINED_TOKENS
-    files = [s.file for s in shards]
-    pattern = name_pattern(files)
-    name_width = 0
-    if pattern is None and n:
-        flags |= FLAG_NAMES
-        name_width = max(len(f.encode()) for f in files)
-    meta = {
-        "dtype": manifest.dtype.name,
-        "extra": manifest.extra,
-        "name": manifest.name,
-        "tokenizer": manifest.tokenizer,
-        "vocab_size": manifest.vocab_size,
-    }
-    if manifest.masked:
-        meta["sft"] = manifest.sft
-    if pattern is not None:
-        meta["names"] = pattern
-    meta_bytes = json.dumps(meta, sort_keys=True, ensure_ascii=True).encode()
-    dtype = row_dtype(flags, name_width)
-    rows = np.zeros(n, dtype=dtype)  # shard order first, then rearranged group-major
-    for key in ("bytes", "num_documents", "num_tokens"):
-        rows[key] = np.fromiter((getattr(s, key) for s in shards), dtype=np.uint64, count=n)
-    rows["sha256"] = _digests(s.sha256 for s in shards)
-    if flags & FLAG_TRAINED_TOKENS:
-        rows["trained_tokens"] = np.fromiter((s.trained_tokens for s in shards), np.uint64, n)
-    if flags & FLAG_META_SHA256:
-        rows["meta_sha256"] = _digests(s.meta_sha256 for s in shards)
-    if flags & FLAG_NAMES:
-        rows["name"] = np.array([f.encode() for f in files], dtype=f"S{name_width}")
-    rows = rows[group_major(n, groups)]
-    tokens = np.fromiter((s.num_tokens for s in shards), dtype=np.int64, count=n)
-    sums = group_sums(tokens, groups).astype("<u8")
-    sums_at = _align8(FIXED.size + len(meta_bytes))
-    records_at = sums_at + 8 * groups
-    fixed = FIXED.pack(
-        MAGIC, VERSION, flags, n, groups, dtype.itemsize,
-        manifest.num_tokens, manifest.num_documents, manifest.num_bytes,
-        manifest.trained_tokens or 0,
-        hashlib.sha256(index_bytes).digest(), len(index_bytes),
-        len(meta_bytes), name_width, records_at, 0, 0,
-    )  # fmt: skip
-    head = bytearray(fixed + meta_bytes)
-    head += bytes(sums_at - len(head))
-    head += sums.tobytes()
-    crc = zlib.crc32(head[FIXED.size :], zlib.crc32(head[:HEADER_CRC_AT]))
-    head[HEADER_CRC_AT : HEADER_CRC_AT + 4] = struct.pack("<I", crc)
-    out = [bytes(head)]
-    raw = rows.tobytes()
-    for g in range(groups):
-        start, count = group_start(g, n, groups), group_size(g, n, groups)
-        record = raw[start * dtype.itemsize : (start + count) * dtype.itemsize]
-        out += [record, struct.pack("<I", zlib.crc32(record))]
-    return b"".join(out)
+    return CompactDraft(manifest).finish(index_bytes)
 
 
 class CompactHeader:
@@ -216,6 +272,10 @@ class CompactHeader:
             raise self.fail(FIELDS_AT, f"dataset fields are not valid JSON ({exc})") from None
         if not isinstance(self.meta, dict):
             raise self.fail(FIELDS_AT, "dataset fields are not a JSON object")
+        self.rows_sha256 = self.meta.get("rows_sha256")  # None: written by 0.3
+        if self.rows_sha256 is not None:
+            want_sha256(self.meta, "rows_sha256", lambda r: self.fail(FIELDS_AT, r))
+        self.digest = header_digest(head)
         self.pattern = self.meta.get("names")
         if (self.pattern is None) != bool(flags & FLAG_NAMES) and n:
             raise self.fail(12, "names: the flags and the name pattern disagree")
@@ -276,6 +336,7 @@ class ShardTable(Sequence):
         self.group_tokens = h.group_tokens
         self.index_sha256 = h.index_sha256
         self._groups: dict[int, list] = {}
+        self._group_digests: dict[int, bytes] = {}
         self._positions: dict[str, int] | None = None
 
     @property
@@ -353,6 +414,7 @@ class ShardTable(Sequence):
         else:
             data = h._read(self._read, begin, end - begin)
         at = 0
+        loaded, digests = {}, {}
         for g in run:
             count = group_size(g, n, groups)
             record = data[at : at + count * width]
@@ -363,8 +425,19 @@ class ShardTable(Sequence):
             if sum(rows["num_tokens"].tolist()) != h.group_tokens[g]:  # what the plan used
                 raise h.fail(begin + at, f"rows of shard group {g}: tokens differ from its sum")
             members = group_members(g, n, groups)
-            self._groups[g] = [self._entry(int(i), row) for i, row in zip(members, rows)]
+            loaded[g] = [self._entry(int(i), row) for i, row in zip(members, rows)]
+            if h.rows_sha256 is not None:
+                digests[g] = hashlib.sha256(record).digest()
             at += count * width + 4
+        digests.update(self._group_digests)
+        # Every row is now known: before any is used, they must be the rows the header (and
+        # through it index.json) was written with. Nothing is kept on failure, so every later
+        # read refuses too.
+        complete = h.rows_sha256 is not None and len(digests) == groups
+        if complete and rows_digest_of(digests[g] for g in range(groups)) != h.rows_sha256:
+            raise h.fail(h.records_at, "the rows are not the ones rows_sha256 in its header names")
+        self._group_digests = digests
+        self._groups.update(loaded)
 
     def _entry(self, i: int, row):
         h = self.header
@@ -407,6 +480,11 @@ def differences(index_manifest, index_bytes: bytes, table: ShardTable) -> list[s
     if h.index_sha256 != hashlib.sha256(index_bytes).hexdigest():
         out.append("index.json's sha256 is not the one the compact header records")
     m = index_manifest
+    recorded = index_head_digest(index_bytes[:INDEX_HEAD])  # where a worker finds it
+    if recorded is not None and recorded != h.digest:
+        out.append(f"index.json's {HEADER_DIGEST_KEY} is not the sha256 of this header")
+    elif recorded is None and h.rows_sha256 is not None:
+        out.append(f"index.json records no {HEADER_DIGEST_KEY} but this header has rows_sha256")
     fields = {"dtype": m.dtype.name, "extra": m.extra, "name": m.name, "tokenizer": m.tokenizer,
               "vocab_size": m.vocab_size}  # fmt: skip
     if m.masked:
@@ -417,10 +495,13 @@ def differences(index_manifest, index_bytes: bytes, table: ShardTable) -> list[s
     if len(m.shards) != len(table):
         out.append(f"{len(m.shards)} shards in index.json, {len(table)} in the compact manifest")
         return out
-    for i, (a, b) in enumerate(zip(m.shards, table)):
-        if a != b:
-            out.append(f"shard {i} ({a.file}) differs")
-            break
+    try:
+        for i, (a, b) in enumerate(zip(m.shards, table)):
+            if a != b:
+                out.append(f"shard {i} ({a.file}) differs")
+                break
+    except CorruptShardError as exc:  # the rows are damaged or not the header's
+        out.append(exc.reason)
     return out
 
 
@@ -428,7 +509,10 @@ __all__ = [
     "COMPACT_NAME",
     "CompactHeader",
     "ShardTable",
+    "CompactDraft",
     "compact_bytes",
     "differences",
+    "header_digest",
+    "index_head_digest",
     "name_pattern",
 ]

@@ -12,19 +12,26 @@ import hashlib
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
 from shardtok._threads import beside
 from shardtok.errors import CorruptShardError
-from shardtok.format.compact_manifest import COMPACT_NAME, FIELDS_AT, ShardTable, compact_bytes
+from shardtok.format.compact_manifest import (
+    COMPACT_NAME,
+    FIELDS_AT,
+    HEADER_DIGEST_KEY,
+    CompactDraft,
+    ShardTable,
+)
 from shardtok.format.shard_entry import ShardEntry
 from shardtok.format.shard_groups import group_count, group_sums
 from shardtok.format.validate import (
     want_dict,
     want_int,
+    want_sha256,
     want_str,
     want_token_fields,
 )
@@ -45,6 +52,9 @@ class Manifest:
     extra: dict = field(default_factory=dict)
     # The SFT settings the writer's caller gave (free-form); None for datasets without masks.
     sft: dict | None = None
+    # index.json's record of the index.compact written with it (``Manifest.files`` sets it):
+    # kept so that to_bytes gives the file's bytes back, not part of what the manifest says.
+    compact_header_sha256: str | None = field(default=None, compare=False)
 
     @property
     def masked(self) -> bool:
@@ -113,6 +123,8 @@ class Manifest:
         if self.masked:
             doc["sft"] = self.sft
             doc["trained_tokens"] = self.trained_tokens
+        if self.compact_header_sha256 is not None:
+            doc[HEADER_DIGEST_KEY] = self.compact_header_sha256  # sorts first: a worker reads it
         return (json.dumps(doc, sort_keys=True, indent=1, ensure_ascii=True) + "\n").encode()
 
     @classmethod
@@ -143,6 +155,9 @@ class Manifest:
             shards=shards,
             extra=want_dict(doc, "extra", fail),
             sft=want_dict(doc, "sft", fail) if "sft" in doc else None,
+            compact_header_sha256=(
+                want_sha256(doc, HEADER_DIGEST_KEY, fail) if HEADER_DIGEST_KEY in doc else None
+            ),
         )
         # A dataset is masked as a whole: the sft dict and every shard's count, or none of them.
         counted = {s.trained_tokens is not None for s in shards}
@@ -166,9 +181,12 @@ class Manifest:
 
     def files(self) -> list[tuple[str, bytes]]:
         """What a dataset folder gets, in the order to publish it: index.compact, then
-        index.json last (a folder with an index.json is complete)."""
-        data = self.to_bytes()
-        return [(COMPACT_NAME, compact_bytes(self, data)), (MANIFEST_NAME, data)]
+        index.json last (a folder with an index.json is complete). index.json records the
+        compact header's digest and the compact header index.json's sha256 (``CompactDraft``
+        leaves each out of the other's digest)."""
+        draft = CompactDraft(self)
+        data = replace(self, compact_header_sha256=draft.digest).to_bytes()
+        return [(COMPACT_NAME, draft.finish(data)), (MANIFEST_NAME, data)]
 
     def write(self, folder: str | Path) -> Path:
         """Write both manifests atomically (readers never see a half-written one), index.json
@@ -215,6 +233,9 @@ class Manifest:
             shards=table,
             extra=want_dict(doc, "extra", fail),
             sft=want_dict(doc, "sft", fail) if masked else None,
+            # What the index.json written with it records (0.3's records none): so to_bytes
+            # gives that index.json's bytes.
+            compact_header_sha256=h.digest if h.rows_sha256 is not None else None,
         )
 
 

@@ -1,5 +1,6 @@
 """A dataset's two manifests: ``index.json`` read whole, ``index.compact`` read by range, and the
-rule that ties them (the compact one is trusted only beside the index.json it was written with).
+rule that ties them (the compact one is trusted only beside the index.json it was written with,
+which records its header's digest).
 
 ``DatasetSource`` asks here for the manifest it streams from; ``verify`` and ``inspect`` ask
 whether the two agree.
@@ -15,9 +16,12 @@ from shardtok.errors import CorruptShardError
 from shardtok.format.compact_manifest import (
     COMPACT_NAME,
     FIRST_READ,
+    HEADER_DIGEST_KEY,
+    INDEX_HEAD,
     INDEX_SIZE_AT,
     ShardTable,
     differences,
+    index_head_digest,
 )
 from shardtok.format.manifest import MANIFEST_NAME, Manifest
 from shardtok.storage.base import AccessDeniedError, ByteSource, ObjectNotFoundError
@@ -68,24 +72,44 @@ class ManifestFiles:
 
     def compact_manifest(self) -> Manifest | None:
         """The manifest of ``index.compact``, None without one. It is trusted only beside the
-        index.json it was written with: that file must exist with the size its header records
-        (a stat or HEAD; ``shardtok inspect`` compares the two in full)."""
+        index.json it was written with: that file must exist with the size its header records,
+        and when index.json's first line records a compact header digest (datasets written
+        after 0.3.0), the header must be that one: index.json's first 256 bytes, in the request
+        that tells its size (``shardtok verify`` and ``inspect`` compare the two in full)."""
         table = self.compact_table()
         if table is None:
             return None
         index = self.root.join(MANIFEST_NAME)
         try:
-            with open_source(index, self.options, self.retry) as source:
-                index_size = source.stat_size()  # a HEAD: no byte of index.json
+            # A remote size is a GET of the head: asking for no more than the digest line
+            # costs what the HEAD did, and the read below is served from it.
+            with open_source(index, self.options, self.retry, block_size=INDEX_HEAD) as source:
+                index_size = source.size
+                head = source.read_range(0, min(index_size, INDEX_HEAD))
         except ObjectNotFoundError as exc:
             raise missing(index.display, exc, NO_MANIFEST, self.is_local) from None
-        if index_size != table.header.index_size:
-            raise table.header.fail(
-                INDEX_SIZE_AT,
-                f"written with an index.json of {table.header.index_size:,} bytes, but "
-                f"{index.display} is {index_size:,} bytes: the two manifests are not of one "
-                f"write (delete {COMPACT_NAME} to read index.json alone)",
+        h = table.header
+
+        def not_one_write(offset: int, what: str) -> CorruptShardError:
+            return h.fail(
+                offset,
+                f"{what}: the two manifests are not of one write (delete {COMPACT_NAME} to "
+                f"read {MANIFEST_NAME} alone)",
             )
+
+        if index_size != h.index_size:
+            raise not_one_write(
+                INDEX_SIZE_AT,
+                f"written with an index.json of {h.index_size:,} bytes, but {index.display} is "
+                f"{index_size:,} bytes",
+            )
+        recorded = index_head_digest(head)
+        if recorded is not None and recorded != h.digest:
+            raise not_one_write(0, f"{index.display} records another {COMPACT_NAME} header")
+        if recorded is None and h.rows_sha256 is not None:
+            # A header of this release beside an index.json that records none: the size
+            # matched, but nothing ties this header's shard list to index.json's.
+            raise not_one_write(0, f"{index.display} records no {HEADER_DIGEST_KEY}")
         return Manifest.from_compact(table)
 
     def verified(self, on_problem: Callable[[str], None] | None = None) -> Manifest:

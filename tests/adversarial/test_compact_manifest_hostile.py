@@ -16,12 +16,24 @@ import struct
 import subprocess
 import sys
 import zlib
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from shardtok.errors import CorruptShardError, StorageError
-from shardtok.format.compact_manifest import COMPACT_NAME, FIXED, HEADER_CRC_AT, ShardTable
+from shardtok.format import load_manifest
+from shardtok.format.compact_manifest import (
+    COMPACT_NAME,
+    FIXED,
+    HEADER_CRC_AT,
+    INDEX_HEAD,
+    ShardTable,
+    compact_bytes,
+    header_digest,
+    index_head_digest,
+)
+from shardtok.format.manifest import MANIFEST_NAME
 from shardtok.storage.dataset import DatasetSource
 from shardtok.stream import SliceStream, StreamOptions
 from tests.adversarial.helpers import peak_while, republish, stream_tokens
@@ -65,11 +77,12 @@ def _parts(data: bytes):
     return head, meta, sums, data[head["records_at"] :]
 
 
-def _forge(folder, fields=None, meta=None, raw_meta=None, sums=None, cut=0):
+def _forge(folder, fields=None, meta=None, raw_meta=None, sums=None, cut=0, bind=True):
     """Rewrite `folder`'s index.compact: dataset fields updated with `meta` (or replaced by
     `raw_meta` bytes), group sums replaced by `sums`, then the header `fields` set, with the
     fields' size, the rows' offset and the header crc32 recomputed unless `fields` sets them;
-    the file then loses its last `cut` bytes."""
+    the file then loses its last `cut` bytes. With `bind`, index.json's compact_header_sha256
+    is set to the forged header's (same length: index.json keeps its size)."""
     path = folder / COMPACT_NAME
     head, meta_bytes, sums_bytes, rows = _parts(path.read_bytes())
     if raw_meta is not None:
@@ -88,6 +101,11 @@ def _forge(folder, fields=None, meta=None, raw_meta=None, sums=None, cut=0):
         out[HEADER_CRC_AT : HEADER_CRC_AT + 4] = struct.pack("<I", crc)
     data = bytes(out) + rows
     path.write_bytes(data[: len(data) - cut])
+    if bind:  # index.json records the forged header, so each case reaches its own check
+        index = folder / MANIFEST_NAME
+        recorded = index_head_digest(index.read_bytes()[:INDEX_HEAD])
+        forged = header_digest(out[: head["records_at"]])
+        index.write_bytes(index.read_bytes().replace(recorded.encode(), forged.encode(), 1))
     return folder
 
 
@@ -320,3 +338,71 @@ def test_the_cli_refuses_a_hostile_compact_manifest_in_one_line(ds, command):
     assert "Traceback" not in output
     lines = [line for line in output.splitlines() if COMPACT_NAME in line]
     assert len(lines) == 1 and "byte offset 128: names" in lines[0], output
+
+
+# -- index.compact and index.json list the same shards -----------------------------------------
+
+
+def _batches(folder) -> int:
+    return sum(
+        1 for _ in SliceStream(DatasetSource(folder), StreamOptions(seq_len=16, batch_size=2))
+    )
+
+
+@pytest.fixture
+def eight(tmp_path):
+    """Eight shards of two documents."""
+    rng = np.random.default_rng(1)
+    docs = [rng.integers(0, VOCAB, size=40) for _ in range(16)]
+    write_dataset(tmp_path / "ds", docs, VOCAB, frame_size=64, shard_size=100)
+    assert len(load_manifest(tmp_path / "ds").shards) == 8
+    return tmp_path / "ds"
+
+
+def test_a_compact_manifest_listing_7_of_8_shards_is_refused_by_the_stream_and_verify(eight):
+    everything = _batches(eight)
+    index = (eight / MANIFEST_NAME).read_bytes()
+    full = load_manifest(eight)
+    # Written to agree with index.json's size and sha256: only the shard list differs.
+    (eight / COMPACT_NAME).write_bytes(compact_bytes(replace(full, shards=full.shards[:7]), index))
+    error = _refused(lambda: _batches(eight), 0, "records another index.compact header")
+    assert "not of one write" in str(error)
+    result = subprocess.run([sys.executable, "-m", "shardtok", "verify", str(eight)],
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    output = result.stdout + result.stderr
+    assert result.returncode != 0 and "Traceback" not in output
+    assert "compact_header_sha256 is not the sha256 of this header" in output, output
+    (eight / COMPACT_NAME).unlink()  # the documented way out: index.json alone
+    assert _batches(eight) == everything
+
+
+def test_a_0_3_header_beside_an_index_json_that_records_one_is_refused(ds):
+    # Dropping rows_sha256 (what 0.3 wrote) does not make a header trusted as 0.3's was.
+    meta = json.loads(_parts((ds / COMPACT_NAME).read_bytes())[1])
+    del meta["rows_sha256"]
+    _forge(ds, raw_meta=json.dumps(meta, sort_keys=True).encode(), bind=False)
+    _refused(_manifest(ds), 0, "records another index.compact header")
+
+
+def test_an_index_json_that_records_no_header_beside_a_compact_that_has_one_is_refused(ds):
+    index = (ds / MANIFEST_NAME).read_bytes()
+    line = index.split(b"\n")[1]
+    assert line.startswith(b' "compact_header_sha256": ')
+    (ds / MANIFEST_NAME).write_bytes(index.replace(line, b" " * len(line), 1))  # same size
+    _refused(_manifest(ds), 0, "records no compact_header_sha256")
+
+
+def test_rows_that_are_not_the_headers_are_refused_once_every_row_is_read(ds):
+    # Row 1's sha256 (the shard file's, which only verify compares with the file), altered
+    # with its group's crc32 kept right: the header, and so index.json, still match.
+    path = ds / COMPACT_NAME
+    head, _, _, _ = _parts(path.read_bytes())
+    data = bytearray(path.read_bytes())
+    width, row = head["row_size"], head["records_at"] + head["row_size"] + 4
+    data[row + 24] ^= 1
+    data[row + width : row + width + 4] = struct.pack("<I", zlib.crc32(data[row : row + width]))
+    path.write_bytes(bytes(data))
+    manifest = DatasetSource(ds).manifest
+    assert manifest.shards[1].file == "shard-000001.tar"  # one group read: its crc32 holds
+    _refused(lambda: list(manifest.shards), head["records_at"], "rows_sha256")
+    _refused(lambda: list(manifest.shards), head["records_at"], "rows_sha256")  # and again

@@ -16,6 +16,7 @@ from shardtok.errors import CorruptShardError
 from shardtok.format import shard_groups
 from shardtok.format.compact_manifest import COMPACT_NAME, ShardTable, differences, name_pattern
 from shardtok.format.manifest import MANIFEST_NAME, Manifest, ShardEntry
+from shardtok.storage.dataset import DatasetSource
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -61,12 +62,12 @@ def test_golden_bytes_are_what_the_writer_writes_and_the_spec_says(tmp_path):
     assert struct.unpack_from("<IIQII", data, 8) == (1, 1, 2, 2, 88)  # version, flags, N, B, W
     assert struct.unpack_from("<QQQQ", data, 32) == (16, 5, 22528, 0)  # totals
     assert data[64:96] == hashlib.sha256(index).digest()
-    assert struct.unpack_from("<QII", data, 96) == (len(index), 176, 0)
-    meta_size, records_at = 176, struct.unpack_from("<Q", data, 112)[0]
-    assert records_at == 128 + meta_size + 8 * 2 == 320  # 8-aligned, then two u64 sums
+    assert struct.unpack_from("<QII", data, 96) == (len(index), 259, 0)
+    meta_size, records_at = 259, struct.unpack_from("<Q", data, 112)[0]
+    assert records_at == 392 + 8 * 2 == 408  # 128 + M 8-aligned, then two u64 sums
     meta = json.loads(data[128 : 128 + meta_size])
     assert meta["names"] == {"prefix": "shard-", "first": 0, "width": 6, "suffix": ".tar"}
-    assert struct.unpack_from("<QQ", data, 304) == (9, 7)  # group sums (one shard per group)
+    assert struct.unpack_from("<QQ", data, 392) == (9, 7)  # group sums (one shard per group)
     (crc,) = struct.unpack_from("<I", data, 124)
     assert crc == zlib.crc32(data[128:records_at], zlib.crc32(data[:124]))
     row = data[records_at : records_at + 88]
@@ -74,6 +75,32 @@ def test_golden_bytes_are_what_the_writer_writes_and_the_spec_says(tmp_path):
     assert row[24:56].hex() == sha("a") and row[56:88].hex() == sha("ma")
     assert struct.unpack_from("<I", data, records_at + 88) == (zlib.crc32(row),)
     assert len(data) == records_at + 2 * 88 + 2 * 4
+    # The two files name each other: the rows' digest is in the header, the header's (index.json
+    # and crc32 bytes zeroed) on index.json's first line
+    rows = [data[records_at + g * 92 : records_at + g * 92 + 88] for g in range(2)]
+    assert (
+        meta["rows_sha256"]
+        == hashlib.sha256(b"".join(hashlib.sha256(r).digest() for r in rows)).hexdigest()
+    )
+    head = bytearray(data[:records_at])
+    head[64:104], head[124:128] = bytes(40), bytes(4)
+    digest = hashlib.sha256(head).hexdigest()
+    assert index.startswith(b'{\n "compact_header_sha256": "' + digest.encode() + b'",\n')
+
+    # 0.3's golden pair, without either digest, is read as 0.3 read it (index.compact trusted
+    # beside an index.json of its size)
+    old = tmp_path / "0.3"
+    old.mkdir()
+    for name in (COMPACT_NAME, MANIFEST_NAME):
+        (old / name).write_bytes((GOLDEN / f"two_shards_0_3.{name}").read_bytes())
+    compact = DatasetSource(old).manifest
+    assert isinstance(compact.shards, ShardTable) and list(compact.shards) == list(
+        golden_manifest().shards
+    )
+    index = (old / MANIFEST_NAME).read_bytes()
+    assert compact.sha256 == hashlib.sha256(index).hexdigest()
+    assert differences(Manifest.from_bytes(index, "x"), index, compact.shards) == []
+    assert Manifest.from_bytes(index, "x").to_bytes() == index
 
 
 @pytest.mark.parametrize(
@@ -140,9 +167,9 @@ def damaged(tmp_path: Path, offset: int) -> Path:
         (8, "offset 8: compact manifest version 0 is not supported"),
         (40, "offset 124: header crc32 mismatch"),  # num_documents
         (140, "offset 124: header crc32 mismatch"),  # the dataset fields' JSON
-        (310, "offset 124: header crc32 mismatch"),  # a group sum
-        (330, "offset 320: rows of shard group 0: crc32 mismatch"),  # a row
-        (320 + 88 + 4 + 17, "offset 412: rows of shard group 1: crc32 mismatch"),
+        (400, "offset 124: header crc32 mismatch"),  # a group sum
+        (418, "offset 408: rows of shard group 0: crc32 mismatch"),  # a row
+        (408 + 88 + 4 + 17, "offset 500: rows of shard group 1: crc32 mismatch"),
     ],
 )
 def test_damage_is_one_line_naming_the_file_and_offset(tmp_path, offset, message):
@@ -159,7 +186,7 @@ def test_a_truncated_file_is_refused(tmp_path):
     golden_manifest().write(tmp_path)
     path = tmp_path / COMPACT_NAME
     path.write_bytes(path.read_bytes()[:-3])
-    with pytest.raises(CorruptShardError, match="file is 501 bytes, its header describes 504"):
+    with pytest.raises(CorruptShardError, match="file is 589 bytes, its header describes 592"):
         table_of(path)
 
 
