@@ -232,3 +232,23 @@ def reader_of(state):
     while node["kind"] != "reader":
         node = node["upstream"]
     return node
+
+
+def node_of(state, kind):
+    node = state["stream"]["batcher"]
+    while node["kind"] != kind:
+        node = node["upstream"]
+    return node
+
+
+@pytest.mark.parametrize("kind, field, value", [("shuffle", "position", 10**6),
+                                                ("concat", "skip", 10**6)])  # fmt: skip
+def test_a_position_past_what_the_state_can_name_is_refused(data, kind, field, value):
+    """A shuffle position beyond its checkpoint's reach would buffer the slice up to it; a skip
+    past the document it names would cut rows of other lengths (a ValueError from the packer)."""
+    state = saved(data)
+    node_of(state, kind)[field] = value
+    ds = ShardStreamDataset(data, **OPTIONS)
+    with pytest.raises(ResumeStateError, match=f"field '{field}'"):
+        ds.load_state_dict(state)
+        next(iter(ds))

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from shardtok.errors import ResumeStateError
 from shardtok.stream import state as envelope
 from shardtok.stream.nodes.base import DocumentNode
 from shardtok.stream.nodes.packer import Packer
@@ -64,6 +65,7 @@ class ConcatPacker(Packer):
         self._available = 0  # tokens in _pending
         self._offset = 0  # next window's first token, relative to the first pending document
         self._emitted = 0
+        self._skip_unchecked = False
         self._exhausted = False
         self._next_position = 0  # upstream position when _pending is empty
 
@@ -80,6 +82,7 @@ class ConcatPacker(Packer):
             self.upstream.reset(state["upstream"])
             self._offset = state["skip"]
             self._emitted = state["emitted"]
+        self._skip_unchecked = state is not None and self._offset > 0
         self._next_position = self.upstream.position
         self._pull_many = self.upstream._next_many  # started by the reset above
 
@@ -140,7 +143,19 @@ class ConcatPacker(Packer):
                         self._next_position = position
             if self.dtype is None and pending:
                 self.dtype = pending[0][1].dtype
+            self._check_skip()
         return True
+
+    def _check_skip(self) -> None:
+        # A saved skip is always inside the document the state names (a window that reaches a
+        # document's end moves to the next one); past it, the rows would not be this stream's.
+        if self._skip_unchecked and self._pending:
+            self._skip_unchecked = False
+            if self._offset >= len(self._pending[0][1]):
+                raise ResumeStateError(
+                    f"concat state: field 'skip' is {self._offset}, but the document it names "
+                    f"holds {len(self._pending[0][1])} tokens"
+                )
 
     @property
     def contiguous(self) -> bool:

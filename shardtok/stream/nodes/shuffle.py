@@ -281,6 +281,9 @@ class ShuffleBuffer(DocumentNode):
             )
         position, base = state["position"], state["read_from"]
         envelope.check_range(self.KIND, "read_from", base, 0, position)
+        # A state re-reads from the checkpoint before `position - window` (module docstring):
+        # a position further on would hold everything up to it in the buffer.
+        envelope.check_range(self.KIND, "position", position, 0, base + self.window + self.spacing)
         self.upstream.reset(state["upstream"])
         if self.upstream.position != base:
             raise ResumeStateError(
