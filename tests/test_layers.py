@@ -80,7 +80,7 @@ LAYER_RULES: dict[str, set[str]] = {
     "webdataset": {"webdataset", "format", "storage"},
 }
 # Top-level modules that are not layers: every layer may import them, and they import no layer.
-SHARED = {"", "errors", "_process", "_checksum", "_threads"}
+SHARED = {"", "errors", "_process", "_checksum", "_threads", "_safe_yaml"}
 # `python -m shardtok` is the command line.
 ALIASES = {"__main__": "cli", "command": "cli"}  # the console script and python -m shardtok
 

@@ -129,7 +129,7 @@ def _fail(where: str, message: str):
 
 
 def _read_yaml(path: Path) -> dict:
-    import yaml
+    from shardtok import _safe_yaml as yaml  # aliases, nesting and integers bounded
 
     try:
         text = path.read_text(encoding="utf-8")

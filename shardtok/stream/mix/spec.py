@@ -17,23 +17,27 @@ shards of two datasets are refused with a pointer to the mapping.
 A YAML file may hold them Nanotron-style (``data_stages: [{data: {dataset: {dataset_path: ...},
 seed: ...}}]``) or flat (``dataset_path:`` plus stream options such as ``seed``, ``seq_len``,
 ``batch_size``, ``packing`` at the top level). Relative paths are read from the YAML file's
-folder.
+folder. A config may come from someone else: it is read with ``shardtok._safe_yaml`` (aliases,
+nesting and integers bounded), and a bad one is one line naming it that echoes no value whole.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from shardtok._safe_yaml import SHOWN, YAMLError, explain, shown
+from shardtok._safe_yaml import read as read_yaml
 from shardtok.errors import ShardtokError, UsageError
 from shardtok.storage.dataset import DatasetSource
 from shardtok.storage.location import Location
 from shardtok.storage.origins import options_by_origin
 from shardtok.storage.shard_names import select_shards
-from shardtok.stream.options import OPTION_NAMES
+from shardtok.stream.options import OPTION_NAMES, StreamOptions
 
 
 @dataclass
@@ -88,13 +92,13 @@ def mix_spec(
                 or weight <= 0
             ):
                 raise UsageError(
-                    f"weight of {_named(path)} is {weight!r}: weights must be > 0 and finite"
+                    f"weight of {_named(path)} is {shown(weight)}: weights must be > 0 and finite"
                 )
         return MixSpec(sources, weights)
     if isinstance(dataset_path, (str, Path)) or not list_is_mix:
         return MixSpec([source(dataset_path)], [1])
     if not isinstance(dataset_path, Sequence):
-        raise UsageError(f"dataset_path is {dataset_path!r}: a path, a list or a mapping")
+        raise UsageError(f"dataset_path is {shown(dataset_path)}: a path, a list or a mapping")
     paths = list(dataset_path)
     if not paths:
         raise UsageError("a mix needs at least one dataset")
@@ -130,7 +134,7 @@ def load_mix_config(
     data, base, where = read_config(config)
     section: Mapping[str, Any] = data
     if "data_stages" in data:
-        stages = data["data_stages"]
+        stages = stage_entries(data, where)
         if isinstance(stage, int):
             if not 0 <= stage < len(stages):
                 raise ShardtokError(f"{where}: no data stage {stage} ({len(stages)} stages)")
@@ -138,36 +142,125 @@ def load_mix_config(
         else:
             named = [s for s in stages if s.get("name") == stage]
             if not named:
-                raise ShardtokError(f"{where}: no data stage named {stage!r}")
+                raise ShardtokError(f"{where}: no data stage named {shown(stage)}")
             chosen = named[0]
         section = chosen.get("data", {})
+        if not isinstance(section, Mapping):
+            raise ShardtokError(f"{where}: data stage {shown(stage)}: 'data' must be a mapping")
+    return section_mix(
+        section, data.get("allow_mixed_tokenizers", False), storage_options, base, where
+    )
+
+
+def stage_entries(data: Mapping[str, Any], where: str) -> list[Mapping[str, Any]]:
+    """A config's ``data_stages``, each checked to be a mapping."""
+    entries = data["data_stages"]
+    if not isinstance(entries, list) or not entries:
+        raise ShardtokError(f"{where}: data_stages must be a non-empty list of stages")
+    for k, entry in enumerate(entries):
+        if not isinstance(entry, Mapping):
+            raise ShardtokError(f"{where}: data stage {k} must be a mapping, got {shown(entry)}")
+    return entries
+
+
+def section_mix(section, allow_default, storage_options, base, where) -> MixSpec:
+    """The mix a config's section names (a stage's ``data``, or a flat config): its
+    ``dataset_path``, the stream options written there, and ``allow_mixed_tokenizers``."""
     dataset = section.get("dataset", section)
-    if "dataset_path" not in dataset:
+    if not isinstance(dataset, Mapping) or "dataset_path" not in dataset:
         raise ShardtokError(f"{where}: no dataset_path")
-    spec = mix_spec(dataset["dataset_path"], storage_options, base, list_is_mix=True)
-    options = {k: v for k, v in {**section, **dataset}.items() if k in OPTION_NAMES}
+    paths = dataset["dataset_path"]
+    _check_dataset_path(paths, where)
+    try:
+        spec = mix_spec(paths, storage_options, base, list_is_mix=True)
+    except UsageError as exc:
+        # The same mistake typed on the command line needs no file named; here it does.
+        raise UsageError(f"{where}: {exc}") from None
+    spec.options = config_options({**section, **dataset}, where)
     unknown = set(dataset) - set(OPTION_NAMES) - {"dataset_path", "allow_mixed_tokenizers"}
     if dataset is not section and unknown:  # a flat config may carry a trainer's other keys
-        raise ShardtokError(f"{where}: unknown keys {sorted(unknown)} next to dataset_path")
-    spec.options = options
-    allow = {**data, **section, **dataset}.get("allow_mixed_tokenizers", False)
+        raise ShardtokError(
+            f"{where}: unknown keys {shown(sorted(unknown, key=str))} next to dataset_path"
+        )
+    allow = {"allow_mixed_tokenizers": allow_default, **section, **dataset}
+    allow = allow["allow_mixed_tokenizers"]
     if not isinstance(allow, bool):
-        raise UsageError(f"{where}: allow_mixed_tokenizers must be true or false, got {allow!r}")
+        raise UsageError(
+            f"{where}: allow_mixed_tokenizers must be true or false, got {shown(allow)}"
+        )
     spec.allow_mixed_tokenizers = allow
     return spec
+
+
+# Longer than any path or URL storage opens; refused before a message can echo it whole.
+MAX_PATH = 4096
+
+
+def _check_dataset_path(value: Any, where: str) -> None:
+    """Refuse a config's dataset_path of a shape no mix has: one dataset (a path, URL or
+    pattern), a list of datasets (each one, or a list of shards), or ``{dataset: weight}``."""
+
+    def name(item: Any, what: str) -> None:
+        if not isinstance(item, (str, os.PathLike)):
+            raise ShardtokError(
+                f"{where}: dataset_path holds {shown(item)} as {what}, not a path, URL or pattern"
+            )
+        text = os.fspath(item)
+        if isinstance(text, str) and len(text) > MAX_PATH:
+            raise ShardtokError(
+                f"{where}: dataset_path holds a name of {len(text):,} characters, "
+                f"{shown(text, 60)}: paths and URLs are at most {MAX_PATH:,}"
+            )
+
+    if isinstance(value, Mapping):
+        for key in value:
+            name(key, "a dataset")
+    elif isinstance(value, list):
+        for entry in value:
+            if isinstance(entry, list):
+                for shard in entry:
+                    name(shard, "a shard")
+            else:
+                name(entry, "a dataset")
+    else:
+        name(value, "the dataset")
+
+
+# What checks one stream option alone: the others at values that never conflict with it
+# (stride is checked against seq_len again once the options are put together).
+_ALONE = {"seq_len": 1 << 62, "batch_size": 1}
+
+
+def config_options(values: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """The stream options among a config's `values`, each checked on its own, naming the
+    config: a bad one is refused here rather than when the stream starts."""
+    options = {k: v for k, v in values.items() if k in OPTION_NAMES}
+    for key, value in options.items():
+        if value is not None and not isinstance(value, (bool, int, float, str)):
+            raise UsageError(f"{where}: {key} must be one value, got {shown(value)}")
+        if isinstance(value, str) and len(value) > SHOWN:
+            raise UsageError(f"{where}: {key} is not {shown(value)}: no option is that long")
+        try:
+            StreamOptions(**{**_ALONE, key: value})
+        except UsageError as exc:
+            raise UsageError(f"{where}: {exc}") from None
+    return options
 
 
 def read_config(config: str | Path | Mapping[str, Any]) -> tuple[Mapping, Path | None, str]:
     """(the config's mapping, the folder relative paths are read from, its name for messages)."""
     base: Path | None = None
     if isinstance(config, (str, Path)):
-        import yaml  # type: ignore[import-untyped]
-
         path = Path(config)
         try:
-            data = yaml.safe_load(path.read_text())
-        except (OSError, yaml.YAMLError) as exc:
-            raise ShardtokError(f"{path}: cannot read the mix config: {exc}") from None
+            data = read_yaml(path)
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            raise ShardtokError(f"{path}: cannot read the mix config: {reason}") from None
+        except YAMLError as exc:
+            line, problem = explain(exc)
+            at = f", line {line}" if line is not None else ""
+            raise ShardtokError(f"{path}{at}: cannot read the mix config: {problem}") from None
         base = path.resolve().parent
         where = str(path)
     else:

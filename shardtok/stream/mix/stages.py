@@ -29,16 +29,19 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from shardtok._safe_yaml import shown
 from shardtok.errors import ShardtokError, UsageError
 from shardtok.storage.dataset import DatasetSource
 from shardtok.stream.mix.spec import (
     MixSpec,
     check_tokenizers,
+    config_options,
     load_mix_config,
-    mix_spec,
     read_config,
+    section_mix,
+    stage_entries,
 )
-from shardtok.stream.options import OPTION_NAMES, StreamOptions
+from shardtok.stream.options import StreamOptions
 
 
 @dataclass(frozen=True)
@@ -114,34 +117,32 @@ def load_curriculum(
 ) -> Curriculum:
     """Every stage of a config (a flat config or one stage gives a one-stage curriculum)."""
     data, base, where = read_config(config)
-    top = {k: v for k, v in data.items() if k in OPTION_NAMES}
+    top = config_options(data, where)
     allow_top = data.get("allow_mixed_tokenizers", False)
     if "data_stages" not in data:
-        spec = _stage_mix(data, data, storage_options, base, where, allow_top)
+        spec = section_mix(data, allow_top, storage_options, base, where)
         stage = Stage("stage 0", 1, spec, None)
         return Curriculum([stage], {**top, **spec.options}, where)
-    entries = data["data_stages"]
-    if not isinstance(entries, list) or not entries:
-        raise ShardtokError(f"{where}: data_stages must be a non-empty list of stages")
+    entries = stage_entries(data, where)
     stages: list[Stage] = []
     own: list[dict[str, Any]] = []
     for k, entry in enumerate(entries):
-        if not isinstance(entry, Mapping):
-            raise ShardtokError(f"{where}: data stage {k} must be a mapping")
         name = entry.get("name", f"stage {k}")
         if not isinstance(name, str) or not name:
-            raise ShardtokError(f"{where}: data stage {k}: name must be a non-empty string")
+            raise ShardtokError(
+                f"{where}: data stage {k}: name must be a non-empty string, got {shown(name)}"
+            )
         start = entry.get("start_training_step", 1 if k == 0 else None)
         if isinstance(start, bool) or not isinstance(start, int) or start < 1:
             raise ShardtokError(
-                f"{where}: data stage {name!r}: start_training_step must be an integer >= 1, "
-                f"got {start!r}"
+                f"{where}: data stage {shown(name)}: start_training_step must be an integer "
+                f">= 1, got {shown(start)}"
             )
         section = entry.get("data", {})
         if not isinstance(section, Mapping):
-            raise ShardtokError(f"{where}: data stage {name!r}: 'data' must be a mapping")
-        spec = _stage_mix(section, data, storage_options, base, f"{where}: stage {name!r}",
-                          allow_top)  # fmt: skip
+            raise ShardtokError(f"{where}: data stage {shown(name)}: 'data' must be a mapping")
+        spec = section_mix(section, allow_top, storage_options, base,
+                           f"{where}: stage {shown(name)}")  # fmt: skip
         seed = spec.options.pop("seed", None)
         stages.append(Stage(name, start, spec, seed))
         own.append(spec.options)
@@ -163,43 +164,27 @@ def load_stage(
     """One data stage alone (an index or a name), as a plain mix: ``load_mix_config``'s stage,
     its options the config's top-level stream options (shared by the stages) under its own."""
     spec = load_mix_config(config, stage=stage, storage_options=storage_options)
-    data, _, _ = read_config(config)
-    spec.options = {**{k: v for k, v in data.items() if k in OPTION_NAMES}, **spec.options}
-    return spec
-
-
-def _stage_mix(section, data, storage_options, base, where, allow_top) -> MixSpec:
-    dataset = section.get("dataset", section)
-    if not isinstance(dataset, Mapping) or "dataset_path" not in dataset:
-        raise ShardtokError(f"{where}: no dataset_path")
-    spec = mix_spec(dataset["dataset_path"], storage_options, base, list_is_mix=True)
-    spec.options = {k: v for k, v in {**section, **dataset}.items() if k in OPTION_NAMES}
-    unknown = set(dataset) - set(OPTION_NAMES) - {"dataset_path", "allow_mixed_tokenizers"}
-    if dataset is not section and unknown:  # a flat config may carry a trainer's other keys
-        raise ShardtokError(f"{where}: unknown keys {sorted(unknown)} next to dataset_path")
-    allow = {"allow_mixed_tokenizers": allow_top, **section, **dataset}["allow_mixed_tokenizers"]
-    if not isinstance(allow, bool):
-        raise UsageError(f"{where}: allow_mixed_tokenizers must be true or false, got {allow!r}")
-    spec.allow_mixed_tokenizers = allow
+    data, _, where = read_config(config)
+    spec.options = {**config_options(data, where), **spec.options}
     return spec
 
 
 def _check_order(stages: list[Stage], where: str) -> None:
     if stages[0].start_step != 1:
         raise ShardtokError(
-            f"{where}: the first data stage ({stages[0].name!r}) must start at step 1, not "
+            f"{where}: the first data stage ({shown(stages[0].name)}) must start at step 1, not "
             f"{stages[0].start_step}"
         )
     for before, after in zip(stages, stages[1:]):
         if after.start_step <= before.start_step:
             raise ShardtokError(
-                f"{where}: data stage {after.name!r} starts at step {after.start_step}, not "
-                f"after {before.name!r} (step {before.start_step}): stages run in order"
+                f"{where}: data stage {shown(after.name)} starts at step {after.start_step}, "
+                f"not after {shown(before.name)} (step {before.start_step}): stages run in order"
             )
     names = [s.name for s in stages]
     for name in names:
         if names.count(name) > 1:
-            raise ShardtokError(f"{where}: two data stages are named {name!r}")
+            raise ShardtokError(f"{where}: two data stages are named {shown(name)}")
 
 
 def _shared_options(stages: list[Stage], own: list[dict], top: dict, where: str) -> dict[str, Any]:
@@ -214,9 +199,9 @@ def _shared_options(stages: list[Stage], own: list[dict], top: dict, where: str)
         for name, value in values[1:]:
             if value != first:
                 raise ShardtokError(
-                    f"{where}: stage {first_name!r} sets {key}={first!r}, stage {name!r} "
-                    f"{value!r}: stream options other than seed are shared by every stage; set "
-                    "them once at the top level"
+                    f"{where}: stage {shown(first_name)} sets {key}={shown(first)}, stage "
+                    f"{shown(name)} {shown(value)}: stream options other than seed are shared "
+                    "by every stage; set them once at the top level"
                 )
         shared[key] = first
     return shared
