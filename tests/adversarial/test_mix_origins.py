@@ -101,14 +101,9 @@ def test_keyed_options_reach_the_callers_origin_only(origins, published):  # noq
     assert CANARY not in seen_headers(origins.other)
 
 
-CONFIG_CANARY = "canary-config-91d3"  # its own value: until wired, this test leaks it
+CONFIG_CANARY = "canary-config-91d3"  # its own value: a leak is this test's alone
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the config loaders (stream/mix/spec.py, stages.py) do not yet pass "
-    "options_by_origin(..., from_config=True): remove this mark when they do",
-)
 def test_a_config_file_never_routes_flat_options_to_its_hosts(tmp_path, origins, published):  # noqa: F811
     home, other = published
     flat = {"headers": {CANARY_HEADER: CONFIG_CANARY}}

@@ -63,6 +63,7 @@ def mix_spec(
     base: Path | None = None,
     *,
     list_is_mix: bool = False,
+    from_config: bool = False,
 ) -> MixSpec:
     """Turn a ``dataset_path`` value into a MixSpec: one dataset (a location, or a subset: a
     pattern, glob, shard file or list of shards) or a mapping ``{dataset: weight}``.
@@ -70,8 +71,10 @@ def mix_spec(
     `list_is_mix`: a list is Nanotron's list of datasets mixed in proportion to their sizes (a
     config's ``dataset_path``; ``--source`` without weights), each entry one dataset.
     `storage_options` go to one origin only (``options_for``): a flat dict when every remote
-    source shares one, else a dict keyed by origin (``{"https://host": {...}, ...}``)."""
-    options_for = options_by_origin(storage_options)
+    source shares one, else a dict keyed by origin (``{"https://host": {...}, ...}``).
+    `from_config`: the locations come from a config file, whose writer chose the hosts, so a
+    flat dict serves none of them (``options_by_origin``)."""
+    options_for = options_by_origin(storage_options, from_config=from_config)
 
     def source(what: Any) -> DatasetSource:
         # Relative paths in a config file are relative to that file (`base`); URLs never are.
@@ -172,7 +175,7 @@ def section_mix(section, allow_default, storage_options, base, where) -> MixSpec
     paths = dataset["dataset_path"]
     _check_dataset_path(paths, where)
     try:
-        spec = mix_spec(paths, storage_options, base, list_is_mix=True)
+        spec = mix_spec(paths, storage_options, base, list_is_mix=True, from_config=True)
     except UsageError as exc:
         # The same mistake typed on the command line needs no file named; here it does.
         raise UsageError(f"{where}: {exc}") from None
