@@ -21,6 +21,9 @@ UNMASKED_DEFAULTS = {"packing": "concat", "overlong": "split"}
 
 
 MAX_TOKEN_ID = 2**31 - 1  # int32, the widest token dtype
+# Tokens in one batch: 1 GiB per int64 array at the bound, some hundred times any batch trained
+# on today; a config from someone else asking for more would only end in a failed allocation.
+MAX_BATCH_TOKENS = 2**27
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,11 @@ class StreamOptions:
                           ("shuffle_tokens", 0), ("interleave", 1), ("lookahead", 1), ("pad_id", 0),
                           ("bfd_window", 1)):  # fmt: skip
             _check_int(name, getattr(self, name), low)
+        if self.seq_len * self.batch_size > MAX_BATCH_TOKENS:
+            raise UsageError(
+                f"batch_size x seq_len must be at most {MAX_BATCH_TOKENS:,} tokens, got "
+                f"{self.batch_size:,} x {self.seq_len:,}"
+            )
         if self.pad_id > MAX_TOKEN_ID:
             raise UsageError(
                 f"pad_id must be a token id at most {MAX_TOKEN_ID:,} (tokens are stored as int32 at "

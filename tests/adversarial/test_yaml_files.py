@@ -232,3 +232,13 @@ def test_an_alias_bomb_in_an_sft_config_is_refused_not_hung(tmp_path):
     done = subprocess.run([sys.executable, "-c", code, str(config)], capture_output=True,
                           text=True, timeout=300)  # fmt: skip
     one_line_error(done, str(config), "aliases")
+
+
+def test_a_batch_too_large_to_allocate_is_a_usage_error():
+    """A seq_len of 10**15 from a config would only end in a failed allocation of petabytes."""
+    from shardtok.errors import UsageError
+    from shardtok.stream.options import StreamOptions
+
+    with pytest.raises(UsageError, match=r"batch_size x seq_len must be at most 134,217,728"):
+        StreamOptions(seq_len=10**15, batch_size=8)
+    StreamOptions(seq_len=131072, batch_size=64)  # the longest batches trained on today pass
