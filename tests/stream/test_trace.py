@@ -126,3 +126,13 @@ def test_steps_outside_the_stream_are_one_line_errors(data):
     miscounted = {**state, "batches": SAVED + 2}
     with pytest.raises(ResumeStateError, match=f"its worker streams yielded {SAVED}"):
         trace_step(mixed, step=9, rank=RANK, world_size=WORLD, num_workers=2, state=miscounted)
+
+
+def test_a_step_far_into_a_mix_is_refused_before_any_replay(data):
+    """A mix's batches are replayed from its start: step 10**8 of a small mix would take an
+    hour of replay, so it is a one-line UsageError naming the way out (a state)."""
+    folders, _ = data
+    setup = setup_of(folders, "mix", "concat")
+    with pytest.raises(UsageError, match=r"more than a trace replays .*--state"):
+        trace_step(setup, step=10**8, rank=RANK, world_size=WORLD, num_workers=0,
+                   num_batches=2 * 10**8)  # fmt: skip

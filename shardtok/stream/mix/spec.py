@@ -37,7 +37,7 @@ from shardtok.storage.dataset import DatasetSource
 from shardtok.storage.location import Location
 from shardtok.storage.origins import options_by_origin
 from shardtok.storage.shard_names import select_shards
-from shardtok.stream.options import OPTION_NAMES, StreamOptions
+from shardtok.stream.options import MAX_BATCH_TOKENS, OPTION_NAMES, StreamOptions
 
 
 @dataclass
@@ -230,8 +230,9 @@ def _check_dataset_path(value: Any, where: str) -> None:
 
 
 # What checks one stream option alone: the others at values that never conflict with it
-# (stride is checked against seq_len again once the options are put together).
-_ALONE = {"seq_len": 1 << 62, "batch_size": 1}
+# (stride is checked against seq_len, and the batch's size, again once the options are put
+# together).
+_ALONE = {"seq_len": MAX_BATCH_TOKENS, "batch_size": 1}
 
 
 def config_options(values: Mapping[str, Any], where: str) -> dict[str, Any]:
@@ -244,7 +245,8 @@ def config_options(values: Mapping[str, Any], where: str) -> dict[str, Any]:
         if isinstance(value, str) and len(value) > SHOWN:
             raise UsageError(f"{where}: {key} is not {shown(value)}: no option is that long")
         try:
-            StreamOptions(**{**_ALONE, key: value})
+            alone = {**_ALONE, "seq_len": 1} if key == "batch_size" else _ALONE
+            StreamOptions(**{**alone, key: value})
         except UsageError as exc:
             raise UsageError(f"{where}: {exc}") from None
     return options

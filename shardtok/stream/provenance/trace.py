@@ -37,6 +37,9 @@ from shardtok.stream.resume.saved import Placement
 # A bound far past any training run's steps, so a step or batch count is refused before a
 # preview, a trace or a schedule is sized or walked by it (its rows stay within int64 too).
 MAX_STEPS = 10**12
+# Batches a trace replays on addresses from the start of the part that holds its step (~15 µs
+# each): about a minute at the bound. Past it a state saved nearer the step is the way.
+MAX_REPLAY = 4 * 10**6
 
 
 def trace_step(
@@ -94,6 +97,12 @@ def trace_step(
         located = stream.locate(local)
     except ValueError as exc:
         raise UsageError(f"step {step} (worker {worker}'s batch {local}): {exc}") from None
+    if located.skip > MAX_REPLAY:
+        raise UsageError(
+            f"step {step} lies {located.skip:,} batches into worker {worker}'s stream of its "
+            f"part, more than a trace replays ({MAX_REPLAY:,}): trace from a state saved nearer "
+            "the step (--state; a state saved with each checkpoint makes any later step quick)"
+        )
     rows = _batch_rows(located, setup.options.batch_size, step)
     table = source_table(addresses)
     return {
