@@ -82,26 +82,11 @@ def _greedy_order(scaled: list[int], total: int, num_samples: int) -> np.ndarray
     """
     order = np.zeros(num_samples, dtype=np.int16)
     debt = [0] * len(scaled)
-    others = list(enumerate(scaled))[1:]
-    first_weight = scaled[0]
     seen_states: dict[tuple[int, ...], int] = {}
     step = 0
     while step < num_samples:
         chunk_end = min(num_samples, (step // total + 1) * total)
-        picks: list[int] = []
-        append = picks.append
-        for s in range(step, chunk_end):
-            t = s or 1
-            best = 0
-            best_error = first_weight * t - debt[0]
-            for source, weight in others:
-                error = weight * t - debt[source]
-                if error > best_error:
-                    best_error = error
-                    best = source
-            append(best)
-            debt[best] += total
-        order[step:chunk_end] = picks
+        order[step:chunk_end] = greedy_picks(scaled, total, debt, step, chunk_end)
         step = chunk_end
         if step < num_samples:
             cycle = step // total
@@ -112,6 +97,28 @@ def _greedy_order(scaled: list[int], total: int, num_samples: int) -> np.ndarray
                 return order
             seen_states[state] = step
     return order
+
+
+def greedy_picks(scaled: list[int], total: int, debt: list[int], start: int, end: int) -> list[int]:
+    """The sources chosen at steps [start, end) by the greedy rule, given ``debt[i] = total *
+    count_i`` before `start` (updated in place): the one loop both the Megatron-style index and
+    the stream's mix schedule run."""
+    others = list(enumerate(scaled))[1:]
+    first_weight = scaled[0]
+    picks: list[int] = []
+    append = picks.append
+    for s in range(start, end):
+        t = s or 1
+        best = 0
+        best_error = first_weight * t - debt[0]
+        for source, weight in others:
+            error = weight * t - debt[source]
+            if error > best_error:
+                best_error = error
+                best = source
+        append(best)
+        debt[best] += total
+    return picks
 
 
 def _tile(order: np.ndarray, period_start: int, period_end: int) -> None:

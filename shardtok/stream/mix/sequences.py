@@ -29,6 +29,7 @@ import numpy as np
 
 from shardtok.errors import ResumeStateError, ShardtokError
 from shardtok.index import exact_weights
+from shardtok.index.blending import greedy_picks
 from shardtok.storage.dataset import DatasetSource
 from shardtok.stream import state as envelope
 from shardtok.stream.build import document_stream, packer_for, plan_for
@@ -75,26 +76,10 @@ class MixSchedule:
         self._pos, self._counts = step, list(counts)
 
     def _picks(self, start: int, counts: list[int], end: int) -> np.ndarray:
-        """The picks of steps [start, end) after `counts` picks per source; the rule as
-        ``blending._greedy_order`` makes it (tests compare the two)."""
-        total = self._total
-        debt = [total * c for c in counts]
-        others = list(enumerate(self._scaled))[1:]
-        first_weight = self._scaled[0]
-        picks: list[int] = []
-        append = picks.append
-        for s in range(start, end):
-            t = s or 1
-            best = 0
-            best_error = first_weight * t - debt[0]
-            for source, weight in others:
-                error = weight * t - debt[source]
-                if error > best_error:
-                    best_error = error
-                    best = source
-            append(best)
-            debt[best] += total
-        return np.array(picks, dtype=np.int16)
+        """The picks of steps [start, end) after `counts` picks per source: the index's own
+        rule (``blending.greedy_picks``)."""
+        debt = [self._total * c for c in counts]
+        return np.array(greedy_picks(self._scaled, self._total, debt, start, end), np.int16)
 
     def _next_block(self) -> None:
         """Picks from ``_pos`` on, up to a block or the next multiple of ``S``; at that multiple
