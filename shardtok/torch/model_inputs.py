@@ -1,7 +1,7 @@
 """What a batch carries so that ``model(**batch)`` is right for a Hugging Face causal LM as
 shipped, and what a DataLoader that batches on its own makes of shardtok's items.
 
-Isolation. transformers (from 4.53, ``masking_utils``) keeps packed documents apart when it
+Isolation. transformers (from 4.54, ``masking_utils``) keeps packed documents apart when it
 gets ``position_ids`` that restart at 0, no ``attention_mask`` and no KV cache. A stock config
 has ``use_cache=True``, and the model then makes a cache in every forward, training included:
 the packed documents silently attend to each other (a packed conversation's logits 0.9 away from
@@ -19,7 +19,8 @@ A DataLoader's own batching. ``DataLoader(ds, batch_size=N)`` collates N items w
 default collate, which copies the first item and fills it. A shardtok batch refuses to be
 collated again (it would nest batches, or fail on ``cu_seqlens`` of different lengths); a
 single sequence (a dataset built without ``batch_size``) collates into a batch that says
-``use_cache=False`` as well.
+``use_cache=False`` as well. transformers' Trainer batches with a collator of its own, which
+makes plain dicts; it sets ``use_cache=False`` on the model itself.
 """
 
 from __future__ import annotations
