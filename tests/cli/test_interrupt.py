@@ -77,11 +77,17 @@ def _dataset(out: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.is_file()}
 
 
+def _as_from_a_terminal() -> None:
+    # A command typed at a terminal takes Ctrl-C; one started in the background by a
+    # non-interactive shell (as this suite may be) inherits SIGINT ignored, and so would convert.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start(command: list[str]) -> subprocess.Popen:
     # A session of its own: its process group is what a terminal's Ctrl-C would reach.
     return subprocess.Popen(
         command, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True,
+        start_new_session=True, preexec_fn=_as_from_a_terminal,
     )  # fmt: skip
 
 

@@ -151,6 +151,9 @@ def main() -> int:
 def _trainer(dataset: str, method: str, report: int) -> None:
     from shardtok.torch import ShardLoader, ShardStreamDataset
 
+    # A training script's own Ctrl-C handling, whatever this harness inherited (a suite started
+    # in the background by a non-interactive shell ignores SIGINT, and so would its children).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     ds = ShardStreamDataset(dataset, seq_len=63, batch_size=4)
     loader = ShardLoader(ds, num_workers=2, multiprocessing_context=method)
     batches = iter(loader)
