@@ -20,10 +20,16 @@ def pytest_addoption(parser):
     parser.addoption(
         "--peers", action="store_true", help="also run tests marked `peers` (they build a venv)"
     )
+    parser.addoption(
+        "--examples",
+        action="store_true",
+        help="also run the scripts in examples/ end to end (tests marked `examples`)",
+    )
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "peers: needs the peers' venv; runs only with --peers")
+    config.addinivalue_line("markers", "examples: runs examples/ end to end; only with --examples")
     # The fork server preloads __main__: in a training job that is the script, which has imported
     # torch and shardtok.torch, so its forkserver workers start with both. Under pytest __main__
     # is pytest, and each forkserver worker would import torch itself (1-2 s a worker; ~15 s of
@@ -32,6 +38,13 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
+    # The examples train for real (half a minute of the default suite's six): .ci/run runs
+    # them right after it, with --examples.
+    if not config.getoption("--examples"):
+        chosen = [item for item in items if "examples" not in item.keywords]
+        if len(chosen) < len(items):
+            config.hook.pytest_deselected(items=[i for i in items if "examples" in i.keywords])
+            items[:] = chosen
     # Not a default: the default command must not download the peers' packages, yet the marked
     # tests must still run somewhere (.ci/run) so the harness cannot rot unnoticed.
     if config.getoption("--peers"):

@@ -64,7 +64,7 @@ MUTATORS = [_drop, _repeat, _swap, _shift, _name, _nbytes]
 
 
 @settings(
-    max_examples=25, deadline=None,
+    max_examples=25, deadline=None, derandomize=True,  # the same examples on every run
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )  # fmt: skip
 @given(

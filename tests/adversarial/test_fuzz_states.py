@@ -94,7 +94,8 @@ def mutate(state, data):
 
 
 @pytest.mark.parametrize("kind", ["single", "mix"])
-@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+# The same examples on every run: a failure here is never a fluke.
+@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(data=st.data())
 def test_a_mutated_state_is_refused_or_resumes_exactly(cases, kind, data):
     make, state, expected = cases[kind]

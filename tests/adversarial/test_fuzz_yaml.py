@@ -19,7 +19,7 @@ from tests.adversarial.test_yaml_files import LONGEST, bomb
 from tests.helpers.stages import write_sources
 
 FUZZ = settings(
-    max_examples=300,
+    max_examples=100,
     deadline=None,
     derandomize=True,  # the same examples on every run: a failure here is never a fluke
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],

@@ -3,6 +3,8 @@ state asked of the main process after workers streamed, a trace without its layo
 
 from __future__ import annotations
 
+from itertools import islice
+
 import numpy as np
 import pytest
 import torch
@@ -27,18 +29,22 @@ def path(tmp_path_factory):
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_dataloader_batching_whole_batches_again_is_refused_in_one_line(path, workers):
     ds = ShardStreamDataset(path, batch_size=4, **OPTIONS)
+    batches = iter(DataLoader(ds, batch_size=8, num_workers=workers))
     with pytest.raises(UsageError) as raised:
-        next(iter(DataLoader(ds, batch_size=8, num_workers=workers)))
+        next(batches)
+    del batches  # torch ends its workers now (left to a later collection, it waits 5 s each)
     last = str(raised.value).splitlines()[-1]  # a worker's error comes with torch's preamble
     assert "DataLoader(ds, batch_size=None" in last and "without batch_size" in last
 
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_without_batch_size_the_dataloader_batches_sequences(path, workers):
-    ds = ShardStreamDataset(path, labels_format="shifted", **OPTIONS)
+    # 24 sequences a rank, all taken: torch's workers end with them (a DataLoader iterator
+    # left early waits up to 5 s per worker when it is collected, in whichever test that is).
+    ds = ShardStreamDataset(path, labels_format="shifted", num_batches=24, **OPTIONS)
     batches = list(DataLoader(ds, batch_size=4, num_workers=workers))
-    rows = _round_robin(path, max(workers, 1))
-    assert sum(len(b["input_ids"]) for b in batches) == len(rows) > 8
+    rows = _round_robin(path, max(workers, 1), count=6)
+    assert sum(len(b["input_ids"]) for b in batches) == len(rows) == 24
     flat = {k: torch.cat([b[k] for b in batches]) for k in ("input_ids", "labels", "position_ids")}
     for key in flat:
         assert torch.equal(flat[key], torch.cat([r[key] for r in rows])), key
@@ -49,19 +55,19 @@ def test_without_batch_size_the_dataloader_batches_sequences(path, workers):
     assert "cu_seqlens" not in first  # a whole batch's; per sequence it cannot be collated
 
 
-def _round_robin(path, workers, batch_size=4):
-    """What a DataLoader with `workers` workers yields: each worker batches its own rows, and
-    the loader takes their batches in turn."""
+def _round_robin(path, workers, count, batch_size=4):
+    """The rows of the first `count` batches a DataLoader with `workers` workers yields: each
+    worker batches its own rows, and the loader takes their batches in turn."""
     batches = []
     for w in range(workers):
         ds = ShardStreamDataset(path, batch_size=1, labels_format="shifted", **OPTIONS)
         ds._worker_slot = (w, workers)
-        rows = list(ds)
+        rows = list(islice(ds, count * batch_size))
         batches.append([rows[i : i + batch_size] for i in range(0, len(rows), batch_size)])
     out = []
     for i in range(max(map(len, batches))):
         out += [row for each in batches if i < len(each) for row in each[i]]
-    return out
+    return out[: count * batch_size]
 
 
 def test_sequences_need_their_label_format_named(path):
@@ -106,10 +112,11 @@ def test_state_after_a_peek_then_loader_workers_is_refused(path):
 
 
 def test_state_after_a_peek_then_dataloader_workers_is_refused(path):
-    ds = ShardStreamDataset(path, batch_size=4, **OPTIONS)
+    # A few batches, all taken: torch's workers then end at once (a DataLoader iterator left
+    # early waits up to 5 s per worker at its shutdown).
+    ds = ShardStreamDataset(path, batch_size=4, num_batches=6, **OPTIONS)
     _peek(ds)
-    for _ in zip(range(3), DataLoader(ds, batch_size=None, num_workers=2)):
-        pass
+    assert len(list(DataLoader(ds, batch_size=None, num_workers=2))) == 6
     with pytest.raises(ResumeStateError, match="position lives in the workers"):
         ds.state_dict()
 
