@@ -50,16 +50,29 @@ def test_env_pattern_is_refused_and_nothing_leaks(tmp_path, tok):
     assert SECRET not in written + done.stdout + done.stderr
 
 
-@pytest.mark.parametrize(
-    "pattern", ["repeat(.)", "def f: f; f", ".conversations[range(1e8)]"]
-)  # fmt: skip
-def test_a_pattern_that_never_ends_is_refused_at_start_up(tmp_path, tok, pattern):
+def test_a_pattern_that_never_ends_is_refused_at_start_up(tmp_path, tok):
+    pattern = "def f: f; f"
     done = convert(tmp_path, tok, jq_config(pattern))
     assert done.returncode == 2, done.stderr
     assert (
         done.stderr.startswith(f"shardtok convert: error: sft.yaml: jq pattern {pattern!r} ")
         and "on an empty record {}: a pattern must finish within the budget" in done.stderr
     )
+
+
+@pytest.mark.parametrize("pattern", ["repeat(.)", ".conversations[range(1e8)]"])
+def test_other_endless_patterns_are_refused_by_the_probe(monkeypatch, pattern):
+    # The probe that refused the one above through the command, in process: with a budget of
+    # one CPU-second instead of three, so that each case costs one.
+    from shardtok.convert.sft import jq_patterns
+
+    monkeypatch.setattr(jq_patterns, "CPU_SECONDS", 1)
+    patterns = JqPatterns((pattern,), "cfg.yaml")
+    try:
+        with pytest.raises(UsageError, match=r"on an empty record \{\}: a pattern must finish"):
+            patterns.probe()
+    finally:
+        patterns.close()
 
 
 def test_a_pattern_that_never_ends_on_one_record_rejects_it(tmp_path, tok):
