@@ -34,8 +34,10 @@ def test_the_convert_benchmark_runs_its_quick_contenders(tmp_path):
     assert re.search(r"target 5 at w=2: .*CPU per token", out)
     for w in (1, 2):
         assert re.search(
-            rf"target 5 at w={w}, steady state: convert per worker = [\d.]+% of the tiktoken "
-            r"ceiling \([\d,]+ tokens/s at the margin\); fixed cost per job -?\d+ ms .*"
+            # The margin is a difference of two timings: on a busy machine it can come out
+            # negative, which the smoke run (one repeat, 1 MB) must still print.
+            rf"target 5 at w={w}, steady state: convert per worker = -?[\d.]+% of the tiktoken "
+            r"ceiling \(-?[\d,]+ tokens/s at the margin\); fixed cost per job -?\d+ ms .*"
             r"on the corpus x2, whole runs: [\d.]+% of the ceiling on it$",
             out,
             re.M,
