@@ -242,3 +242,13 @@ def test_a_batch_too_large_to_allocate_is_a_usage_error():
     with pytest.raises(UsageError, match=r"batch_size x seq_len must be at most 134,217,728"):
         StreamOptions(seq_len=10**15, batch_size=8)
     StreamOptions(seq_len=131072, batch_size=64)  # the longest batches trained on today pass
+
+
+@pytest.mark.parametrize(
+    "line", ["? " + "x" * 100_000 + "\n: 1", "format: " + "y" * 100_000], ids=["key", "value"]
+)
+def test_an_sft_config_echoes_a_long_key_or_value_cut(tmp_path, line):
+    config = tmp_path / "sft.yaml"
+    config.write_text(line + "\n")
+    message = refusal(load_sft_config, config, {}, kind=UsageError)
+    assert "100,00" in message  # the full size is named, not shown

@@ -17,6 +17,7 @@ import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from shardtok._safe_yaml import shown
 from shardtok.errors import UsageError
 
 FORMATS = ("sharegpt", "openai", "alpaca", "prompt_completion", "jq")
@@ -164,25 +165,28 @@ class _Check:
         self.flags = flags
 
     def where(self, key: str) -> str:
-        return FLAGS[key] if key in self.flags else f"{self.path}: {key!r}"
+        return FLAGS[key] if key in self.flags else f"{self.path}: {shown(key)}"
 
     def fail(self, key: str, message: str):
         raise UsageError(f"{self.where(key)} {message}")
 
     def boolean(self, key: str, value) -> bool:
         if not isinstance(value, bool):
-            self.fail(key, f"must be true or false, got {value!r}")
+            self.fail(key, f"must be true or false, got {shown(value)}")
         return value
 
     def string(self, key: str, value, empty_ok: bool = False) -> str:
         if not isinstance(value, str) or (not value and not empty_ok):
-            self.fail(key, f"must be a{'' if empty_ok else ' non-empty'} string, got {value!r}")
+            self.fail(
+                key, f"must be a{'' if empty_ok else ' non-empty'} string, got {shown(value)}"
+            )
         return value
 
     def choice(self, key: str, value, choices) -> str:
         if value not in choices:
             self.fail(
-                key, f"must be one of {', '.join(choices)}, got {value!r}{_suggest(value, choices)}"
+                key,
+                f"must be one of {', '.join(choices)}, got {shown(value)}{_suggest(value, choices)}",
             )
         return value
 
@@ -192,10 +196,14 @@ class _Check:
         out = {}
         for k, v in value.items():
             if keys is not None and k not in keys:
-                self.fail(key, f"has no entry {k!r}{_suggest(k, keys)}; it knows {', '.join(keys)}")
+                self.fail(
+                    key, f"has no entry {shown(k)}{_suggest(k, keys)}; it knows {', '.join(keys)}"
+                )
             self.string(key, k)
             if values is not None and v not in values:
-                self.fail(key, f"maps {k!r} to {v!r}, which is not one of {', '.join(values)}")
+                self.fail(
+                    key, f"maps {shown(k)} to {shown(v)}, which is not one of {', '.join(values)}"
+                )
             if v is not None:
                 self.string(key, v, empty_ok=key == "special_tokens")
             out[k] = v
@@ -203,11 +211,11 @@ class _Check:
 
     def strings(self, key: str, value, choices=None, empty_ok=True) -> tuple[str, ...]:
         if not isinstance(value, list) or (not value and not empty_ok):
-            self.fail(key, f"must be a{'' if empty_ok else ' non-empty'} list, got {value!r}")
+            self.fail(key, f"must be a{'' if empty_ok else ' non-empty'} list, got {shown(value)}")
         for item in value:
             self.string(key, item)
             if choices is not None and item not in choices:
-                self.fail(key, f"lists {item!r}, which is not one of {', '.join(choices)}")
+                self.fail(key, f"lists {shown(item)}, which is not one of {', '.join(choices)}")
         return tuple(value)
 
 
@@ -218,7 +226,7 @@ def load_sft_config(path: str | Path, overrides: dict | None = None) -> SFTConfi
     flags = {k for k, v in (overrides or {}).items() if v is not None}
     for key in doc:
         if key not in ALL_KEYS:
-            _fail(str(path), f"unknown key {key!r}{_suggest(key, ALL_KEYS)}")
+            _fail(str(path), f"unknown key {shown(key)}{_suggest(key, ALL_KEYS)}")
     doc.update({k: (overrides or {})[k] for k in flags})
     check = _Check(str(path), flags)
     if "format" not in doc:
@@ -237,7 +245,7 @@ def load_sft_config(path: str | Path, overrides: dict | None = None) -> SFTConfi
     if doc.get("max_tokens") is not None:
         value = doc["max_tokens"]
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            check.fail("max_tokens", f"must be a positive integer (or null), got {value!r}")
+            check.fail("max_tokens", f"must be a positive integer (or null), got {shown(value)}")
         settings["max_tokens"] = value
     if "truncation" in doc:
         settings["truncation"] = check.choice("truncation", doc["truncation"], TRUNCATIONS)
