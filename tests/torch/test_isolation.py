@@ -14,6 +14,7 @@ import torch
 
 from shardtok.torch import ShardLoader, ShardStreamDataset
 from tests.helpers.masked import Known
+from tests.helpers.tiny_lm import tiny_causal_lm
 
 transformers = pytest.importorskip("transformers")
 
@@ -35,14 +36,9 @@ def datasets(tmp_path_factory):
 
 
 def stock_lm(attn_implementation: str):
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
-    )  # fmt: skip
-    assert config.use_cache  # as shipped: the model makes a cache in every forward
-    config._attn_implementation = attn_implementation
-    return transformers.LlamaForCausalLM(config).eval()
+    model = tiny_causal_lm(VOCAB, layers=2, attn_implementation=attn_implementation)
+    assert model.config.use_cache  # as shipped: the model makes a cache in every forward
+    return model
 
 
 def assert_isolated(model, batch) -> int:
