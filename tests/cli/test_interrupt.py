@@ -22,6 +22,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.orphan_harness import _descendants as descendants
+from tests.helpers.orphan_harness import _workers as convert_workers
+
 pytestmark = pytest.mark.skipif(
     sys.platform != "linux", reason="process groups and /proc as a terminal and Linux have them"
 )
@@ -139,37 +142,9 @@ def _mapped(pid: int, needle: str) -> bool:
         return False
 
 
-def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
 def _workers(main: int) -> list[int]:
     """The processes below `main` that tokenize: not the resource tracker nor the fork server."""
-    parents = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-    below, frontier = {}, [main]
-    while frontier:
-        parent = frontier.pop()
-        for pid, ppid in parents.items():
-            if ppid == parent and pid not in below:
-                below[pid] = ppid
-                frontier.append(pid)
-    return [
-        pid
-        for pid, ppid in below.items()
-        if "resource_tracker" not in _cmdline(pid)
-        and not (ppid == main and "forkserver" in _cmdline(pid))
-    ]
+    return convert_workers(main, descendants(main))
 
 
 def test_ctrl_c_during_imports_tokenizing_and_assembly_then_the_rerun(corpus, reference, tmp_path):
