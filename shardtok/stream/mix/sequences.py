@@ -117,6 +117,9 @@ class MixSchedule:
         return self._period is not None and step >= self._period[0]
 
     def __getitem__(self, step: int) -> int:
+        start = self._block_start
+        if start <= step < self._pos:  # the stream asks step after step: mostly this block
+            return int(self._block[step - start])
         self._seek(step)
         if self._in_period(step):
             assert self._period is not None
