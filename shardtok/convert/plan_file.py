@@ -25,14 +25,13 @@ from shardtok.convert.job import (
     plan_digest,
     tokenizer_fingerprint,
 )
+from shardtok.convert.plan_checks import coverage_problem, name_problem, short
 from shardtok.convert.sft.config import FORMATS, ROLES, TRUNCATIONS, SFTConfig
 from shardtok.convert.sft.setup import SFTSetup
 from shardtok.convert.tokenizer import BACKENDS, TokenizerSpec
 from shardtok.convert.units import InputRange, Unit
 from shardtok.convert.workdir import PLAN_NAME, WorkDir
 from shardtok.errors import ShardtokError, UsageError
-from shardtok.format.shard_plan import shard_file_name
-from shardtok.format.validate import is_plain_name
 
 _KINDS = ("jsonl", "txt", "parquet", "arrow")
 _COMPRESSIONS = (None, "gzip", "zstd")
@@ -43,19 +42,6 @@ _AGAIN = "run `shardtok convert plan` again"
 
 class PlanError(ShardtokError):
     """plan.json or tokenizer.json is missing, damaged, edited, or from another shardtok."""
-
-
-def name_problem(name: object) -> str | None:
-    """Why `name` cannot prefix the shards' file names (None when it can): their names must be
-    plain file names by the manifest's own rule, or the dataset could not be read back."""
-    if not isinstance(name, str) or not name:
-        return "must be a plain file name prefix, got an empty name"
-    if not (is_plain_name(name) and is_plain_name(shard_file_name(name, 0))):
-        return (
-            f"must be a plain file name prefix ([A-Za-z0-9._-], not starting with '.', without "
-            f"'..', short enough for NAME-000000.tar), got {_short(name)}"
-        )
-    return None
 
 
 def plan_bytes(workdir: WorkDir) -> bytes:
@@ -105,7 +91,7 @@ class _Check:
         value = self.get(doc, key, name)
         kinds = kinds if isinstance(kinds, tuple) else (kinds,)
         if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
-            self.fail(name, f"must be {label}, got {_short(value)}")
+            self.fail(name, f"must be {label}, got {short(value)}")
         return value
 
     def integer(self, doc, key, low=0, high=None, path=None, optional=False) -> int | None:
@@ -131,7 +117,7 @@ class _Check:
         value = self.get(doc, key, name)
         if isinstance(value, bool) or value not in choices:
             shown = ", ".join("null" if c is None else str(c) for c in choices)
-            self.fail(name, f"must be one of {shown}, got {_short(value)}")
+            self.fail(name, f"must be one of {shown}, got {short(value)}")
         return value
 
     def strings(self, doc, key, path=None) -> tuple[str, ...]:
@@ -146,21 +132,8 @@ class _Check:
         value = self.of(doc, key, dict, "a mapping of strings", name)
         for k, v in value.items():
             if not isinstance(k, str) or not (isinstance(v, str) or (nullable and v is None)):
-                self.fail(name, f"must map strings to strings, got {_short({k: v})}")
+                self.fail(name, f"must map strings to strings, got {short({k: v})}")
         return dict(value)
-
-
-def _short(value) -> str:
-    text = json.dumps(value, ensure_ascii=False) if _jsonable(value) else repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _jsonable(value) -> bool:
-    try:
-        json.dumps(value)
-    except (TypeError, ValueError):
-        return False
-    return True
 
 
 def _read_inputs(check: _Check, job: dict) -> tuple[InputFile, ...]:
@@ -233,81 +206,6 @@ def _read_units(
     if not units:
         check.fail("job.units", "is empty")
     return tuple(units)
-
-
-def _check_coverage(
-    check: _Check, units: tuple[Unit, ...], files: tuple[InputFile, ...], txt_mode: str
-) -> None:
-    """The units' pieces, in unit order, must take every input file in order, each part once:
-    a unit dropped from the list, repeated or moved would otherwise lose, double or reorder
-    documents in a dataset that verifies. Byte ranges must tile their file; row groups, record
-    batches and row ranges must follow on (the plan cannot see how many rows a group has, so a
-    Parquet or Arrow file's last pieces are the fingerprint's to vouch for)."""
-    pieces = [(u.index, j, p) for u in units for j, p in enumerate(u.pieces)]
-    by_file: list[list] = [[] for _ in files]
-    last = -1
-    for index, j, piece in pieces:
-        if piece.input_index < last:
-            check.fail(f"job.units[{index}] piece {j}", "takes an input file out of order")
-        last = piece.input_index
-        by_file[piece.input_index].append((index, j, piece))
-    for number, (file, taken) in enumerate(zip(files, by_file)):
-        if file.kind == "parquet":
-            problem = _follows_on(taken, lambda p: (p.row_group,), lambda p, q: (
-                p.row_group + 1 == q.row_group and q.start == q.end == 0
-            ), first=lambda p: p.row_group == 0)  # fmt: skip
-        elif file.kind == "arrow":
-            problem = _follows_on(taken, lambda p: (p.start, p.end), lambda p, q: (
-                p.end == q.start
-            ), first=lambda p: True, empty=False)  # fmt: skip
-        elif file.splittable and not (file.kind == "txt" and txt_mode == "file"):
-            problem = _tiles(taken, file.size)
-        elif [(p.start, p.end) for _, _, p in taken] != [(0, file.size)]:
-            problem = "must be one piece of the whole file"
-        else:
-            problem = None
-        if problem is not None:
-            where, message = problem if isinstance(problem, tuple) else (None, problem)
-            check.fail(where or f"job.inputs[{number}]", message)
-
-
-def _tiles(taken: list, size: int):
-    """Why byte ranges `taken` do not cut [0, size) into consecutive non-empty ranges, or None."""
-    at = 0
-    for index, j, piece in taken:
-        if piece.start != at or piece.end <= piece.start:
-            whole = "its file's next range" if at else "its file's first range"
-            return f"job.units[{index}] piece {j}", f"is not {whole} (from byte {at:,})"
-        at = piece.end
-    if at != size:
-        return f"is not covered by the units (its last {size - at:,} bytes are in none)"
-    return None
-
-
-def _follows_on(taken: list, block, follows, first, empty=True):
-    """Why blocks (row groups, record batch runs) `taken` do not follow on from one another,
-    each whole or in row ranges from row 0, or None. `block(piece)`: the block's identity;
-    `follows(p, q)`: whether block q comes right after block p; `first(p)`: whether p may open
-    the file; `empty`: whether the file may have no pieces."""
-    if not taken:
-        return None if empty else "is not covered by the units"
-    previous = None
-    for index, j, piece in taken:
-        where = f"job.units[{index}] piece {j}"
-        if previous is not None and block(piece) == block(previous):
-            ok = (
-                previous.rows is not None
-                and piece.rows is not None
-                and piece.rows[0] == previous.rows[1]
-            )
-        else:
-            ok = (piece.rows is None or piece.rows[0] == 0) and (
-                first(piece) if previous is None else follows(previous, piece)
-            )
-        if not ok:
-            return where, "does not follow on from the piece before it"
-        previous = piece
-    return None
 
 
 def _read_tokenizer(check: _Check, job: dict, backend_json: bytes) -> TokenizerSpec:
@@ -425,7 +323,7 @@ def parse_plan(data: bytes, backend_json: bytes | None, where: str) -> Job:
         raise PlanError(f"{where}: not a shardtok convert plan (no format {PLAN_FORMAT!r})")
     version = doc.get("version")
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-        check.fail("version", f"must be a positive integer, got {_short(version)}")
+        check.fail("version", f"must be a positive integer, got {short(version)}")
     if version > PLAN_VERSION:
         raise PlanError(
             f"{where}: plan version {version} was written by a newer shardtok; this one reads "
@@ -438,7 +336,9 @@ def parse_plan(data: bytes, backend_json: bytes | None, where: str) -> Job:
     files = _read_inputs(check, job)
     txt_mode = check.choice(job, "txt_mode", _TXT_MODES, "job.txt_mode")
     units = _read_units(check, job, files, version)
-    _check_coverage(check, units, files, txt_mode)
+    problem = coverage_problem(units, files, txt_mode)
+    if problem is not None:
+        check.fail(*problem)
     level = check.integer(job, "compression_level", 1, 22, "job.compression_level", optional=True)
     result = Job(
         output=check.string(job, "output", "job.output"),
