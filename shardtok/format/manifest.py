@@ -23,9 +23,9 @@ from shardtok.format.compact_manifest import (
     COMPACT_NAME,
     FIELDS_AT,
     HEADER_DIGEST_KEY,
-    CompactDraft,
     ShardTable,
 )
+from shardtok.format.compact_writer import CompactDraft
 from shardtok.format.shard_entry import ShardEntry
 from shardtok.format.shard_groups import group_count, group_sums
 from shardtok.format.validate import (
