@@ -39,7 +39,7 @@ from shardtok.convert.sft.jinja_env import (
 )
 
 # Loop attributes that take the next message before the current one's turn is output.
-_PEEKS = re.compile(r"\bloop\s*(\.\s*|\[\s*['\"])(last|nextitem)\b")
+PEEKS = re.compile(r"\bloop\s*(\.\s*|\[\s*['\"])(last|nextitem)\b")
 # Probe contents: distinct, no whitespace (templates that trim keep them whole).
 PROBE = (
     {"role": "system", "content": "ProbeSystem"},
@@ -148,7 +148,7 @@ class ChatTemplateRenderer:
         return bounds
 
     def _probe_loop_bounds(self) -> bool:
-        if _PEEKS.search(self.source):
+        if PEEKS.search(self.source):
             return False
         rendered = 0
         for n in range(1, len(PROBE) + 1):

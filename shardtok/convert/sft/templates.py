@@ -9,8 +9,9 @@ the model learns to stop. What is trained from there is :mod:`shardtok.convert.s
 rule (generation spans of trained messages; whole turns with ``train_on_input``).
 
 Refused at start-up, with a sentence saying what to do: a template with no generation block
-(the stock Llama 3 and Qwen3 templates), one that renders text after the last message when no
-generation prompt is asked for (stock Llama 3's unconditional assistant header), one whose
+(the stock Llama 3 and Qwen3 templates), one that renders the assistant's header after the last
+message when no generation prompt is asked for (stock Llama 3 does; a user turn's own ending,
+such as Alpaca's "\\n", passes: see _trailing_header), one whose
 turns change once more messages follow, and a built-in whose special tokens the tokenizer
 lacks.
 
@@ -25,8 +26,13 @@ from collections.abc import Collection
 from importlib import resources
 from pathlib import Path
 
-from shardtok.convert.sft.jinja_env import budget_message
-from shardtok.convert.sft.render import PROBE, ChatTemplateRenderer, RenderRefused
+from shardtok.convert.sft.jinja_env import TrackedMessages, budget_message
+from shardtok.convert.sft.render import (
+    PEEKS,
+    PROBE,
+    ChatTemplateRenderer,
+    RenderRefused,
+)
 from shardtok.errors import UsageError
 
 __all__ = ["BUILTINS", "ChatTemplateRenderer", "RenderRefused", "load_template", "template_tokens"]
@@ -170,8 +176,8 @@ def _check(renderer: ChatTemplateRenderer, tokenizer_path: str | None) -> None:
     user, assistant = PROBE[1:3]
     try:
         plain, _ = renderer.render_text([user])
-        prompted, _ = renderer.render_text([user], add_generation_prompt=True)
-        pair, spans = renderer.render_text([user, assistant])
+        tracked = TrackedMessages([dict(user), dict(assistant)])
+        pair, spans = renderer.render_text(tracked)
     except Exception as exc:
         over = budget_message(exc)
         if over is not None:
@@ -180,13 +186,14 @@ def _check(renderer: ChatTemplateRenderer, tokenizer_path: str | None) -> None:
                 "render a conversation within that budget"
             ) from None
         raise UsageError(f"{label} fails on a plain user/assistant conversation: {exc}") from None
-    if plain == prompted and not plain.endswith(user["content"]):
-        tail = plain[plain.rfind(user["content"]) + len(user["content"]) :]
+    header = _trailing_header(renderer, plain, pair, tracked.positions, user, assistant)
+    if header:
         raise UsageError(
-            f"{label} renders {tail!r} after the last message even when no "
-            "generation prompt is asked for (the stock Llama 3 template appends the assistant "
-            "header): put that text under {% if add_generation_prompt %}, or use "
-            "--chat-template llama3"
+            f"{label} renders {header!r} after the last message even when no "
+            "generation prompt is asked for, and that is the assistant's header (the text "
+            "between a user message and the assistant's content), so every conversation would "
+            "end with it, as with the stock Llama 3 template: put it under "
+            "{% if add_generation_prompt %}, or use --chat-template llama3"
         )
     if not any(assistant["content"] in pair[a:b] for a, b in spans):
         raise UsageError(
@@ -208,3 +215,31 @@ def _check(renderer: ChatTemplateRenderer, tokenizer_path: str | None) -> None:
             ) from None
         break
     renderer.probe_turns()
+
+
+def _trailing_header(renderer, plain: str, pair: str, positions, user, assistant) -> str:
+    """What [user] renders after the user's content that is the assistant's header, or "".
+
+    T, what [user] renders after the user's content, is refused when it is the text that
+    [user, assistant] renders between the user's and the assistant's content (B) give or take
+    trailing whitespace, less what the user's own turn ends with (its end-of-turn token, a
+    newline): the loop position of the assistant tells that apart where the template's loop
+    takes messages one at a time (else all of T counts). So ``### user:\\n...\\n`` followed by
+    ``### Assistant:\\n`` passes (T is "\\n", B "\\n### Assistant:\\n"), and stock Llama 3,
+    whose T is ``<|eot_id|>`` and the assistant header, is refused."""
+    start = plain.rfind(user["content"])
+    in_pair = pair.find(user["content"])
+    answer = pair.find(assistant["content"], in_pair + 1)
+    if start < 0 or in_pair < 0 or answer < 0:
+        return ""  # the template rewrites the contents: nothing to compare
+    user_end = in_pair + len(user["content"])
+    trailing, between = plain[start + len(user["content"]) :], pair[user_end:answer]
+    if not between.startswith(trailing) or between[len(trailing) :].strip():
+        return ""  # the assistant's header is more than what the user's turn leaves behind
+    own = ""  # what the user's turn itself ends with
+    if len(positions) == 2 and not PEEKS.search(renderer.source):
+        turn = positions[1]
+        if user_end <= turn <= answer:
+            own = pair[user_end:turn]
+    extra = trailing[len(own) :] if trailing.startswith(own) else trailing
+    return trailing if extra.strip() else ""

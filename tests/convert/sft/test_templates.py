@@ -412,3 +412,81 @@ def test_a_record_whose_loop_turns_fail_the_check_renders_every_prefix(tmp_path)
     assert out.text[out.turns[2][0] : out.turns[2][1]] == "<tool>42</tool>"
     bounds = prefix_turns(r, conversation)
     assert [(a, b) for a, b, _ in out.turns] == list(zip(bounds, bounds[1:]))
+
+
+# -- the trailing-header refusal names what it refuses ---------------------------------------------
+
+# The issue's hand-written template: user turns end in "\n", no add_generation_prompt branch.
+ISSUE_TEMPLATE = (
+    "{% for m in messages %}{% if m.role == 'assistant' %}### Assistant:\n{% generation %}"
+    "{{ m.content }}<|endoftext|>{% endgeneration %}{{ '\\n' }}"
+    "{% else %}### {{ m.role }}:\n{{ m.content }}\n{% endif %}{% endfor %}"
+)
+VICUNA_TEMPLATE = (
+    "{% for m in messages %}{% if m.role == 'system' %}{{ m.content + ' ' }}"
+    "{% elif m.role == 'user' %}{{ 'USER: ' + m.content + ' ' }}"
+    "{% else %}{{ 'ASSISTANT: ' }}{% generation %}{{ m.content + eos_token }}{% endgeneration %}"
+    "{% endif %}{% endfor %}"
+)
+# No assistant header at all: the user's end-of-turn token is the user's own, not a header.
+END_MARKED_TEMPLATE = (
+    "{% for m in messages %}{% if m.role == 'assistant' %}{% generation %}{{ m.content }}"
+    "{{ eos_token }}{% endgeneration %}{% else %}{{ m.content }}<|bos|>{% endif %}{% endfor %}"
+)
+
+
+@pytest.mark.parametrize(
+    "source, trained",
+    [
+        (ISSUE_TEMPLATE, ["Hello!<|endoftext|>", "ok<|endoftext|>"]),
+        (VICUNA_TEMPLATE, ["Hello!<|endoftext|>", "ok<|endoftext|>"]),
+        (END_MARKED_TEMPLATE, ["Hello!<|endoftext|>", "ok<|endoftext|>"]),
+    ],
+)
+def test_hand_written_templates_without_a_generation_prompt_are_accepted(tmp_path, source, trained):
+    path = tmp_path / "t.jinja"
+    path.write_text(source)
+    r = load(str(path))
+    out = r.render(CHAT)
+    assert out.text == stock(source, dicts(CHAT), eos_token="<|endoftext|>")
+    assert trained_text(out) == trained
+    bounds = prefix_turns(r, CHAT)
+    assert [(a, b) for a, b, _ in out.turns] == list(zip(bounds, bounds[1:]))
+
+
+def test_the_issue_template_masks_through_the_encoder(tmp_path):
+    from shardtok.convert.sft.encode import SFTEncoder
+
+    path = tmp_path / "t.jinja"
+    path.write_text(ISSUE_TEMPLATE)
+    spec = load_tokenizer("bundled", append_eos=False)
+    r = load_template(str(path), tokenizer_path=None, **template_tokens(spec))
+    out = SFTEncoder(spec, max_tokens=None).encode(CHAT, r)
+    backend = spec_backend(spec)
+    trained = backend.decode(out.ids[out.mask == 1].tolist(), skip_special_tokens=False)
+    assert trained.replace(" ", "") == "Hello!<|endoftext|>ok<|endoftext|>".replace(" ", "")
+    assert out.mask[-1] == 0  # the "\n" after the last answer is not trained
+
+
+def spec_backend(spec):
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_str(spec.backend_json)
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        # The header after the loop, unconditional, and in the assistant's own iteration.
+        GOOD.replace("{% if add_generation_prompt %}A: {% endif %}", "A: "),
+        # The same, written by the user's iteration peeking ahead (loop positions untrusted).
+        "{% for m in messages %}{% if m.role == 'assistant' %}{% generation %}{{ m.content }}"
+        "{{ eos_token }}{% endgeneration %}\n{% else %}U: {{ m.content }}\nA:"
+        "{% if loop.last %}{% endif %}{% endif %}{% endfor %}",
+    ],
+)
+def test_an_unconditional_assistant_header_is_refused(tmp_path, source):
+    path = tmp_path / "t.jinja"
+    path.write_text(source)
+    with pytest.raises(UsageError, match="after the last message even when no generation prompt"):
+        load(str(path))
