@@ -21,6 +21,13 @@ probe conversations confirm it gives the prefix boundaries, a record is rendered
 whole, once without its last message (the check that the boundaries hold for it, and the prefix
 ``truncation: turns`` would keep); otherwise every prefix is rendered.
 
+``turns`` says how far a template's loop is trusted: ``checked`` (any template a user brings:
+the above), ``stable`` (a built-in whose every iteration writes exactly its own message's turn,
+and nothing after the loop depends on the messages, so the probes' agreement holds for every
+record: one render per record) and ``loop`` (a built-in that is not prefix-stable by design,
+like Qwen3's, whose last answer gets an empty think block: its turns are where its loop takes
+each message, and no prefix is compared).
+
 The Jinja environment is built lazily in each process, so a renderer pickles as its source and
 settings (spawned workers get it that way).
 """
@@ -40,6 +47,7 @@ from shardtok.convert.sft.jinja_env import (
 
 # Loop attributes that take the next message before the current one's turn is output.
 PEEKS = re.compile(r"\bloop\s*(\.\s*|\[\s*['\"])(last|nextitem)\b")
+TURNS = ("checked", "stable", "loop")
 # Probe contents: distinct, no whitespace (templates that trim keep them whole).
 PROBE = (
     {"role": "system", "content": "ProbeSystem"},
@@ -72,8 +80,12 @@ class ChatTemplateRenderer:
         special_tokens: Collection[str] = (),
         train_on_input: bool = False,
         train_roles: tuple[str, ...] = ("assistant",),
+        turns: str = "checked",
     ):
+        if turns not in TURNS:
+            raise ValueError(f"turns must be one of {', '.join(TURNS)}, not {turns!r}")
         self.name = name
+        self.turns = turns
         self.source = source
         self.variables = dict(variables)  # bos_token, eos_token...: what transformers passes
         self.special_tokens = tuple(sorted(special_tokens, key=lambda t: (-len(t), t)))
@@ -141,14 +153,14 @@ class ChatTemplateRenderer:
         bounds = [0, *positions[1:], len(text)]
         if any(a > b for a, b in zip(bounds, bounds[1:])):
             return None
-        if n > 1:
+        if n > 1 and self.turns == "checked":
             prefix, _ = self._render_or_refuse(msgs[:-1])
             if len(prefix) != bounds[-2] or not text.startswith(prefix):
                 return None
         return bounds
 
     def _probe_loop_bounds(self) -> bool:
-        if PEEKS.search(self.source):
+        if PEEKS.search(self.source) and self.turns != "loop":
             return False
         rendered = 0
         for n in range(1, len(PROBE) + 1):
@@ -158,12 +170,17 @@ class ChatTemplateRenderer:
                     text, _ = self.render_text(msgs)
                 except Exception:
                     continue  # a template may refuse system messages, or a lone one
-                try:
-                    expected = self.turn_bounds(msgs[:], text)
-                except RenderRefused:
-                    return False
                 found = [0, *msgs.positions[1:], len(text)]
-                if len(msgs.positions) != len(probe) or found != expected:
+                if len(msgs.positions) != len(probe):
+                    return False
+                if self.turns == "loop":
+                    expected = sorted(found)  # no prefix to agree with: in order is all
+                else:
+                    try:
+                        expected = self.turn_bounds(msgs[:], text)
+                    except RenderRefused:
+                        return False
+                if found != expected:
                     return False
                 rendered += 1
         return rendered > 0

@@ -1,7 +1,8 @@
 """Chat templates: which one, and whether it can give correct masks.
 
 A template is ``tokenizer`` (the chat template of the tokenizer folder), a Jinja file, or a
-built-in (``shardtok/assets/chat_templates/``): ``chatml``, ``llama3``, ``alpaca``, ``raw``.
+built-in (``shardtok/assets/chat_templates/``): ``chatml``, ``llama3``, ``alpaca``, ``raw``,
+``qwen3``.
 Every template must mark what the model generates with ``{% generation %}`` blocks, which
 transformers' ``apply_chat_template(..., return_assistant_tokens_mask=True)`` reads the same
 way; the built-ins put each assistant's content *and* its end-of-turn token in the block, so
@@ -35,17 +36,29 @@ from shardtok.convert.sft.render import (
 )
 from shardtok.errors import UsageError
 
-__all__ = ["BUILTINS", "ChatTemplateRenderer", "RenderRefused", "load_template", "template_tokens"]
+__all__ = [
+    "BUILTINS",
+    "LOOP_BUILTINS",
+    "ChatTemplateRenderer",
+    "RenderRefused",
+    "load_template",
+    "template_tokens",
+]
 
+# The prefix-stable built-ins, written so that each loop iteration outputs exactly its message's
+# turn (render.py's "stable"), and qwen3, which is not prefix-stable (Qwen3's own rendering gives
+# the last answer an empty think block) and takes its turns from its loop ("loop").
 BUILTINS = ("chatml", "llama3", "alpaca", "raw")
+LOOP_BUILTINS = ("qwen3",)
 # What the built-ins write literally: the tokenizer must have them as special tokens, else they
 # would be encoded as ordinary text and the model would never see a control token.
 BUILTIN_SPECIALS = {
     "chatml": ("<|im_start|>", "<|im_end|>"),
+    "qwen3": ("<|im_start|>", "<|im_end|>"),
     "llama3": ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
 }
 _GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")  # transformers' own test
-_ALTERNATIVES = "chatml / llama3 / alpaca / raw"
+_ALTERNATIVES = "chatml / llama3 / alpaca / raw / qwen3"
 
 
 def template_tokens(spec) -> dict:
@@ -88,7 +101,9 @@ def load_template(
     if special_tokens is None:
         raise ValueError("load_template needs the special tokens: pass **template_tokens(spec)")
     variables = {k: v for k, v in (("bos_token", bos_token), ("eos_token", eos_token)) if v}
-    if template in BUILTINS:
+    turns = "checked"
+    if template in BUILTINS or template in LOOP_BUILTINS:
+        turns = "loop" if template in LOOP_BUILTINS else "stable"
         name, source = template, _builtin_source(template, special_tokens, eos_token)
     elif template == "tokenizer":
         name, source, extra = "tokenizer", *_tokenizer_template(tokenizer_path)
@@ -103,7 +118,7 @@ def load_template(
         name, source = str(path), path.read_text(encoding="utf-8")
     renderer = ChatTemplateRenderer(
         name, source, variables=variables, special_tokens=special_tokens,
-        train_on_input=train_on_input, train_roles=train_roles,
+        train_on_input=train_on_input, train_roles=train_roles, turns=turns,
     )  # fmt: skip
     _check(renderer, tokenizer_path)
     return renderer
@@ -201,6 +216,10 @@ def _check(renderer: ChatTemplateRenderer, tokenizer_path: str | None) -> None:
             "(inside a macro or a set block their positions are lost): put a block around each "
             "assistant message's content, outside macros and set blocks"
         )
+    if renderer.turns == "loop":
+        if not renderer.probe_turns():
+            raise UsageError(f"{label} cannot be used: its loop does not take each message once")
+        return
     for probe in (list(PROBE), list(PROBE[1:])):
         try:
             text, _ = renderer.render_text(probe)
