@@ -4,7 +4,9 @@ gate passed (arrays without Python lists on tiktoken >= 0.9, a canary against to
 the Rust ``tokenizers`` backend one text per call.
 
 With tiktoken, a batch's documents are encoded in runs, joined by an added token (see
-:class:`_Joiner`): one call per run instead of one per document.
+:class:`_Joiner`): one call per run instead of one per document. For a tokenizer with an NFC
+normalizer (Qwen), a document that HF's NFC would change is encoded alone by
+``tiktoken_backend.NfcText``, as HF encodes it; the others (ASCII, or already NFC) as above.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ class BatchEncoder:
         self._encode_array = None
         # Runs of texts in one call (see _Joiner); None: one call per text.
         self._joiner: _Joiner | None = None
+        # HF's NFC step (tiktoken_backend.NfcText); None: the tokenizer has no normalizer.
+        self._nfc = None
         if spec.backend == "tiktoken":
             self._init_tiktoken(spec)
         self._bos = spec.bos_id if spec.prepend_bos else None
@@ -58,6 +62,14 @@ class BatchEncoder:
             _LOADED_TIKTOKEN[spec.fingerprint] = encoding
         self._tiktoken = encoding
         specials = frozenset(encoding.special_tokens_set)
+        from tokenizers import normalizers
+
+        # The gate let tiktoken through with no normalizer or NFC alone.
+        if isinstance(self._tokenizer.normalizer, normalizers.NFC):
+            from shardtok.convert.tiktoken_backend import NfcText
+
+            ids = {t: encoding.encode_single_token(t) for t in specials}
+            self._nfc = NfcText(encoding, ids)
         # HF cuts documents at added-token text even with add_special_tokens=False, so texts
         # that may hold one go through encode() with every added token allowed. Most texts
         # cannot (they lack the tokens' first characters) and take the cheaper encode_ordinary,
@@ -79,9 +91,13 @@ class BatchEncoder:
             self._encode_one = lambda text: full(
                 text, allowed_special=specials, disallowed_special=()
             )
+        if self._nfc is not None:
+            self._encode_one = _nfc_first(self._nfc, self._encode_one, list)
         self._encode_ids = self._tiktoken_ids
         if hasattr(encoding, "encode_to_numpy"):  # tiktoken >= 0.9
             self._encode_array = _array_encoder(encoding, specials, firsts, self._encode_one)
+            if self._nfc is not None:
+                self._encode_array = _nfc_first(self._nfc, self._encode_array, _uint32)
             self._joiner = _Joiner.for_encoding(encoding, specials)
 
     def encode_ids(self, texts: list[str]) -> list[list[int]]:
@@ -114,6 +130,11 @@ class BatchEncoder:
         if self.spec.backend != "tiktoken":
             return None
         hf = self._hf_ids([text])[0]
+        if self._nfc is not None:
+            # A text NFC changes is encoded alone by NfcText (see _encode_joined): check that.
+            normalized = self._nfc.ids(text)
+            if normalized is not None:
+                return None if hf == normalized else describe_mismatch(hf, normalized)
         # The encoder that makes the tokens: the joined runs where there are any (the text
         # twice over, so that a run of two is checked: each copy must give hf's ids), else the
         # array path where there is one.
@@ -142,13 +163,19 @@ class BatchEncoder:
     def _encode_joined(self, texts: list[str], joiner: _Joiner) -> tuple[np.ndarray, np.ndarray]:
         if not texts:
             return np.empty(0, dtype=self.dtype), np.empty(0, dtype=np.int32)
-        joined = self._joined_ids(texts, joiner)
-        if joined is not None:
-            return self._marked(*joined)
+        # Texts that HF's NFC changes are encoded alone (by NfcText): found before joining,
+        # since joined they would give the right count and the wrong ids.
+        changed = self._nfc_changed(texts)
+        if not changed:
+            joined = self._joined_ids(texts, joiner)
+            if joined is not None:
+                return self._marked(*joined)
         # Texts holding the separator's own text: those alone, as _encode_from_arrays does,
         # the runs between them joined (one text at a time for a run that still cannot be).
         # None: a lone surrogate, and the batch goes one text at a time.
         holding = [i for i, text in enumerate(texts) if joiner.sep in text]
+        if changed:
+            holding = sorted({*holding, *changed})
         if not holding:
             return self._encode_from_arrays(texts)
         pieces: list[np.ndarray] = []
@@ -169,6 +196,16 @@ class BatchEncoder:
                 sizes.append(one_size)
             at = alone + 1
         return np.concatenate(pieces), np.concatenate(sizes)
+
+    def _nfc_changed(self, texts: list[str]) -> list[int]:
+        """Indices of the texts that HF's NFC step changes (none without an NFC normalizer)."""
+        nfc = self._nfc
+        if nfc is None:
+            return []
+        # isascii is O(1): a batch of ASCII documents costs one pass over the list.
+        return [
+            i for i, text in enumerate(texts) if not text.isascii() and nfc.ids(text) is not None
+        ]
 
     def _joined_ids(
         self, texts: list[str], joiner: _Joiner
@@ -296,6 +333,23 @@ class _Joiner:
             )
         except UnicodeEncodeError:
             return None
+
+
+def _uint32(ids: list[int]) -> np.ndarray:
+    return np.asarray(ids, dtype=np.uint32)
+
+
+def _nfc_first(nfc, encode, wrap):
+    """`encode` for texts HF's NFC leaves as they are, NfcText's ids (through `wrap`) else."""
+    nfc_ids = nfc.ids
+
+    def encode_nfc(text: str):
+        if text.isascii():
+            return encode(text)
+        ids = nfc_ids(text)
+        return encode(text) if ids is None else wrap(ids)
+
+    return encode_nfc
 
 
 def _array_encoder(encoding, specials: frozenset, firsts: list[str], encode_one):

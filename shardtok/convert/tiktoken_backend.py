@@ -6,7 +6,7 @@ Why: for a tokenizer like Llama 3's, tiktoken's BPE encodes 4-5x faster per core
 
 When the two give the same ids (what :func:`check` verifies from the serialized tokenizer):
 
-- no normalizer, no truncation or padding;
+- no normalizer, or exactly NFC (Qwen2, Qwen3: see "NFC" below); no truncation or padding;
 - the pre-tokenizer is either `ByteLevel(add_prefix_space=false, use_regex=true)` (the GPT-2
   regex) or `Sequence[Split(Regex, behavior Isolated, invert false),
   ByteLevel(add_prefix_space=false, use_regex=false)]`: one regex cut, then bytes, which is what
@@ -43,6 +43,33 @@ the same pattern runs in Oniguruma (HF) and fancy-regex (tiktoken), whose Unicod
 differ on recently assigned characters. Both are left to the probe below and the convert
 canary, which re-encode text with HF and stop on any difference.
 
+NFC (a tokenizer whose normalizer is exactly NFC, every added token normalized=false): HF
+splits the raw text at added tokens first (the non-normalized pass), normalizes each piece
+between them alone, then pre-tokenizes and BPEs each normalized piece; normalized added tokens
+would be matched afterwards in the normalized pieces, so the gate refuses them here (their
+matches would depend on what NFC does at the pieces' edges). :class:`NfcText` does the same:
+
+- a text HF's NFC leaves unchanged (ASCII, or every piece between added tokens already NFC:
+  ``unicodedata.is_normalized``) gives HF's ids without normalizing, by the proof above;
+- any other text is split at the added tokens as HF splits it (no added token is a substring of
+  another, so the leftmost match is the longest, as in HF's pass), each piece normalized and
+  encoded with ``encode_ordinary`` (no added token looked for: HF does not look again either),
+  the added tokens' ids between them. Such texts are encoded alone, never joined in a run.
+
+Normalizing the whole text first and letting tiktoken find the added tokens afterwards is not
+the same: NFC joins ``>`` and a following U+0338 into ``≯``, so ``<|im_end|>\u0338`` would lose
+its added token (HF keeps it), and NFC can make added-token text that HF never matches
+(U+037E becomes ``;``).
+
+Unicode versions: the pieces are normalized by HF's own NFC (``tokenizers.normalizers.NFC``), so
+a changed text gets HF's result whatever tables it has. Whether a text changes is asked of
+Python's ``unicodedata.is_normalized`` (35x cheaper per text). That is exact when Python's Unicode
+version is at least HF's (HF 0.23: older tables than Python 3.11's 14.0): by Unicode's stability
+policy, characters HF knows have the same decompositions, combining classes and compositions in
+Python, and a character only Python knows is a starter to HF that composes with nothing and
+blocks, so HF changes nothing that Python leaves alone. The other way round is left to the probe
+(decomposed, singleton, reordered, Hangul jamo and compatibility text) and the canary.
+
 The merge checks cost ~2 s for a 128k vocabulary (0.6 s for GPT-2), so their verdict can be
 cached on disk by tokenizer fingerprint, in a cache folder the caller names (nothing is cached
 without one). The gate runs once, in the main process; forked workers inherit the built
@@ -53,6 +80,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,6 +118,8 @@ class TiktokenParts:
     pattern: str
     ranks: dict[bytes, int]
     specials: dict[str, int]
+    # The tokenizer's normalizer is NFC: texts go through NfcText before tiktoken.
+    nfc: bool = False
 
     def build(self, name: str):
         import tiktoken
@@ -307,8 +338,7 @@ def check(
     CACHE_DIR/tiktoken-gate/ under the fingerprint and read back next time.
     """
     spec = json.loads(backend_json)
-    if spec.get("normalizer") is not None:
-        raise NotEquivalent(f"the tokenizer has a normalizer ({spec['normalizer'].get('type')})")
+    nfc = _nfc_normalizer(spec)
     for key in ("truncation", "padding"):
         if spec.get(key) is not None:
             raise NotEquivalent(f"the tokenizer has {key} configured")
@@ -331,6 +361,12 @@ def check(
     if missing:
         raise NotEquivalent(f"{len(missing)} of the 256 bytes have no token (first: {missing[0]})")
     specials = _added_tokens(spec)
+    if nfc:
+        normalized = next((t["content"] for t in spec["added_tokens"] if t.get("normalized")), None)
+        if normalized is not None:
+            raise NotEquivalent(
+                f"added token {normalized!r} is normalized=true under an NFC normalizer"
+            )
 
     cache = _cache_path(cache_dir, fingerprint) if fingerprint and cache_dir else None
     verdict = _cached_merge_verdict(cache, fingerprint) if cache else None
@@ -340,7 +376,19 @@ def check(
             _store_merge_verdict(cache, fingerprint, verdict)
     if not verdict.ok:
         raise NotEquivalent(verdict.reason)
-    return TiktokenParts(pattern, _ranks(vocab, verdict.unbuildable), specials)
+    return TiktokenParts(pattern, _ranks(vocab, verdict.unbuildable), specials, nfc)
+
+
+def _nfc_normalizer(spec: dict) -> bool:
+    """Whether the normalizer is NFC (True) or absent (False); NotEquivalent for any other."""
+    normalizer = spec.get("normalizer")
+    if normalizer is None:
+        return False
+    if normalizer == {"type": "NFC"}:
+        return True
+    raise NotEquivalent(
+        f"the tokenizer has a normalizer ({normalizer.get('type')}) other than NFC alone"
+    )
 
 
 def parts_unchecked(backend_json: str) -> TiktokenParts:
@@ -349,7 +397,59 @@ def parts_unchecked(backend_json: str) -> TiktokenParts:
     vocab = spec["model"]["vocab"]
     unbuildable = () if spec["model"].get("ignore_merges") else _unbuildable(backend_json, vocab)
     specials = {t["content"]: int(t["id"]) for t in spec.get("added_tokens") or []}
-    return TiktokenParts(_pattern(spec.get("pre_tokenizer")), _ranks(vocab, unbuildable), specials)
+    pattern = _pattern(spec.get("pre_tokenizer"))
+    nfc = spec.get("normalizer") is not None
+    return TiktokenParts(pattern, _ranks(vocab, unbuildable), specials, nfc)
+
+
+class NfcText:
+    """HF's NFC step in front of a tiktoken encoding (see "NFC" in the module docstring).
+
+    :meth:`ids` gives None for a text that HF's normalizing leaves as it is (then tiktoken's ids
+    of the text itself are HF's), else the text's ids, computed as HF computes them.
+    """
+
+    def __init__(self, encoding, specials: dict[str, int]):
+        from tokenizers import normalizers
+
+        self._ordinary = encoding.encode_ordinary
+        # HF's own NFC for the pieces that change: Python's unicodedata may compose what HF's
+        # older Unicode tables do not (U+11935 U+11930 -> U+11938, Unicode 13).
+        self._normalize = normalizers.NFC().normalize_str
+        self._specials = specials
+        # Longest first: with no added token inside another the order cannot matter, but then
+        # the match is HF's leftmost-longest whatever the gate allowed.
+        alternatives = sorted(specials, key=len, reverse=True)
+        self._split = (
+            re.compile("(" + "|".join(map(re.escape, alternatives)) + ")").split
+            if specials
+            else None
+        )
+        firsts = sorted({t[0] for t in specials})
+        self._firsts = firsts if len(firsts) <= 4 else None  # None: split every text
+
+    def _pieces(self, text: str) -> list[str]:
+        """[piece, added token, piece, ..., piece], as HF's first pass cuts `text`."""
+        if self._split is None:
+            return [text]
+        if self._firsts is not None and not any(ch in text for ch in self._firsts):
+            return [text]
+        return self._split(text)
+
+    def ids(self, text: str) -> list[int] | None:
+        if text.isascii():  # O(1) in CPython: the common case costs nothing more
+            return None
+        pieces = self._pieces(text)
+        normalized = unicodedata.is_normalized
+        if all(normalized("NFC", piece) for piece in pieces[0::2]):
+            return None
+        ids: list[int] = []
+        for k, piece in enumerate(pieces):
+            if k % 2:
+                ids.append(self._specials[piece])
+            elif piece:
+                ids.extend(self._ordinary(self._normalize(piece)))
+        return ids
 
 
 # A fixed text that exercises what differs between regex engines and BPE orders: scripts,
@@ -364,7 +464,12 @@ PROBE_TEXT = (
     "emoji 😀👍🏽👨‍👩‍👧 🇩🇪 ★☆ ✓ → ∑∫√ ½ ² ①\n"
     "nbsp\u00a0here\u2003em\u3000ideo\u200bzw\u2028ls\u2029ps\x0bvt\x0cff\x1cfs\x85nel\n"
     "AMAMAMA ababab aaaaaaaaaaaaaaaaaaaaaaaa ............ ------------ ============\n"
-    "    \n  \n\n \t \n" + " " * 17 + "end" + "\n" * 5 + "!!!???" + "\u0000\u0001\u007f"
+    "    \n  \n\n \t \n" + " " * 17 + "end" + "\n" * 5 + "!!!???" + "\u0000\u0001\u007f\n"
+    # What NFC changes (decomposed forms, singletons, mark order, Hangul jamo) and must not
+    # (compatibility characters), for tokenizers with an NFC normalizer.
+    "e\u0301 A\u030a \u212b \u212a \u2126 \u037e \u1fef a\u0323\u0302 a\u0302\u0323 o\u0308\u0304 "
+    "\u1100\u1161\u11a8 \uac00\u11a8 \u0915\u093c \u0958 \u05e9\u05c1 <\u0338 >\u0338 =\u0338 "
+    "ﬁ ① ㎏ ｆｕｌｌ ＡＢ ™ ℌ \u0301\u0301 \u0338 \U00011935\U00011930"
 )
 
 
@@ -372,5 +477,9 @@ def probe_texts(specials: dict[str, int]) -> list[str]:
     """PROBE_TEXT, and every added token inside text and at the edges."""
     texts = [PROBE_TEXT, PROBE_TEXT.upper(), PROBE_TEXT[::-1]]
     for content in sorted(specials):
-        texts.append(f"a{content}b {content} {content}{content}\n{content}")
+        # U+0338 and U+0301 around a token: NFC across its edges would join them to it.
+        texts.append(
+            f"a{content}b {content} {content}{content}\n{content} é{content}\u0338 "
+            f"e\u0301{content}\u0301"
+        )
     return texts

@@ -323,8 +323,12 @@ def tiktoken_encoding(hf_backend, backend_json: str, fingerprint: str, cache_dir
     # before the workers are forked from it.
     hf = [hf_backend.encode(t, add_special_tokens=False).ids for t in texts]
     allowed = frozenset(parts.specials)
+    # Through HF's NFC step where the tokenizer has one, as the workers encode.
+    nfc = tb.NfcText(encoding, parts.specials) if parts.nfc else None
     for text, expected in zip(texts, hf):
-        got = encoding.encode(text, allowed_special=allowed, disallowed_special=())
+        got = nfc.ids(text) if nfc is not None else None
+        if got is None:
+            got = encoding.encode(text, allowed_special=allowed, disallowed_special=())
         if got != expected:
             raise TokenizerLoadError(
                 f"the probe text encodes differently ({describe_mismatch(expected, got)})"

@@ -99,14 +99,17 @@ def test_gate_accepts_tiktoken_style_tokenizers_and_the_bundled_one(tmp_path, tt
     assert load_tokenizer("bundled").backend == "tiktoken"
 
     js = json.loads(tt_path.read_text())
-    js["normalizer"] = {"type": "NFC"}
+    js["normalizer"] = {"type": "NFC"}  # Qwen's: HF's NFC step goes in front of tiktoken
     (tmp_path / "nfc.json").write_text(json.dumps(js))
-    refused = load_tokenizer(str(tmp_path / "nfc.json"))
+    assert load_tokenizer(str(tmp_path / "nfc.json")).backend == "tiktoken"
+    js["normalizer"] = {"type": "NFKC"}
+    (tmp_path / "nfkc.json").write_text(json.dumps(js))
+    refused = load_tokenizer(str(tmp_path / "nfkc.json"))
     assert refused.backend == "hf" and "tiktoken not used" in refused.backend_note
     with pytest.raises(
         TokenizerLoadError, match="--tokenizer-backend tiktoken cannot be used: .*normalizer"
     ):
-        load_tokenizer(str(tmp_path / "nfc.json"), backend="tiktoken")
+        load_tokenizer(str(tmp_path / "nfkc.json"), backend="tiktoken")
     assert load_tokenizer(str(tt_path), backend="hf").backend == "hf"
     with pytest.raises(ValueError, match="backend must be one of"):
         load_tokenizer(str(tt_path), backend="fast")
@@ -136,7 +139,17 @@ def _mutations():
         js["added_tokens"].append(extra)
 
     return [
-        ("normalizer", lambda js: js.update(normalizer={"type": "NFC"}), "has a normalizer"),
+        ("normalizer", lambda js: js.update(normalizer={"type": "NFD"}), "other than NFC alone"),
+        (
+            "nfc in a sequence",
+            lambda js: js.update(normalizer={"type": "Sequence", "normalizers": [{"type": "NFC"}]}),
+            "Sequence. other than NFC alone",
+        ),
+        (
+            "normalized under nfc",
+            lambda js: (js.update(normalizer={"type": "NFC"}), added(js, normalized=True)),
+            "normalized=true under an NFC normalizer",
+        ),
         ("truncation", lambda js: js.update(truncation={"max_length": 8}), "truncation"),
         ("dropout", lambda js: js["model"].update(dropout=0.1), "dropout"),
         ("byte_fallback", lambda js: js["model"].update(byte_fallback=True), "byte_fallback"),

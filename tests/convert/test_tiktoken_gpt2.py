@@ -47,7 +47,7 @@ def _family(name: str, gpt2_folder: Path) -> Path:
 
 @pytest.mark.parametrize(
     "family, refusal",
-    [("gpt2", None), ("bundled", None), ("llama3", None), ("qwen3", r"has a normalizer \(NFC\)")],
+    [("gpt2", None), ("bundled", None), ("llama3", None), ("qwen3", None)],
 )
 def test_gate_verdict_per_family(gpt2, family, refusal):
     text = _family(family, gpt2).read_text()
@@ -55,7 +55,8 @@ def test_gate_verdict_per_family(gpt2, family, refusal):
         parts = tb.check(text)
         model = json.loads(text)["model"]
         if not model.get("ignore_merges"):  # the added tokens in the BPE vocabulary
-            assert len(parts.ranks) == len(model["vocab"]) - len(parts.specials)
+            inside = set(parts.specials) & set(model["vocab"])  # Qwen's are above it
+            assert len(parts.ranks) == len(model["vocab"]) - len(inside)
     else:
         with pytest.raises(tb.NotEquivalent, match=refusal):
             tb.check(text)
@@ -158,11 +159,13 @@ def test_gpt2_converts_to_the_same_shards_with_either_backend(gpt2, tmp_path):
 
 def test_a_normalizer_still_refuses_with_the_condition(tmp_path):
     js = json.loads((BUNDLED_PATH / "tokenizer.json").read_text())
-    js["normalizer"] = {"type": "NFC"}
+    js["normalizer"] = {
+        "type": "NFKC"
+    }  # NFC alone passes (Qwen: tests/convert/test_tiktoken_qwen.py)
     (tmp_path / "tokenizer.json").write_text(json.dumps(js))
     spec = load_tokenizer(str(tmp_path / "tokenizer.json"))
     assert spec.backend == "hf" and spec.backend_note == (
-        "tiktoken not used: the tokenizer has a normalizer (NFC)"
+        "tiktoken not used: the tokenizer has a normalizer (NFKC) other than NFC alone"
     )
     with pytest.raises(TokenizerLoadError, match="tiktoken cannot be used: .*normalizer"):
         load_tokenizer(str(tmp_path / "tokenizer.json"), backend="tiktoken")
