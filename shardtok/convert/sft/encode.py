@@ -118,6 +118,15 @@ class SFTEncoder:
         self._text_tokenizer = None  # special tokens as text: split_special_tokens only
         if split_special_tokens and self.special_tokens:
             self._check_split()
+        # Where every character is covered by tokens of non-zero width (byte-level BPE with no
+        # normalizer: nothing inserted, nothing dropped), the tokens a span overlaps are found
+        # from its two ends (char_to_token) instead of every token's offsets, whose Python
+        # tuples cost more than the masks they give; _overlap's result either way.
+        from tokenizers import decoders
+
+        self._by_span_ends = self._tokenizer.normalizer is None and isinstance(
+            self._tokenizer.decoder, decoders.ByteLevel
+        )
 
     @staticmethod
     def _inherited(spec):
@@ -143,6 +152,7 @@ class SFTEncoder:
         truncated = False
         if self.max_tokens is not None and len(ids) > self.max_tokens:
             truncated = True
+            starts = starts()
             fitted = self._fit(conversation, renderer, rendered, split, ids, mask, boundary, starts)
             if isinstance(fitted, SFTBad):
                 return fitted
@@ -165,20 +175,24 @@ class SFTEncoder:
         return ids.astype(self.dtype)
 
     def _tokens(self, rendered: Rendered, split: bool):
-        """(ids int64, trained bool, boundary bool, first character) per token."""
+        """(ids int64, trained bool, boundary bool, a function giving each token's first
+        character: only truncation asks)."""
         text = rendered.text
         if split:
             ids, offsets = self._encode_split(rendered)
         else:
             encoding = self._tokenizer.encode(text, add_special_tokens=False)
-            ids, offsets = encoding.ids, encoding.offsets
-        n = len(ids)
-        ids = np.fromiter(ids, dtype=np.int64, count=n)
-        # fromiter over the flattened pairs: half the time of asarray on a list of tuples.
-        flat = itertools.chain.from_iterable(offsets)
-        offsets = np.fromiter(flat, dtype=np.int64, count=2 * n).reshape(n, 2)
+            ids = encoding.ids
+            if self._by_span_ends:
+                found = _span_tokens(encoding, rendered.trained, len(ids))
+                if found is not None:
+                    ids = np.fromiter(ids, dtype=np.int64, count=len(ids))
+                    return ids, *found, lambda: _offsets(encoding.offsets)[:, 0]
+            offsets = encoding.offsets
+        ids = np.fromiter(ids, dtype=np.int64, count=len(ids))
+        offsets = _offsets(offsets)
         trained, boundary = _overlap(rendered.trained, len(text), offsets[:, 0], offsets[:, 1])
-        return ids, trained, boundary, offsets[:, 0]
+        return ids, trained, boundary, lambda: offsets[:, 0]
 
     # -- length -----------------------------------------------------------------------------
 
@@ -299,6 +313,36 @@ class SFTEncoder:
                 "between special tokens differently on its own; remove the special-token "
                 "strings from the records instead"
             )
+
+
+def _offsets(offsets) -> np.ndarray:
+    n = len(offsets)
+    # fromiter over the flattened pairs: half the time of asarray on a list of tuples.
+    flat = itertools.chain.from_iterable(offsets)
+    return np.fromiter(flat, dtype=np.int64, count=2 * n).reshape(n, 2)
+
+
+def _span_tokens(encoding, spans, n: int):
+    """_overlap's (trained, boundary) from the tokens at each span's ends, for an encoding whose
+    tokens cover every character with non-zero widths, in order (several byte tokens of one
+    character share its range); None where a character has no token (then _overlap decides)."""
+    trained = np.zeros(n, dtype=bool)
+    boundary = np.zeros(n, dtype=bool)
+    char_to_token, token_to_chars = encoding.char_to_token, encoding.token_to_chars
+    for a, b in spans:
+        first, last = char_to_token(a), char_to_token(b - 1)
+        if first is None or last is None:
+            return None
+        # char_to_token gives the first token holding a character: the rest of the last
+        # character's byte tokens follow it.
+        while last + 1 < n and token_to_chars(last + 1)[0] < b:
+            last += 1
+        trained[first : last + 1] = True
+        if token_to_chars(first)[0] < a:
+            boundary[first] = True
+        if token_to_chars(last)[1] > b:
+            boundary[last] = True
+    return trained, boundary
 
 
 def _overlap(spans, length: int, starts: np.ndarray, ends: np.ndarray):
