@@ -57,7 +57,7 @@ matches would depend on what NFC does at the pieces' edges). :class:`NfcText` do
   the added tokens' ids between them. Such texts are encoded alone, never joined in a run.
 
 Normalizing the whole text first and letting tiktoken find the added tokens afterwards is not
-the same: NFC joins ``>`` and a following U+0338 into ``≯``, so ``<|im_end|>\u0338`` would lose
+the same: NFC joins ``>`` and a following U+0338 into ``≯``, so ``<|im_end|>`` + U+0338 would lose
 its added token (HF keeps it), and NFC can make added-token text that HF never matches
 (U+037E becomes ``;``).
 
