@@ -7,7 +7,6 @@ Each subcommand is an ``add_*parser(subparsers)`` that sets ``run`` as the parse
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 
 from shardtok.cli import convert_phases, logs, storage_args
@@ -299,11 +298,6 @@ def _sft_setup(args: argparse.Namespace):
         raise UsageError(
             "--text-key does not apply with --sft: name fields in the YAML's column_map"
         )
-    if args.tokenizer_backend == "tiktoken":
-        raise UsageError(
-            "--tokenizer-backend tiktoken does not apply with --sft: loss masks need the "
-            "character offsets of Hugging Face tokenizers"
-        )
     return load_sft_config(args.sft, overrides)
 
 
@@ -326,8 +320,7 @@ def conversion_options(args: argparse.Namespace, **extra):
         prepend_bos=args.prepend_bos,
         eos_token=args.eos_token,
         bos_token=args.bos_token,
-        # SFT encodes with offsets, which only tokenizers gives: the tiktoken gate is no use.
-        backend=args.tokenizer_backend if sft_config is None else "hf",
+        backend=args.tokenizer_backend,
         cache_dir=args.cache_dir,
     )
     if spec.eos_note and not switches.quiet:
@@ -338,9 +331,6 @@ def conversion_options(args: argparse.Namespace, **extra):
 
         path = BUNDLED_PATH if args.tokenizer == BUNDLED else args.tokenizer
         sft = prepare_sft(sft_config, spec, path)
-        spec = dataclasses.replace(
-            spec, backend_note="--sft: loss masks need its character offsets"
-        )
     return ConvertOptions(
         inputs=tuple(args.inputs),
         output=args.output,

@@ -129,6 +129,9 @@ def tokenize(
     # checking the first document first would give; the unit's marker, the only thing that
     # makes its files count, is written after it.
     canary = None
+    # What runs the canary: the batch encoder, or with --sft the SFT encoder, which compares
+    # tiktoken's ids of the unit's first rendered record with tokenizers' (SFTEncoder.canary).
+    checker = encoder if sft is None else sft.encoder
     verdict: list = []  # the canary's: None or where the encoders differ
     finished: list[np.ndarray] = []  # the frame table, from the sink
 
@@ -143,7 +146,7 @@ def tokenize(
 
         def conclusion(error: BaseException | None):
             try:
-                return make(error, _canary_mismatch(encoder, unit, canary, verdict))
+                return make(error, _canary_mismatch(checker, unit, canary, verdict))
             finally:
                 close_files(False)
 
@@ -154,7 +157,7 @@ def tokenize(
         if checked is not None and checked.applies(*canary):
             verdict.append(checked.mismatch)
         else:
-            sink.submit(functools.partial(_run_canary, encoder, canary[2], verdict))
+            sink.submit(functools.partial(_run_canary, checker, canary[2], verdict))
         return canary
 
     batcher = None
@@ -194,6 +197,8 @@ def tokenize(
                         return ended(functools.partial(_failed, failure))
                     rejects.append([piece_no, record, item.reason, item.detail])
                 elif sft is not None:
+                    if canary is None:
+                        canary = first_document(piece_no, record, sft.encoder.last_text)
                     doc_rows.add(piece_no, record)
                     batcher.add(item.ids, item.mask)
                 else:
@@ -225,7 +230,7 @@ def tokenize(
     num_tokens = batcher.num_tokens
 
     def done(error: BaseException | None):
-        mismatch = _canary_mismatch(encoder, unit, canary, verdict)
+        mismatch = _canary_mismatch(checker, unit, canary, verdict)
         if error is not None or mismatch is not None:
             close_files(False)
             if error is not None:

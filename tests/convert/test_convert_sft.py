@@ -348,7 +348,6 @@ def cli(tmp_path, tok, *args: str) -> int:
         (["--append-eos"], "--append-eos does not apply with --sft: the chat template decides BOS/EOS"),
         (["--prepend-bos"], "--prepend-bos does not apply with --sft"),
         (["--text-key", "x"], "--text-key does not apply with --sft"),
-        (["--tokenizer-backend", "tiktoken"], "--tokenizer-backend tiktoken does not apply with --sft"),
     ],
 )  # fmt: skip
 def test_cli_refusals_with_sft(tmp_path, tok, capsys, args, message):

@@ -39,6 +39,7 @@ from shardtok.convert.sft.conversation import (
     SFTBad,
 )
 from shardtok.convert.sft.render import RenderRefused
+from shardtok.convert.sft.tiktoken_masks import literal_pattern
 from shardtok.errors import UsageError
 
 TRUNCATIONS = ("drop", "turns", "keep_start")
@@ -112,9 +113,7 @@ class SFTEncoder:
         )
         self._pattern = None
         if self.special_tokens:
-            import re
-
-            self._pattern = re.compile("|".join(map(re.escape, self.special_tokens)))
+            self._pattern = literal_pattern(self.special_tokens)
         self._text_tokenizer = None  # special tokens as text: split_special_tokens only
         if split_special_tokens and self.special_tokens:
             self._check_split()
@@ -127,6 +126,14 @@ class SFTEncoder:
         self._by_span_ends = self._tokenizer.normalizer is None and isinstance(
             self._tokenizer.decoder, decoders.ByteLevel
         )
+        # Where the tiktoken gate passed, ids from tiktoken and masks from byte lengths
+        # (tiktoken_masks.py): the same ids and masks for a fraction of the cost.
+        self._fast = None
+        if spec.backend == "tiktoken":
+            from shardtok.convert.sft.tiktoken_masks import TiktokenTokens
+
+            self._fast = TiktokenTokens(spec, self._tokenizer)
+        self.last_text: str | None = None  # the last record's rendered text (the canary's)
 
     @staticmethod
     def _inherited(spec):
@@ -148,6 +155,7 @@ class SFTEncoder:
         split = self._content_specials(conversation, rendered)
         if isinstance(split, SFTBad):
             return split
+        self.last_text = rendered.text
         ids, mask, boundary, starts = self._tokens(rendered, split)
         truncated = False
         if self.max_tokens is not None and len(ids) > self.max_tokens:
@@ -177,6 +185,10 @@ class SFTEncoder:
     def _tokens(self, rendered: Rendered, split: bool):
         """(ids int64, trained bool, boundary bool, a function giving each token's first
         character: only truncation asks)."""
+        if self._fast is not None:
+            found = self._fast_tokens(rendered, split)
+            if found is not None:
+                return found
         text = rendered.text
         if split:
             ids, offsets = self._encode_split(rendered)
@@ -193,6 +205,19 @@ class SFTEncoder:
         offsets = _offsets(offsets)
         trained, boundary = _overlap(rendered.trained, len(text), offsets[:, 0], offsets[:, 1])
         return ids, trained, boundary, lambda: offsets[:, 0]
+
+    def _fast_tokens(self, rendered: Rendered, split: bool):
+        """_tokens' answer from tiktoken, or None for a text left to tokenizers."""
+        fast, text = self._fast, rendered.text
+        ids = fast.split_ids(text, self._cuts(rendered)) if split else fast.ids(text)
+        if ids is None:
+            return None
+        return ids, *fast.masks(ids, text, rendered.trained)
+
+    def canary(self, text: str) -> str | None:
+        """None if tiktoken and tokenizers give `text` the same ids (or no tiktoken is used),
+        else where they differ: unit_tokenizer checks each unit's first record with it."""
+        return None if self._fast is None else self._fast.canary(text, self._tokenizer)
 
     # -- length -----------------------------------------------------------------------------
 
@@ -278,13 +303,8 @@ class SFTEncoder:
     def _encode_split(self, rendered: Rendered):
         """Encode with content's special-token strings as text (see the module docstring)."""
         text = rendered.text
-        cuts = []  # the template's special tokens: (start, end, id)
-        for hit in self._pattern.finditer(text):
-            start, end = hit.span()
-            if not any(a < end and b > start for a, b in rendered.content):
-                cuts.append((start, end, self._tokenizer.token_to_id(hit.group())))
         ids, offsets, at = [], [], 0
-        for start, end, token_id in [*cuts, (len(text), len(text), None)]:
+        for start, end, token_id in [*self._cuts(rendered), (len(text), len(text), None)]:
             if start > at:
                 piece = self._text_tokenizer.encode(text[at:start], add_special_tokens=False)
                 ids += piece.ids
@@ -294,6 +314,15 @@ class SFTEncoder:
                 offsets.append((start, end))
             at = end
         return ids, offsets
+
+    def _cuts(self, rendered: Rendered) -> list[tuple[int, int, int]]:
+        """(start, end, id) of the template's special tokens in the rendered text."""
+        cuts = []
+        for hit in self._pattern.finditer(rendered.text):
+            start, end = hit.span()
+            if not any(a < end and b > start for a, b in rendered.content):
+                cuts.append((start, end, self._tokenizer.token_to_id(hit.group())))
+        return cuts
 
     def _check_split(self) -> None:
         from tokenizers import Tokenizer

@@ -299,6 +299,41 @@ def compile_template(source: str) -> jinja2.Template:
     return env.from_string(tree)
 
 
+def compile_builtin(source: str) -> jinja2.Template:
+    """Compile one of shardtok's own built-in templates (assets/chat_templates) in a plain
+    environment: the options, globals, filters and generation tracking of compile_template,
+    without the sandbox and the budget, which cost ~3x the render. Only for shardtok's code:
+    a template a user brings always goes through compile_template. The budget's refusals are
+    kept by the caller, which renders a conversation too large to be clear of every budget
+    (render.py's BUILTIN_LIMITS) in the sandbox."""
+    env = jinja2.Environment(
+        trim_blocks=True,
+        lstrip_blocks=True,
+        extensions=[_GenerationTracker, jinja2.ext.loopcontrols],
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    env.globals["dict"] = _TemplateDict()
+    env.globals["namespace"] = _TemplateNamespace
+    return env.from_string(source)
+
+
+class AttrMessage(dict):
+    """A message dict whose keys are also attributes. Jinja's ``message.role`` tries
+    ``getattr`` before ``[]``, and a plain dict's AttributeError costs more than the lookup;
+    what a template sees is the same (a dict's own attributes still come first, a missing
+    key is still undefined). Used by the plain environment only."""
+
+    __slots__ = ()
+
+    def __getattr__(self, name):
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
 def budget_message(exc: BaseException) -> str | None:
     """``line N: why`` for a TemplateBudgetError (N: the template line running), else None."""
     if not isinstance(exc, TemplateBudgetError):

@@ -39,8 +39,10 @@ from collections.abc import Collection
 
 from shardtok.convert.sft.conversation import Conversation, Message, Rendered, merge_spans
 from shardtok.convert.sft.jinja_env import (
+    AttrMessage,
     TrackedMessages,
     budget_message,
+    compile_builtin,
     compile_template,
     render_tracked,
 )
@@ -48,6 +50,11 @@ from shardtok.convert.sft.jinja_env import (
 # Loop attributes that take the next message before the current one's turn is output.
 PEEKS = re.compile(r"\bloop\s*(\.\s*|\[\s*['\"])(last|nextitem)\b")
 TURNS = ("checked", "stable", "loop")
+# A conversation within these renders a built-in template far inside every budget of
+# jinja_env (each built-in takes a bounded number of steps and characters per message, and its
+# values are at most twice the contents), so the plain environment gives what the sandbox
+# gives; a larger one is rendered in the sandbox, whose budget may refuse it.
+BUILTIN_LIMITS = (4096, 1 << 20)  # messages, characters of roles and contents
 # Probe contents: distinct, no whitespace (templates that trim keep them whole).
 PROBE = (
     {"role": "system", "content": "ProbeSystem"},
@@ -81,6 +88,7 @@ class ChatTemplateRenderer:
         train_on_input: bool = False,
         train_roles: tuple[str, ...] = ("assistant",),
         turns: str = "checked",
+        builtin: bool = False,
     ):
         if turns not in TURNS:
             raise ValueError(f"turns must be one of {', '.join(TURNS)}, not {turns!r}")
@@ -91,27 +99,45 @@ class ChatTemplateRenderer:
         self.special_tokens = tuple(sorted(special_tokens, key=lambda t: (-len(t), t)))
         self.train_on_input = bool(train_on_input)
         self.train_roles = tuple(train_roles)
+        # shardtok's own template (assets/chat_templates): rendered outside the sandbox
+        # (jinja_env.compile_builtin) where BUILTIN_LIMITS allow.
+        self.builtin = bool(builtin)
         self._compiled = None
+        self._plain = None
         self._loop_bounds: bool | None = None  # whether the fast boundaries hold (probed once)
 
     def __getstate__(self):
         state = dict(self.__dict__)
-        state["_compiled"] = None
+        state["_compiled"] = state["_plain"] = None
         return state
 
     def __setstate__(self, state):
         self.__dict__.update(state)
 
-    def _template(self):
+    def _template(self, sandboxed: bool = True):
+        if self.builtin and not sandboxed:
+            if self._plain is None:
+                self._plain = compile_builtin(self.source)
+            return self._plain
         if self._compiled is None:
             self._compiled = compile_template(self.source)
         return self._compiled
 
+    def _sandboxed(self, messages) -> bool:
+        if not self.builtin:
+            return True
+        most, chars = BUILTIN_LIMITS
+        # list.__iter__: iterating a TrackedMessages would record loop positions.
+        return (
+            len(messages) > most
+            or sum(len(m["role"]) + len(m["content"]) for m in list.__iter__(messages)) > chars
+        )
+
     def render_text(self, messages: list[dict], add_generation_prompt: bool = False):
         """(text, generation spans) exactly as transformers renders ``messages``."""
         return render_tracked(
-            self._template(), messages, add_generation_prompt=add_generation_prompt,
-            **self.variables,
+            self._template(self._sandboxed(messages)), messages,
+            add_generation_prompt=add_generation_prompt, **self.variables,
         )  # fmt: skip
 
     def _render_or_refuse(self, messages: list[dict]):
@@ -191,9 +217,9 @@ class ChatTemplateRenderer:
         return self.train_on_input or message.role in self.train_roles
 
     def render(self, conversation: Conversation) -> Rendered:
-        msgs = TrackedMessages(
-            {"role": m.role, "content": m.content} for m in conversation.messages
-        )
+        # AttrMessage only matters to the plain environment (and is a dict to the sandbox).
+        kind = AttrMessage if self.builtin else dict
+        msgs = TrackedMessages(kind(role=m.role, content=m.content) for m in conversation.messages)
         text, generation = self._render_or_refuse(msgs)
         bounds = self._loop_turn_bounds(msgs, text) or self.turn_bounds(msgs[:], text)
         specials = _Occurrences(self.special_tokens, text)

@@ -119,6 +119,7 @@ def load_template(
     renderer = ChatTemplateRenderer(
         name, source, variables=variables, special_tokens=special_tokens,
         train_on_input=train_on_input, train_roles=train_roles, turns=turns,
+        builtin=turns != "checked",
     )  # fmt: skip
     _check(renderer, tokenizer_path)
     return renderer
