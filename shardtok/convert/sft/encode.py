@@ -91,8 +91,6 @@ class SFTEncoder:
         truncation: str = "drop",
         split_special_tokens: bool = False,
     ):
-        from tokenizers import Tokenizer
-
         if truncation not in TRUNCATIONS:
             raise UsageError(
                 f"truncation must be one of {', '.join(TRUNCATIONS)}, not {truncation!r}"
@@ -104,10 +102,12 @@ class SFTEncoder:
         self.max_tokens = max_tokens
         self.truncation = truncation
         self.split_special_tokens = split_special_tokens
-        source, trimmed = _untrimmed(spec.backend_json)
-        self._source = source
-        self._tokenizer = Tokenizer.from_str(source) if trimmed else self._inherited(spec)
-        added = self._tokenizer.get_added_tokens_decoder().values()
+        # The tokenizer as loaded: ids, added tokens, normalizer and decoder. The copy whose
+        # offsets are untrimmed (_tokenizer) is made when offsets are first needed: parsing
+        # Llama 3's tokenizer JSON costs ~0.5 s per worker, and the tiktoken path needs none.
+        self._base = self._inherited(spec)
+        self._offsets_tokenizer = None
+        added = self._base.get_added_tokens_decoder().values()
         self.special_tokens = tuple(
             sorted({t.content for t in added if t.special}, key=lambda t: (-len(t), t))
         )
@@ -123,8 +123,8 @@ class SFTEncoder:
         # tuples cost more than the masks they give; _overlap's result either way.
         from tokenizers import decoders
 
-        self._by_span_ends = self._tokenizer.normalizer is None and isinstance(
-            self._tokenizer.decoder, decoders.ByteLevel
+        self._by_span_ends = self._base.normalizer is None and isinstance(
+            self._base.decoder, decoders.ByteLevel
         )
         # Where the tiktoken gate passed, ids from tiktoken and masks from byte lengths
         # (tiktoken_masks.py): the same ids and masks for a fraction of the cost.
@@ -132,8 +132,18 @@ class SFTEncoder:
         if spec.backend == "tiktoken":
             from shardtok.convert.sft.tiktoken_masks import TiktokenTokens
 
-            self._fast = TiktokenTokens(spec, self._tokenizer)
+            self._fast = TiktokenTokens(spec, self._base)
         self.last_text: str | None = None  # the last record's rendered text (the canary's)
+
+    @property
+    def _tokenizer(self):
+        """The tokenizer with every trim_offsets off (encode.py's docstring), built once."""
+        if self._offsets_tokenizer is None:
+            from tokenizers import Tokenizer
+
+            source, trimmed = _untrimmed(self.spec.backend_json)
+            self._offsets_tokenizer = Tokenizer.from_str(source) if trimmed else self._base
+        return self._offsets_tokenizer
 
     @staticmethod
     def _inherited(spec):
@@ -217,7 +227,7 @@ class SFTEncoder:
     def canary(self, text: str) -> str | None:
         """None if tiktoken and tokenizers give `text` the same ids (or no tiktoken is used),
         else where they differ: unit_tokenizer checks each unit's first record with it."""
-        return None if self._fast is None else self._fast.canary(text, self._tokenizer)
+        return None if self._fast is None else self._fast.canary(text, self._base)
 
     # -- length -----------------------------------------------------------------------------
 
@@ -282,10 +292,18 @@ class SFTEncoder:
         for hit in pattern.finditer(rendered.text):
             start, end = hit.span()
             at = bisect.bisect_right(span_starts, start) - 1  # the span starting at or before
-            near = spans[max(at, 0) : at + 2]
-            if any(a <= start and end <= b for a, b in near):
-                inside += 1
-            elif any(a < end and b > start for a, b in near):
+            # Only that span can hold the hit, and only it and the next can cut it (the spans
+            # are disjoint); written out, not as any() over a slice: most records' hits are
+            # the template's own tokens, each checked here.
+            if at >= 0:
+                b = spans[at][1]
+                if end <= b:
+                    inside += 1
+                    continue
+                cut = b > start
+            else:
+                cut = False
+            if cut or (at + 1 < len(spans) and spans[at + 1][0] < end):
                 return SFTBad(
                     SPECIAL_TOKEN_IN_CONTENT,
                     f"{hit.group()!r} at character {start} of the rendered text is made of "
@@ -321,13 +339,13 @@ class SFTEncoder:
         for hit in self._pattern.finditer(rendered.text):
             start, end = hit.span()
             if not any(a < end and b > start for a, b in rendered.content):
-                cuts.append((start, end, self._tokenizer.token_to_id(hit.group())))
+                cuts.append((start, end, self._base.token_to_id(hit.group())))
         return cuts
 
     def _check_split(self) -> None:
         from tokenizers import Tokenizer
 
-        self._text_tokenizer = Tokenizer.from_str(self._source)
+        self._text_tokenizer = Tokenizer.from_str(_untrimmed(self.spec.backend_json)[0])
         self._text_tokenizer.encode_special_tokens = True
         # Encoding the pieces between special tokens on their own must give the ids of the
         # whole string (it does for byte-level BPEs; a tokenizer that prefixes each piece, like

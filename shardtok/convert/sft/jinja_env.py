@@ -110,6 +110,36 @@ class _GenerationTracker(jinja2.ext.Extension):
         return text
 
 
+class _GenerationMarks(_GenerationTracker):
+    """The tracker of the plain environment: the same spans, from a mark before and after the
+    block's body instead of a CallBlock, whose caller macro is built and called for every
+    block (a sixth of a built-in's render). The body then runs in the template's scope, not a
+    macro's: the same text unless it sets variables, which no built-in does in a block.
+
+    The marks see output_length up to date: render_tracked adds each yielded piece's length
+    before it resumes the template, and the marks are statements between the yields."""
+
+    def __init__(self, environment):
+        super().__init__(environment)
+        self._starts: list[int] = []
+
+    def parse(self, parser):
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        marks = [
+            nodes.ExprStmt(self.call_method(m)).set_lineno(lineno) for m in ("_open", "_close")
+        ]
+        return [marks[0], *body, marks[1]]
+
+    def _open(self):
+        if self.spans is not None:
+            self._starts.append(self.output_length[0])
+
+    def _close(self):
+        if self.spans is not None:
+            self.spans.append((self._starts.pop(), self.output_length[0]))
+
+
 def _raise_exception(message):
     raise jinja2.exceptions.TemplateError(message)
 
@@ -309,14 +339,17 @@ def compile_builtin(source: str) -> jinja2.Template:
     env = jinja2.Environment(
         trim_blocks=True,
         lstrip_blocks=True,
-        extensions=[_GenerationTracker, jinja2.ext.loopcontrols],
+        extensions=[_GenerationMarks, jinja2.ext.loopcontrols],
     )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     env.globals["dict"] = _TemplateDict()
     env.globals["namespace"] = _TemplateNamespace
-    return env.from_string(source)
+    template = env.from_string(source)
+    # What Template.new_context copies out of its globals (a ChainMap) on every render, once.
+    template.shardtok_globals = dict(template.globals)
+    return template
 
 
 class AttrMessage(dict):
@@ -371,8 +404,22 @@ def render_tracked(template: jinja2.Template, messages, **variables):
     if isinstance(messages, TrackedMessages):
         messages.output_length = length
     tracker.output_length, tracker.spans = length, spans
+    plain = getattr(template, "shardtok_globals", None)
+    if plain is not None:
+        # A built-in (compile_builtin): Template.generate's context and exception rewriting
+        # without their cost (the same parent mapping new_context builds; an exception is the
+        # same object, with jinja's internal frames left in its traceback).
+        tracker._starts = []
+        parent = {**plain, "messages": messages, "tools": None, "documents": None, **variables}
+        env = template.environment
+        context = env.context_class(
+            env, parent, template.name, template.blocks, globals=template.globals
+        )
+        pieces = template.root_render_func(context)
+    else:
+        pieces = template.generate(messages=messages, tools=None, documents=None, **variables)
     try:
-        for block in template.generate(messages=messages, tools=None, documents=None, **variables):
+        for block in pieces:
             blocks.append(block)
             length[0] += len(block)
     finally:
