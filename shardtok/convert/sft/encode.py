@@ -99,6 +99,7 @@ class SFTEncoder:
             raise UsageError(f"max_tokens must be a positive number of tokens, not {max_tokens}")
         self.spec = spec
         self.dtype = np.dtype(spec.dtype)
+        self._max_id = int(np.iinfo(self.dtype).max)  # np.iinfo costs microseconds a record
         self.max_tokens = max_tokens
         self.truncation = truncation
         self.split_special_tokens = split_special_tokens
@@ -188,7 +189,7 @@ class SFTEncoder:
             return SFTBad(INVALID_CONVERSATION, exc.detail)
 
     def _ids(self, ids: np.ndarray) -> np.ndarray:
-        if ids.size and int(ids.max()) > np.iinfo(self.dtype).max:
+        if ids.size and int(ids.max()) > self._max_id:
             raise ValueError(f"token id {int(ids.max())} does not fit {self.dtype}")
         return ids.astype(self.dtype)
 

@@ -24,6 +24,7 @@ otherwise such records stay on ``tokenizers`` too.
 
 from __future__ import annotations
 
+import bisect
 import re
 import unicodedata
 
@@ -154,7 +155,7 @@ class TiktokenTokens:
         """(trained, boundary, a function giving each token's first character) for `ids` of
         `text` and the sorted, merged character spans `spans` (module docstring)."""
         lengths = self._lengths[ids]
-        ends = np.cumsum(lengths)
+        ends = lengths.cumsum()
         n = len(ids)
         trained = np.zeros(n, dtype=bool)
         boundary = np.zeros(n, dtype=bool)
@@ -163,20 +164,18 @@ class TiktokenTokens:
             flat = [p for span in spans for p in span]
             if not ascii_text:
                 flat = _byte_positions(text, flat)
-            bounds = np.array(flat, dtype=np.int64)
-            a, b = bounds[0::2], bounds[1::2]
-            # The token holding byte a (the first whose end is past a) and the one holding
-            # byte b - 1 (the first whose end reaches b).
-            firsts = np.searchsorted(ends, a, side="right")
-            lasts = np.searchsorted(ends, b, side="left")
-            starts = ends - lengths
-            for first, last, start, end in zip(
-                firsts.tolist(), lasts.tolist(), a.tolist(), b.tolist(), strict=True
-            ):
+            # A record has a few spans: bisect on a list costs less than numpy calls on them.
+            byte_ends = ends.tolist()
+            for k in range(0, len(flat), 2):
+                start, end = flat[k], flat[k + 1]
+                # The token holding byte `start` (the first whose end is past it) and the one
+                # holding byte end - 1 (the first whose end reaches `end`).
+                first = bisect.bisect_right(byte_ends, start)
+                last = bisect.bisect_left(byte_ends, end, first)
                 trained[first : last + 1] = True
-                if starts[first] < start:
+                if (byte_ends[first - 1] if first else 0) < start:
                     boundary[first] = True
-                if ends[last] > end:
+                if byte_ends[last] > end:
                     boundary[last] = True
 
         def first_chars() -> np.ndarray:
