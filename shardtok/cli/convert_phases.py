@@ -202,7 +202,7 @@ def run_plan(args: argparse.Namespace, options) -> int:
 
 
 def run_run_units(args: argparse.Namespace) -> int:
-    from shardtok.convert.job.phases import run_units
+    from shardtok.convert.engines.ranks import run_units
     from shardtok.errors import ShardtokError, UsageError
 
     if args.rank >= args.world_size:

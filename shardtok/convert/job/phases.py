@@ -1,12 +1,11 @@
-"""The conversion as phases any scheduler can drive: plan, run-units, merge (and status).
+"""The phases every engine runs: plan, (run-units: engines/ranks.py), merge, and status.
 
-``plan`` writes the job into the work folder (plan.json, tokenizer.json; see job.py).
-``run_units(output, rank, world_size)`` tokenizes the units i ≡ rank (mod world_size) that are
-not done yet, on as many machines and as often as the scheduler likes: a unit's files are
-deterministic and its marker is written last, so a rerun, a requeued task or two copies of one
-rank at once only ever write the same bytes, and nothing is swept under a live writer. ``merge``
-writes the shards, rejects.jsonl and index.json (last), byte-identical to the one-command
-``shardtok convert ... --workers 1`` with the same unit size. ``status`` is unit_status.py's.
+``plan`` writes the job into the work folder (plan.json, tokenizer.json; see spec.py).
+``run_units`` (engines/ranks.py) tokenizes a rank's share of the units, on as many machines and
+as often as the scheduler likes. ``merge`` writes the shards, rejects.jsonl and index.json
+(last) through merge.py's ShardAssembly, the one path from finished units to a dataset, which
+the one-command convert and the dask engine use too: the bytes are the same whoever ran the
+phases. ``status`` is unit_status.py's.
 
 A unit that stops the run (a bad record under ``--on-bad-record error``, a tiktoken mismatch)
 leaves a failure file; it is not redone while it still applies (see unit_status.py), so every

@@ -39,6 +39,10 @@ _COMPRESSIONS = (None, "gzip", "zstd")
 _TXT_MODES = ("file", "lines")
 _BAD_RECORD_MODES = ("error", "skip")
 _AGAIN = "run `shardtok convert plan` again"
+# The tokenizer's fields that only the summary shows, with their defaults.
+_SUMMARY_FIELDS = {
+    "eos_token": None, "bos_token": None, "eos_source": "", "bos_source": "", "eos_note": "",
+}  # fmt: skip
 
 
 class PlanError(ShardtokError):
@@ -242,6 +246,12 @@ def _read_tokenizer(check: _Check, job: dict, backend_json: bytes) -> TokenizerS
             doc, "backend", tuple(b for b in BACKENDS if b != "auto"), at + "backend"
         ),
         backend_note=check.string(doc, "backend_note", at + "backend_note"),
+        # (absent from plans of shardtok 0.3.0 and earlier)
+        **{
+            key: check.string(doc, key, at + key, optional=True) or default
+            for key, default in _SUMMARY_FIELDS.items()
+            if key in doc
+        },
     )
 
 
@@ -307,8 +317,10 @@ def _read_sft(check: _Check, job: dict) -> SFTSetup | None:
     return SFTSetup(config, renderer, config.as_metadata(renderer.name, renderer.source))
 
 
-def read_job(doc: object, backend_json: bytes, where: str) -> ConvertJob:
-    """A ConvertJob from its JSON (ConvertJob.to_json), checked; `where` names it in messages."""
+def job_from_json(doc: object, backend_json: bytes, where: str) -> ConvertJob:
+    """The ConvertJob whose ``to_json()`` is `doc`, with `backend_json` its tokenizer's
+    serialized backend, read as someone else's file: every field checked, the tokenizer's hash
+    compared; a one-line PlanError names `where` and the field."""
     check = _Check(where)
     if not isinstance(doc, dict):
         raise PlanError(f"{where}: not a conversion job (a JSON object)")

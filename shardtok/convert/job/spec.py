@@ -1,18 +1,18 @@
-"""The plan file: one conversion job as JSON, so any process on any machine can take a part of it.
+"""A conversion job: its spec (ConvertJob), how one process runs it (RunOptions), and the plan file.
 
-``OUT/.shardtok-work/plan.json`` holds::
+A ConvertJob is the one description of a conversion. The CLI and the Python API build it; the
+plan phase writes it into ``OUT/.shardtok-work/plan.json``::
 
     {"format": "shardtok.convert-plan", "version": 2,
      "fingerprint": {...everything that decides a unit's content...},
-     "job": {...the options, the input files, the work units, the tokenizer, the SFT setup...}}
+     "job": {...ConvertJob.to_json(), with the input files found, the work units, base_dir...}}
 
 and ``OUT/.shardtok-work/tokenizer.json`` the tokenizer's serialized backend, whose sha256 is the
 tokenizer fingerprint: a worker needs no tokenizer files, and a tokenizer.json that is not the
-one planned is refused. Work units are reused only under an equal ``fingerprint``; the rest of
-the job (shard size, compression, bad-record mode) may change between a run and its rerun.
-
-This module writes a plan and holds its rules (settings, fingerprint, unit size); reading one
-back, as someone else's file, is plan_file.py's job.
+one planned is refused. Every engine (the one-command run, a rank of run-units, a dask task)
+reads the job back from there (plan_file.py, as someone else's file), so no setting is written
+down twice. Work units are reused only under an equal ``fingerprint``; the rest of the job
+(shard size, compression, bad-record mode) may change between a run and its rerun.
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ class ConvertJob:
     """One conversion: what to read, how to tokenize it, what to write.
 
     The CLI and the Python API build it; :func:`plan_document` stores it in plan.json, from
-    which every phase on every machine reads it back (:meth:`from_json`), so a setting is
-    written down once. How this process runs it (workers, progress, credentials) is
+    which every phase on every machine reads it back (plan_file.job_from_json, which checks
+    it as someone else's file), so a setting is written down once. How this process runs it (workers, progress, credentials) is
     :class:`RunOptions`, never stored.
     """
 
@@ -74,7 +74,8 @@ class ConvertJob:
 
     def to_json(self) -> dict:
         """The job as plan.json's ``job`` holds it, but for the tokenizer's serialized backend,
-        which is tokenizer.json beside it (megabytes, and hashed into the fingerprint)."""
+        which is tokenizer.json beside it (megabytes, and hashed into the fingerprint);
+        plan_file.job_from_json reads it back."""
         spec = self.tokenizer
         return {
             "inputs": list(self.inputs),
@@ -97,18 +98,15 @@ class ConvertJob:
                 "prepend_bos": spec.prepend_bos,
                 "backend": spec.backend,
                 "backend_note": spec.backend_note,
+                # For the summary only (the ids above are what counts).
+                "eos_token": spec.eos_token,
+                "bos_token": spec.bos_token,
+                "eos_source": spec.eos_source,
+                "bos_source": spec.bos_source,
+                "eos_note": spec.eos_note,
             },
             "sft": None if self.sft is None else _sft_document(self.sft),
         }
-
-    @classmethod
-    def from_json(cls, doc: object, backend_json: bytes, where: str = "job") -> ConvertJob:
-        """The job :meth:`to_json` wrote, read as someone else's file: every field checked, the
-        tokenizer's hash compared with `backend_json`'s; a PlanError names `where` and the
-        field."""
-        from shardtok.convert.job.plan_file import read_job
-
-        return read_job(doc, backend_json, where)
 
 
 @dataclass(frozen=True)

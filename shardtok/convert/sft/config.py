@@ -228,10 +228,9 @@ def load_sft_config(path: str | Path | None, overrides: dict | None = None) -> S
         where, doc = "the command line", {}
         if "format" not in flags:
             given = ", ".join(FLAGS[k] for k in FLAGS if k in flags) or "fine-tuning data"
-            _fail(
-                given,
-                f"needs the records' format: add --sft-format ({', '.join(FORMATS)}), or "
-                "--sft CONFIG.yaml",
+            raise UsageError(
+                f"{given} needs the records' format: add --sft-format ({', '.join(FORMATS)}), "
+                "or --sft CONFIG.yaml"
             )
     else:
         where = str(path)

@@ -26,7 +26,7 @@ from shardtok.errors import ShardtokError
 from shardtok.format.mmidx import dtype_for_vocab
 
 BUNDLED = "bundled"
-BUNDLED_PATH = Path(__file__).resolve().parent.parent / "assets" / "tokenizer"
+BUNDLED_PATH = Path(__file__).resolve().parents[2] / "assets" / "tokenizer"
 BUNDLED_NAME = "shardtok-bpe-8k"
 
 # Tried in order when a bare tokenizer.json names no EOS/BOS (it has no tokenizer_config.json).
@@ -71,7 +71,7 @@ class TokenizerSpec:
     backend: str = "hf"
     backend_note: str = ""  # why this backend (say, which condition tiktoken failed)
     # The strings of eos_id/bos_id and where each choice came from (say, "--eos-token"), for
-    # the summary; not stored (the ids are). A spec rebuilt from a plan file has none.
+    # the summary; in the plan, but neither in the manifest nor in the fingerprint (the ids are).
     eos_token: str | None = None
     bos_token: str | None = None
     eos_source: str = ""
