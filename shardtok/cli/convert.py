@@ -256,8 +256,8 @@ def _add_sft_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--chat-template",
         metavar="NAME|PATH",
-        help="tokenizer (its own chat template), a built-in (chatml, llama3, qwen3, alpaca, raw) or a "
-        "Jinja file with generation blocks",
+        help="tokenizer (its own chat template), a built-in (chatml, llama3, qwen3, alpaca, "
+        "raw) or a Jinja file with generation blocks",
     )
     g.add_argument(
         "--train-on-input",
