@@ -35,7 +35,7 @@ from benchmarks.bench_convert import CACHE, fetch_llama3_tokenizer, write_cycled
 
 
 def build_chat_corpus(megabytes: int) -> Path:
-    from shardtok.convert.sample_corpus import iter_chat_records
+    from shardtok.convert.inputs.sample_corpus import iter_chat_records
 
     path = CACHE / f"chat-{megabytes}mb.jsonl"
     if path.exists():
@@ -64,19 +64,12 @@ def render_as_text(chat: Path, setup, out: Path) -> None:
 
 
 def run(inputs: Path, output: Path, spec, workers: int, sft=None) -> tuple[float, int]:
-    from shardtok.convert.runner import ConvertOptions, convert
+    from shardtok.convert import ConvertJob, RunOptions, convert
 
-    opts = ConvertOptions(
-        inputs=(str(inputs),),
-        output=str(output),
-        tokenizer=spec,
-        workers=workers,
-        overwrite=True,
-        progress=False,
-        sft=sft,
-    )
+    job = ConvertJob(inputs=(str(inputs),), output=str(output), tokenizer=spec, sft=sft)
+    options = RunOptions(workers=workers, overwrite=True, progress=False)
     start = time.perf_counter()
-    result = convert(opts)
+    result = convert(job, options)
     elapsed = time.perf_counter() - start
     return elapsed, result.manifest.num_tokens
 
@@ -90,7 +83,7 @@ def main() -> None:
 
     from shardtok.convert.sft.config import load_sft_config
     from shardtok.convert.sft.setup import prepare_sft
-    from shardtok.convert.tokenizer import load_tokenizer
+    from shardtok.convert.tokenizing.tokenizer import load_tokenizer
 
     tokenizer_dir = fetch_llama3_tokenizer()
     chat = build_chat_corpus(args.corpus_mb)

@@ -17,7 +17,7 @@ from tokenizers import Tokenizer
 
 from shardtok.cli.main import run as main
 from shardtok.convert import load_tokenizer
-from shardtok.convert.tokenizer import TokenizerLoadError
+from shardtok.convert.tokenizing.tokenizer import TokenizerLoadError
 from shardtok.format.manifest import load_manifest
 from shardtok.format.shard_reader import ShardReader
 from shardtok.testing import gpt2
