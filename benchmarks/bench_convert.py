@@ -153,7 +153,11 @@ def build_corpus(megabytes: int, kind: str = "stdlib", folder: Path = CACHE) -> 
 
 
 def _stdlib_records(kind: str) -> Iterator[dict]:
-    from shardtok.convert.sample_corpus import _python_files, iter_docstring_records, stdlib_root
+    from shardtok.convert.inputs.sample_corpus import (
+        _python_files,
+        iter_docstring_records,
+        stdlib_root,
+    )
 
     yield from iter_docstring_records()
     if kind != "stdlib":
@@ -259,8 +263,8 @@ def timed_encode(encode, texts: list[str]) -> dict:
 
 def tiktoken_encoder(tokenizer_dir: Path):
     """convert's encoder (a BatchEncoder) with the tiktoken backend."""
-    from shardtok.convert.encoder import BatchEncoder
-    from shardtok.convert.tokenizer import load_tokenizer
+    from shardtok.convert.tokenizing.encoder import BatchEncoder
+    from shardtok.convert.tokenizing.tokenizer import load_tokenizer
 
     return BatchEncoder(load_tokenizer(str(tokenizer_dir), backend="tiktoken"))
 
@@ -341,14 +345,14 @@ def bench_shardtok(
     """Run in a fresh process so RUSAGE_CHILDREN counts only this run's workers."""
     code = f"""
 import json, resource, time
-from shardtok.convert import ConvertOptions, convert, load_tokenizer
+from shardtok.convert import ConvertJob, RunOptions, convert, load_tokenizer
 from benchmarks.bench_convert import cpu_seconds
 t0 = time.perf_counter()
 spec = load_tokenizer({str(tokenizer_dir)!r}, backend={backend!r})
 load = time.perf_counter() - t0
 cpu0, t0 = cpu_seconds(), time.perf_counter()
-r = convert(ConvertOptions(inputs=({str(corpus)!r},), output={str(out)!r}, tokenizer=spec,
-            workers={workers}, overwrite=True, progress=False))
+r = convert(ConvertJob(inputs=({str(corpus)!r},), output={str(out)!r}, tokenizer=spec),
+            RunOptions(workers={workers}, overwrite=True, progress=False))
 print(json.dumps({{"seconds": time.perf_counter() - t0, "cpu": cpu_seconds() - cpu0,
                   "tokens": r.manifest.num_tokens, "bytes": r.manifest.num_bytes, "units": r.units_total,
                   "backend": spec.backend, "load": load}}))

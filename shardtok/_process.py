@@ -1,9 +1,12 @@
-"""Process liveness, shared by the storage cache, the shared-memory batch transport and the
-loader workers' watchdog."""
+"""Processes: liveness (shared by the storage cache, the shared-memory batch transport and the
+loader workers' watchdog), and the cores, start method and Ctrl-C rule of conversion workers."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import signal
+import sys
 
 
 def process_alive(pid: int) -> bool:
@@ -30,3 +33,29 @@ def _exited(pid: int) -> bool:
         return os.path.isdir("/proc/self")
     except OSError:
         return False
+
+
+def usable_cores() -> int:
+    """Cores this process may use (a container's CPU set, not the host's core count)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1
+
+
+def mp_context(start_method: str | None):
+    """fork where it is safe and cheap (Linux), spawn elsewhere (macOS, Windows)."""
+    if start_method is not None:
+        return multiprocessing.get_context(start_method)
+    if sys.platform == "linux":
+        return multiprocessing.get_context("fork")
+    return multiprocessing.get_context("spawn")
+
+
+def ignore_sigint() -> None:
+    """A convert worker's first act. Ctrl-C reaches the whole process group: the main process
+    alone answers it (one line) and ends the pool, so no worker prints a traceback of its own.
+    The unit pool starts workers with SIGINT blocked (shardtok.convert.engines.pool._sigint_held): one that came since is
+    dropped once ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})

@@ -1,7 +1,7 @@
 """Train the small byte-level BPE tokenizer bundled in shardtok/assets/tokenizer/.
 
 Training text: every docstring of the CPython standard library, as written by
-``shardtok sample-corpus`` (shardtok/convert/sample_corpus.py, no size limit). The bundled files
+``shardtok sample-corpus`` (shardtok/convert/inputs/sample_corpus.py, no size limit). The bundled files
 were produced on CPython 3.11.7 with tokenizers 0.23.3 by running, from the repository root:
 
     python tools/train_tokenizer.py --out shardtok/assets/tokenizer
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from shardtok.convert.sample_corpus import write_sample_corpus
+from shardtok.convert.inputs.sample_corpus import write_sample_corpus
 
 EOS = "<|endoftext|>"
 BOS = "<|bos|>"

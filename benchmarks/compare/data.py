@@ -156,7 +156,7 @@ def _text_of(path: Path) -> str | None:
 
 def write_text_corpus(out: Path, max_bytes: int) -> tuple[int, int]:
     """JSONL of real text up to max_bytes of text; returns (records, text bytes)."""
-    from shardtok.convert.sample_corpus import iter_docstring_records
+    from shardtok.convert.inputs.sample_corpus import iter_docstring_records
 
     records = written = 0
     with open(out, "w", encoding="utf-8") as f:

@@ -11,8 +11,8 @@ import sys
 
 from shardtok.cli import convert_phases, logs, storage_args
 from shardtok.cli.arguments import at_least, parse_compression, parse_size
-from shardtok.convert.sample_corpus import write_sample_corpus
-from shardtok.convert.tokenizer import BUNDLED, BUNDLED_NAME
+from shardtok.convert.inputs.sample_corpus import write_sample_corpus
+from shardtok.convert.tokenizing.tokenizer import BUNDLED, BUNDLED_NAME
 
 CONVERT_DESCRIPTION = """\
 Tokenize raw text into a shardtok dataset: tar shards with Megatron-compatible indices and
@@ -57,11 +57,13 @@ processes on this machine, or uses the one at --scheduler tcp://HOST:PORT, whose
 reach the inputs and --output (a shared file system, or an object store such as s3://).
   shardtok convert 'crawl/*.jsonl.zst' -o s3://bucket/data/ --engine dask --scheduler tcp://head:8786
 
-fine-tuning data (--sft CONFIG.yaml): chat or instruction records (sharegpt, openai, alpaca,
-prompt_completion, or the jq patterns of a reference-style YAML) are rendered with a chat
-template and stored with a loss mask per token (1 = trained); see docs/SFT.md.
+fine-tuning data (--sft-format, or --sft CONFIG.yaml): chat or instruction records (sharegpt,
+openai, alpaca, prompt_completion, or the jq patterns of a reference-style YAML) are rendered
+with a chat template and stored with a loss mask per token (1 = trained); see docs/SFT.md. The
+flags describe the simple case; a YAML adds column and role maps (the flags override it).
+  shardtok convert chats.jsonl --output sft/ --tokenizer ./llama3/ --sft-format openai --chat-template llama3
+  shardtok convert alpaca.jsonl --output sft/ --sft-format alpaca --max-tokens 2048
   shardtok convert chats.jsonl --output sft/ --tokenizer ./qwen3/ --sft sft.yaml
-  shardtok convert alpaca.jsonl --output sft/ --sft sft.yaml --sft-format alpaca --max-tokens 2048
 """
 
 
@@ -119,7 +121,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.set_defaults(run=run)
     # Here rather than only in main: the convert parser is also used on its own.
     logs.add_global_arguments(p)
-    convert_phases.mount(p, add_conversion_arguments, conversion_options)
+    convert_phases.mount(p, add_conversion_arguments, conversion_job)
     return p
 
 
@@ -246,14 +248,15 @@ def _add_sft_arguments(p: argparse.ArgumentParser) -> None:
         "--sft",
         metavar="CONFIG.yaml",
         help="records are chats or instructions: render them as CONFIG.yaml says and store a "
-        "loss mask per token; the options below override the YAML",
+        "loss mask per token; the options below override the YAML, or alone (with "
+        "--sft-format) describe the records without one",
     )
     g.add_argument("--sft-format", choices=FORMATS, help="the records' format")
     g.add_argument(
         "--chat-template",
         metavar="NAME|PATH",
-        help="tokenizer (its own chat template), a built-in (chatml, llama3, alpaca, raw) or a "
-        "Jinja file with generation blocks",
+        help="tokenizer (its own chat template), a built-in (chatml, llama3, qwen3, alpaca, "
+        "raw) or a Jinja file with generation blocks",
     )
     g.add_argument(
         "--train-on-input",
@@ -271,9 +274,9 @@ def _add_sft_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _sft_setup(args: argparse.Namespace):
-    """The --sft config with its overrides (read before the tokenizer: its mistakes come first),
-    and the tokenizer options it implies; refuses what does not apply."""
-    from shardtok.convert.sft.config import FLAGS, load_sft_config
+    """The --sft config with its overrides, or the fine-tuning flags alone (read before the
+    tokenizer: its mistakes come first); refuses what does not apply."""
+    from shardtok.convert.sft.config import load_sft_config
     from shardtok.errors import UsageError
 
     overrides = {
@@ -283,29 +286,27 @@ def _sft_setup(args: argparse.Namespace):
         "max_tokens": args.max_tokens,
         "truncation": args.truncation,
     }
-    if args.sft is None:
-        given = [FLAGS[k] for k, v in overrides.items() if v is not None]
-        if given:
-            raise UsageError(f"{given[0]} applies to fine-tuning data only: add --sft CONFIG.yaml")
-        return None
+    if args.sft is None and all(v is None for v in overrides.values()):
+        return None  # text documents
     given = getattr(args, "given", None) or set()
     refused = [f for f in ("--append-eos", "--prepend-bos") if f in given]
     if refused:
         raise UsageError(
-            f"{refused[0]} does not apply with --sft: the chat template decides BOS/EOS"
+            f"{refused[0]} does not apply to fine-tuning data: the chat template decides BOS/EOS"
         )
     if "--text-key" in given:
         raise UsageError(
-            "--text-key does not apply with --sft: name fields in the YAML's column_map"
+            "--text-key does not apply to fine-tuning data: name fields in an --sft YAML's "
+            "column_map"
         )
     return load_sft_config(args.sft, overrides)
 
 
-def conversion_options(args: argparse.Namespace, **extra):
-    """The ConvertOptions the arguments describe (the tokenizer and the --sft setup loaded and
-    checked); `extra`: further ConvertOptions fields."""
-    from shardtok.convert.runner import ConvertOptions
-    from shardtok.convert.tokenizer import BUNDLED_PATH, load_tokenizer
+def conversion_job(args: argparse.Namespace):
+    """The ConvertJob the arguments describe (the tokenizer and the fine-tuning setup loaded and
+    checked), and the RunOptions of this process."""
+    from shardtok.convert.job.spec import ConvertJob, RunOptions
+    from shardtok.convert.tokenizing.tokenizer import BUNDLED_PATH, load_tokenizer
 
     sft_config = _sft_setup(args)
     switches = logs.options(args)
@@ -331,7 +332,7 @@ def conversion_options(args: argparse.Namespace, **extra):
 
         path = BUNDLED_PATH if args.tokenizer == BUNDLED else args.tokenizer
         sft = prepare_sft(sft_config, spec, path)
-    return ConvertOptions(
+    job = ConvertJob(
         inputs=tuple(args.inputs),
         output=args.output,
         tokenizer=spec,
@@ -344,34 +345,38 @@ def conversion_options(args: argparse.Namespace, **extra):
         frame_size=args.frame_size,
         unit_size=args.unit_size,
         name=args.name,
+    )
+    run = RunOptions(
+        workers=getattr(args, "workers", 0) or 0,
+        keep_work=getattr(args, "keep_work", False),
         overwrite=args.overwrite,
         progress=switches.progress,
         storage_options=storage_args.client_options(args, [*args.inputs, args.output]),
-        **extra,
     )
+    return job, run
 
 
 def run(args: argparse.Namespace) -> int:
-    from shardtok.convert.runner import convert
+    from shardtok.convert.engines.local import convert
     from shardtok.errors import UsageError
 
     if args.scheduler is not None and args.engine != "dask":
         raise UsageError("--scheduler applies to --engine dask only")
     if args.engine == "dask":
-        from shardtok.convert.dask_engine import require_dask
+        from shardtok.convert.engines.dask import require_dask
 
         require_dask()  # before the tokenizer is loaded: the mistake comes first
-    opts = conversion_options(args, workers=args.workers, keep_work=args.keep_work)
+    job, run_options = conversion_job(args)
     if args.engine == "dask":
-        from shardtok.convert.dask_engine import convert_with_dask
+        from shardtok.convert.engines.dask import convert_with_dask
 
-        result = convert_with_dask(opts, scheduler=args.scheduler, workers=args.workers or None)
+        result = convert_with_dask(job, run_options, scheduler=args.scheduler)
     else:
-        result = convert(opts)
+        result = convert(job, run_options)
     if not logs.options(args).quiet:
         print(result.summary())
-        if opts.sft is None:  # with --sft the chat template places BOS/EOS
-            print(opts.tokenizer.special_tokens_summary())
+        if job.sft is None:  # with fine-tuning data the chat template places BOS/EOS
+            print(job.tokenizer.special_tokens_summary())
     return 0
 
 

@@ -190,19 +190,19 @@ def _merge_parser(base):
 
 
 def run_plan(args: argparse.Namespace, options) -> int:
-    from shardtok.convert.phases import plan
+    from shardtok.convert.job.phases import plan
 
-    opts = options(args)
-    summary = plan(opts)
+    job, run = options(args)
+    summary = plan(job, run)
     if not logs.options(args).quiet:
         print(summary.summary())
-        if opts.sft is None:  # the plan fixes the special tokens: say which, as convert does
-            print(opts.tokenizer.special_tokens_summary())
+        if job.sft is None:  # the plan fixes the special tokens: say which, as convert does
+            print(job.tokenizer.special_tokens_summary())
     return 0
 
 
 def run_run_units(args: argparse.Namespace) -> int:
-    from shardtok.convert.phases import run_units
+    from shardtok.convert.engines.ranks import run_units
     from shardtok.errors import ShardtokError, UsageError
 
     if args.rank >= args.world_size:
@@ -227,7 +227,7 @@ def run_run_units(args: argparse.Namespace) -> int:
 
 
 def run_status(args: argparse.Namespace) -> int:
-    from shardtok.convert.unit_status import status
+    from shardtok.convert.job.unit_status import status
 
     found = status(args.output, storage_args.client_options(args, [args.output]))
     if args.json:
@@ -238,7 +238,7 @@ def run_status(args: argparse.Namespace) -> int:
 
 
 def run_merge(args: argparse.Namespace) -> int:
-    from shardtok.convert.phases import merge
+    from shardtok.convert.job.phases import merge
 
     switches = logs.options(args)
     result = merge(

@@ -49,7 +49,7 @@ def add_import_parser(sub) -> None:
 
 
 def _run_import_megatron(args) -> int:
-    from shardtok.convert.output_dir import prepare_new_dataset
+    from shardtok.convert.job.output_dir import prepare_new_dataset
     from shardtok.format.megatron_io import import_megatron
 
     prepare_new_dataset(Path(args.out_dir), args.overwrite)

@@ -77,7 +77,7 @@ def marked_text(decode, ids: np.ndarray, trained: np.ndarray, colour: bool) -> s
 def decoder(args, manifests: list):
     """A function decoding token ids with ``--tokenizer`` (default: the bundled one), refused
     when a manifest records another tokenizer and none was named (a warning when one was)."""
-    from shardtok.convert.tokenizer import BUNDLED, TokenizerLoadError, load_tokenizer
+    from shardtok.convert.tokenizing.tokenizer import BUNDLED, TokenizerLoadError, load_tokenizer
 
     try:
         spec = load_tokenizer(args.tokenizer or BUNDLED, backend="hf")  # decoding: no tiktoken gate

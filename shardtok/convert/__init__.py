@@ -1,10 +1,12 @@
-"""Tokenizing raw corpora into shardtok datasets: `convert(ConvertOptions(...))` or `shardtok convert`.
+"""Tokenizing raw corpora into shardtok datasets: `convert(ConvertJob(...))` or `shardtok convert`.
 
-Fine-tuning records: ``ConvertOptions(..., sft=prepare_sft(load_sft_config(path, {}), spec,
-tokenizer_path))`` with a spec loaded with ``append_eos=False``.
+A ConvertJob describes the conversion (and is what plan.json stores); RunOptions say how this
+process runs it: ``convert(job, RunOptions(workers=8))``. Fine-tuning records:
+``ConvertJob(..., sft=prepare_sft(sft_config(...), spec, tokenizer_path))`` with a spec loaded
+with ``append_eos=False``.
 
-Across machines: ``shardtok.convert.phases`` (``plan``, ``run_units``, ``merge``),
-``shardtok.convert.unit_status.status`` and ``shardtok.convert.dask_engine.convert_with_dask``
+Across machines: ``shardtok.convert.job.phases`` (``plan``, ``run_units``, ``merge``),
+``shardtok.convert.job.unit_status.status`` and ``shardtok.convert.engines.dask.convert_with_dask``
 (dask is optional and imported only there).
 
 Imports nothing heavy: transformers is loaded only when a tokenizer is.
@@ -12,15 +14,16 @@ Imports nothing heavy: transformers is loaded only when a tokenizer is.
 
 from __future__ import annotations
 
-from shardtok.convert.progress import ConvertResult
-from shardtok.convert.runner import ConvertOptions, convert
+from shardtok.convert.engines.local import convert
+from shardtok.convert.job.progress import ConvertResult
+from shardtok.convert.job.spec import ConvertJob, RunOptions
 from shardtok.convert.sft.config import SFTConfig, load_sft_config
 from shardtok.convert.sft.setup import SFTSetup, prepare_sft
-from shardtok.convert.tokenizer import BUNDLED, TokenizerSpec, load_tokenizer
+from shardtok.convert.tokenizing.tokenizer import BUNDLED, TokenizerSpec, load_tokenizer
 
 __all__ = [
     "BUNDLED",
-    "ConvertOptions",
+    "ConvertJob",
     "ConvertResult",
     "SFTConfig",
     "SFTSetup",
@@ -28,5 +31,6 @@ __all__ = [
     "convert",
     "load_sft_config",
     "load_tokenizer",
+    "RunOptions",
     "prepare_sft",
 ]

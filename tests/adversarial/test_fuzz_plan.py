@@ -11,9 +11,10 @@ import shutil
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shardtok.convert import phases
-from shardtok.convert.job import plan_digest
-from shardtok.convert.workdir import WORK_DIR_NAME
+from shardtok.convert.engines import ranks
+from shardtok.convert.job import phases
+from shardtok.convert.job.spec import plan_digest
+from shardtok.convert.job.workdir import WORK_DIR_NAME
 from shardtok.errors import ShardtokError
 from tests.adversarial.test_phase_files import (  # noqa: F401 (fixtures)
     corpus,
@@ -90,7 +91,7 @@ def test_an_edited_plan_is_refused_or_gives_the_reference(
         doc["fingerprint"]["plan"] = plan_digest(doc["job"]["name"], _units(doc))
     plan.write_text(json.dumps(doc))
     try:
-        phases.run_units(str(out), 0, 1, progress=False)
+        ranks.run_units(str(out), 0, 1, progress=False)
         phases.merge(str(out), progress=False)
     except ShardtokError as exc:
         assert "\n" not in str(exc)

@@ -12,14 +12,18 @@ from pathlib import Path
 
 import pytest
 
-from shardtok.convert import convert, phases
-from shardtok.convert.job import plan_digest
-from shardtok.convert.merge import UnitsNotReadyError
-from shardtok.convert.plan_file import PlanError
-from shardtok.convert.workdir import WORK_DIR_NAME
+from shardtok.convert import RunOptions, convert
+from shardtok.convert.engines import ranks
+from shardtok.convert.job import phases
+from shardtok.convert.job.merge import UnitsNotReadyError
+from shardtok.convert.job.plan_file import PlanError
+from shardtok.convert.job.spec import plan_digest
+from shardtok.convert.job.workdir import WORK_DIR_NAME
 from shardtok.errors import UsageError
 from tests.convert.test_determinism import small_options as options
 from tests.convert.test_determinism import tree_digest, write_corpus
+
+QUIET = RunOptions(progress=False)
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +37,7 @@ def corpus(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def reference(corpus, tmp_path_factory) -> dict[str, str]:
     out = tmp_path_factory.mktemp("ref") / "out"
-    convert(options(corpus, out, workers=1))
+    convert(options(corpus, out), RunOptions(workers=1, progress=False))
     return tree_digest(out)
 
 
@@ -41,8 +45,8 @@ def reference(corpus, tmp_path_factory) -> dict[str, str]:
 def finished(corpus, tmp_path_factory) -> Path:
     """A planned output with every unit run, not merged."""
     out = tmp_path_factory.mktemp("finished") / "out"
-    phases.plan(options(corpus, out))
-    phases.run_units(str(out), 0, 1, progress=False)
+    phases.plan(options(corpus, out), QUIET)
+    ranks.run_units(str(out), 0, 1, progress=False)
     return out
 
 
@@ -90,7 +94,7 @@ def refused(out: Path, error=PlanError) -> str:
     """The one-line error of run-units (when the plan is at fault) and merge; no dataset."""
     calls = [lambda: phases.merge(str(out), progress=False)]
     if error is PlanError:
-        calls.insert(0, lambda: phases.run_units(str(out), 0, 1, progress=False))
+        calls.insert(0, lambda: ranks.run_units(str(out), 0, 1, progress=False))
     for call in calls:
         with pytest.raises(error) as caught:
             call()
@@ -151,7 +155,7 @@ def test_a_job_name_that_makes_no_plain_shard_name_is_refused(finished, tmp_path
 
 def test_plan_refuses_such_a_name_up_front(corpus, tmp_path):
     with pytest.raises(UsageError, match=r"--name must be a plain file name prefix"):
-        phases.plan(options(corpus, tmp_path / "out", name=".."))
+        phases.plan(options(corpus, tmp_path / "out", name=".."), QUIET)
     assert not (tmp_path / "out" / WORK_DIR_NAME / "plan.json").exists()
 
 
@@ -186,7 +190,7 @@ def test_a_marker_whose_frame_table_disagrees_with_its_frames(finished, referenc
     text = refused(out, UnitsNotReadyError)
     assert "unit-000002.json is damaged" in text and "frame table" in text, text
     # The unit went back to run-units, which makes it again; then the merge is the reference.
-    assert phases.run_units(str(out), 0, 1, progress=False).tokenized == 1
+    assert ranks.run_units(str(out), 0, 1, progress=False).tokenized == 1
     phases.merge(str(out), progress=False)
     assert tree_digest(out) == reference
     assert verify_passes(out)

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from shardtok.cli import convert as cli
-from shardtok.convert.inputs import discover
-from shardtok.convert.units import auto_unit_size, plan_units
+from shardtok.convert.inputs.files import discover
+from shardtok.convert.inputs.units import auto_unit_size, plan_units
 
 
 def parser() -> argparse.ArgumentParser:
@@ -161,7 +161,7 @@ def test_auto_unit_size_bounds():
 def test_sample_corpus_skips_whitespace_only_docstrings():
     import ast
 
-    from shardtok.convert.sample_corpus import _docstrings
+    from shardtok.convert.inputs.sample_corpus import _docstrings
 
     tree = ast.parse(
         '"""Module doc."""\ndef f():\n    """    """\nclass C:\n    def g(self):\n        """Real text."""\n'

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from shardtok.cli.main import build_parser
-from shardtok.convert.workdir import WORK_DIR_NAME
+from shardtok.convert.job.workdir import WORK_DIR_NAME
 from tests.convert.test_determinism import tree_digest, write_corpus
 
 UNIT = ("--unit-size", "32KiB")

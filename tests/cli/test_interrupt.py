@@ -38,7 +38,7 @@ OPTIONS = ["-q", "--workers", "2", "--unit-size", "16KiB", "--shard-size", "16Ki
 # The CLI under another start method for the workers (convert has no option for it).
 _WITH_START_METHOD = """
 import multiprocessing, sys
-from shardtok.convert import pool
+from shardtok.convert.engines import pool
 pool.mp_context = lambda start_method: multiprocessing.get_context(sys.argv[1])
 from shardtok.cli import main
 sys.exit(main(sys.argv[2:]))

@@ -11,7 +11,7 @@ import pytest
 from shardtok.cli import logs
 from shardtok.cli.main import build_parser, main
 from shardtok.cli.storage_args import client_options, retry_policy
-from shardtok.convert.workdir import WORK_DIR_NAME
+from shardtok.convert.job.workdir import WORK_DIR_NAME
 from shardtok.errors import UsageError
 from shardtok.storage import RetryPolicy
 

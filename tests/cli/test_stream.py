@@ -67,7 +67,7 @@ def test_statistics_text(dataset, capsys):
 def test_decode_with_the_bundled_tokenizer(tmp_path, capsys):
     from tokenizers import Tokenizer
 
-    from shardtok.convert.tokenizer import BUNDLED, BUNDLED_PATH, load_tokenizer
+    from shardtok.convert.tokenizing.tokenizer import BUNDLED, BUNDLED_PATH, load_tokenizer
 
     spec = load_tokenizer(BUNDLED)
     tokenizer = Tokenizer.from_file(str(BUNDLED_PATH / "tokenizer.json"))
@@ -103,7 +103,7 @@ def bundled_sft_dataset(path):
     """Prompt/response pairs in the bundled tokenizer, the prompt untrained."""
     from tokenizers import Tokenizer
 
-    from shardtok.convert.tokenizer import BUNDLED, BUNDLED_PATH, load_tokenizer
+    from shardtok.convert.tokenizing.tokenizer import BUNDLED, BUNDLED_PATH, load_tokenizer
 
     spec = load_tokenizer(BUNDLED)
     tokenizer = Tokenizer.from_file(str(BUNDLED_PATH / "tokenizer.json"))

@@ -16,7 +16,7 @@ def bundled(path, *, fingerprint: str | None = None):
     """Short documents in the bundled tokenizer (recorded as another one: `fingerprint`)."""
     from tokenizers import Tokenizer
 
-    from shardtok.convert.tokenizer import BUNDLED, BUNDLED_PATH, load_tokenizer
+    from shardtok.convert.tokenizing.tokenizer import BUNDLED, BUNDLED_PATH, load_tokenizer
 
     spec = load_tokenizer(BUNDLED)
     tokenizer = Tokenizer.from_file(str(BUNDLED_PATH / "tokenizer.json"))
@@ -69,7 +69,7 @@ def test_a_tokenizer_that_cannot_decode_is_refused_before_streaming(tmp_path, ca
     assert captured.out == "" and "--tokenizer: tokenizer" in captured.err
     assert "not found" in captured.err
     # named, the tokenizer decodes (with a warning that it is not the recorded one)
-    from shardtok.convert.tokenizer import BUNDLED_PATH
+    from shardtok.convert.tokenizing.tokenizer import BUNDLED_PATH
 
     assert main([*args, "--decode", "--tokenizer", str(BUNDLED_PATH)]) == 0
     captured = capsys.readouterr()

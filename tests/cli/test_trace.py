@@ -25,7 +25,7 @@ IN_PROCESS = ["--num-workers", "0"]  # the layout of the run traced, which a tra
 def datasets(tmp_path_factory):
     from tokenizers import Tokenizer
 
-    from shardtok.convert.tokenizer import BUNDLED, BUNDLED_PATH, load_tokenizer
+    from shardtok.convert.tokenizing.tokenizer import BUNDLED, BUNDLED_PATH, load_tokenizer
 
     spec = load_tokenizer(BUNDLED)
     tokenizer = Tokenizer.from_file(str(BUNDLED_PATH / "tokenizer.json"))
@@ -128,7 +128,7 @@ def test_help_teaches(capsys):
 def test_decode_marks_the_untrained_tokens_of_fine_tuning_data(tmp_path, capsys):
     from tokenizers import Tokenizer
 
-    from shardtok.convert.tokenizer import BUNDLED, BUNDLED_PATH, load_tokenizer
+    from shardtok.convert.tokenizing.tokenizer import BUNDLED, BUNDLED_PATH, load_tokenizer
 
     spec = load_tokenizer(BUNDLED)
     tokenizer = Tokenizer.from_file(str(BUNDLED_PATH / "tokenizer.json"))

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from shardtok.convert.background import BackgroundWriter
+from shardtok.convert.worker.background import BackgroundWriter
 
 
 def test_jobs_run_in_order_on_another_thread_and_close_waits_for_them():

@@ -10,16 +10,16 @@ from pathlib import Path
 
 import pytest
 
-import shardtok.convert.unit_tokenizer as unit_tokenizer
-from shardtok.convert import ConvertOptions, convert, load_tokenizer
-from shardtok.convert import tokenizer as tokmod
-from shardtok.convert.canary import Checked, UnitCanary, canary_chars
-from shardtok.convert.failures import EncoderMismatch
-from shardtok.convert.inputs import discover
-from shardtok.convert.pool import worker_pool
-from shardtok.convert.runner import worker_config
-from shardtok.convert.unit_result import UnitResult
-from shardtok.convert.units import plan_units
+import shardtok.convert.worker.unit_tokenizer as unit_tokenizer
+from shardtok.convert import ConvertJob, RunOptions, convert, load_tokenizer
+from shardtok.convert.engines.pool import worker_pool
+from shardtok.convert.inputs.files import discover
+from shardtok.convert.inputs.units import plan_units
+from shardtok.convert.job.failures import EncoderMismatch
+from shardtok.convert.job.spec import WorkerConfig
+from shardtok.convert.job.unit_result import UnitResult
+from shardtok.convert.tokenizing import tokenizer as tokmod
+from shardtok.convert.tokenizing.canary import Checked, UnitCanary, canary_chars
 from shardtok.errors import TokenizerMismatchError
 from tests.convert.test_tiktoken import _BrokenArrayEncoding, tiktoken_style
 
@@ -48,12 +48,16 @@ def corpus(tmp_path) -> Path:
     return path
 
 
-def _options(spec, corpus: Path, out: Path, **kw) -> ConvertOptions:
+def _job(spec, corpus: Path, out: Path, **kw) -> ConvertJob:
     base = dict(
         inputs=(str(corpus),), output=str(out), tokenizer=spec, unit_size=UNIT,
-        on_bad_record="skip", progress=False, workers=1,
+        on_bad_record="skip",
     )  # fmt: skip
-    return ConvertOptions(**{**base, **kw})
+    return ConvertJob(**{**base, **kw})
+
+
+def _run(**kw) -> RunOptions:
+    return RunOptions(workers=1, progress=False, **kw)
 
 
 def _refuse_worker_canary(monkeypatch):
@@ -65,9 +69,9 @@ def _refuse_worker_canary(monkeypatch):
 
 def test_the_main_process_finds_every_units_first_document(tt_path, corpus, tmp_path, monkeypatch):
     spec = load_tokenizer(str(tt_path))
-    reference = convert(_options(spec, corpus, tmp_path / "ref", start_method="spawn"))
+    reference = convert(_job(spec, corpus, tmp_path / "ref"), _run(start_method="spawn"))
     _refuse_worker_canary(monkeypatch)
-    result = convert(_options(spec, corpus, tmp_path / "out", start_method="fork"))
+    result = convert(_job(spec, corpus, tmp_path / "out"), _run(start_method="fork"))
     assert result.units_total > 10
     assert (result.documents, result.rejected) == (reference.documents, reference.rejected)
     assert (tmp_path / "out" / "index.json").read_bytes() == (
@@ -77,7 +81,7 @@ def test_the_main_process_finds_every_units_first_document(tt_path, corpus, tmp_
 
 def test_a_verdict_is_taken_only_for_the_text_the_worker_checks(tt_path, corpus, tmp_path):
     spec = load_tokenizer(str(tt_path))
-    opts = _options(spec, corpus, tmp_path / "out")
+    job = _job(spec, corpus, tmp_path / "out")
     (tmp_path / "out").mkdir()
     files = discover([str(corpus)])
     units = plan_units(files, UNIT, "file")
@@ -91,7 +95,7 @@ def test_a_verdict_is_taken_only_for_the_text_the_worker_checks(tt_path, corpus,
         Checked(first.piece, first.record + 1, first.text, "made up"),  # another record
         Checked(first.piece, first.record, first.text + "x", "made up"),  # another text
     ]
-    with worker_pool(worker_config(opts, files), 1) as pool:
+    with worker_pool(WorkerConfig(job, tuple(files)), 1) as pool:
         outcomes = [pool.submit(unit, checked).result(timeout=120) for checked in wrong]
     assert isinstance(outcomes[0], EncoderMismatch) and outcomes[0].detail == "made up"
     assert (outcomes[0].piece, outcomes[0].record) == (first.piece, first.record)
@@ -115,4 +119,4 @@ def test_a_compressed_input_keeps_the_workers_canary(tt_path, tmp_path, monkeypa
         is None
     )
     with pytest.raises(TokenizerMismatchError, match="record 1: tiktoken and tokenizers"):
-        convert(_options(spec, corpus, tmp_path / "out", on_bad_record="error"))
+        convert(_job(spec, corpus, tmp_path / "out", on_bad_record="error"), _run())

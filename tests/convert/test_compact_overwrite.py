@@ -3,7 +3,7 @@ not a foreign one that would make the folder "not empty"."""
 
 from __future__ import annotations
 
-from shardtok.convert.output_dir import foreign_entries, prepare_new_dataset
+from shardtok.convert.job.output_dir import foreign_entries, prepare_new_dataset
 from shardtok.testing.synthetic import write_synthetic_dataset
 
 

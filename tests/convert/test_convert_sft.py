@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from shardtok.cli.main import main
-from shardtok.convert import ConvertOptions, convert, load_tokenizer
+from shardtok.convert import ConvertJob, RunOptions, convert, load_tokenizer
 from shardtok.convert.sft.config import load_sft_config
 from shardtok.convert.sft.setup import prepare_sft
 from shardtok.errors import BadRecordError, UsageError
@@ -53,15 +53,17 @@ def setup_for(tmp_path, spec, tok, yaml_text: str, **overrides):
     return prepare_sft(load_sft_config(path, overrides), spec, tok)
 
 
-def run(tmp_path, spec, tok, yaml_text, inputs, out="out", overrides=None, **options):
+def run(tmp_path, spec, tok, yaml_text, inputs, out="out", overrides=None, run=None, **fields):
+    """Convert `inputs` with the fine-tuning setup `yaml_text`; `fields` are the job's, `run`
+    RunOptions' (default: one worker, no progress bar)."""
     sft = setup_for(tmp_path, spec, tok, yaml_text, **(overrides or {}))
-    opts = {"workers": 1, "progress": False, **options}
     inputs = inputs if isinstance(inputs, list) else [inputs]
     return convert(
-        ConvertOptions(
+        ConvertJob(
             inputs=tuple(map(str, inputs)), output=str(tmp_path / out), tokenizer=spec, sft=sft,
-            **opts,
-        )
+            **fields,
+        ),
+        RunOptions(**{"workers": 1, "progress": False, **(run or {})}),
     )  # fmt: skip
 
 
@@ -230,8 +232,9 @@ def test_refused_inputs_and_options(tmp_path, spec, tok):
     eos = load_tokenizer(str(tok), append_eos=True, backend="hf")
     data = write_jsonl(tmp_path / "c.jsonl", [CHAT])
     with pytest.raises(UsageError, match="the chat template decides BOS/EOS"):
-        convert(ConvertOptions(inputs=(str(data),), output=str(tmp_path / "o"), tokenizer=eos,
-                               sft=setup_for(tmp_path, spec, tok, SHAREGPT), progress=False))  # fmt: skip
+        convert(ConvertJob(inputs=(str(data),), output=str(tmp_path / "o"), tokenizer=eos,
+                           sft=setup_for(tmp_path, spec, tok, SHAREGPT)),
+                RunOptions(progress=False))  # fmt: skip
 
 
 def test_parquet_records(tmp_path, spec, tok):
@@ -263,8 +266,8 @@ def test_same_bytes_for_any_worker_count_and_start_method(tmp_path, spec, tok, s
     data = corpus(tmp_path / "c.jsonl")
     common = {"on_bad_record": "skip", "unit_size": 2048, "frame_size": 512}
     run(tmp_path, spec, tok, SHAREGPT, data, out="one", **common)
-    run(tmp_path, spec, tok, SHAREGPT, data, out="three", workers=3, start_method=start_method,
-        **common)  # fmt: skip
+    run(tmp_path, spec, tok, SHAREGPT, data, out="three",
+        run={"workers": 3, "start_method": start_method}, **common)  # fmt: skip
     one, three = dataset_bytes(tmp_path / "one"), dataset_bytes(tmp_path / "three")
     assert one == three and "rejects.jsonl" in one
     assert json.loads(one["index.json"])["trained_tokens"] > 0
@@ -274,7 +277,7 @@ def test_resume_reuses_units_with_their_masks(tmp_path, spec, tok):
     data = corpus(tmp_path / "c.jsonl")
     common = {"on_bad_record": "skip", "unit_size": 2048}
     run(tmp_path, spec, tok, SHAREGPT, data, out="clean", **common)
-    first = run(tmp_path, spec, tok, SHAREGPT, data, out="kept", keep_work=True, **common)
+    first = run(tmp_path, spec, tok, SHAREGPT, data, out="kept", run={"keep_work": True}, **common)
     for name in ("index.json", "rejects.jsonl"):
         (tmp_path / "kept" / name).unlink()
     for shard in (tmp_path / "kept").glob("*.tar"):
@@ -287,9 +290,9 @@ def test_resume_reuses_units_with_their_masks(tmp_path, spec, tok):
 def test_units_of_a_plain_run_never_serve_an_sft_run(tmp_path, spec, tok, caplog):
     data = corpus(tmp_path / "c.jsonl")
     plain = load_tokenizer(str(tok), append_eos=False, backend="hf")
-    convert(ConvertOptions(inputs=(str(data),), output=str(tmp_path / "o"), tokenizer=plain,
-                           text_key="conversations", on_bad_record="skip", keep_work=True,
-                           progress=False, workers=1))  # fmt: skip
+    convert(ConvertJob(inputs=(str(data),), output=str(tmp_path / "o"), tokenizer=plain,
+                       text_key="conversations", on_bad_record="skip"),
+            RunOptions(workers=1, progress=False, keep_work=True))  # fmt: skip
     (tmp_path / "o" / "index.json").unlink()
     result = run(tmp_path, spec, tok, SHAREGPT, data, out="o", on_bad_record="skip")
     assert "starting over" in caplog.text
@@ -302,8 +305,8 @@ def test_work_units_check_their_masks(tmp_path):
 
     import numpy as np
 
-    from shardtok.convert.unit_result import UnitResult
-    from shardtok.convert.workdir import WorkDir
+    from shardtok.convert.job.unit_result import UnitResult
+    from shardtok.convert.job.workdir import WorkDir
 
     work = WorkDir(tmp_path)
     work.start({"plan": 1})
@@ -345,9 +348,9 @@ def cli(tmp_path, tok, *args: str) -> int:
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--append-eos"], "--append-eos does not apply with --sft: the chat template decides BOS/EOS"),
-        (["--prepend-bos"], "--prepend-bos does not apply with --sft"),
-        (["--text-key", "x"], "--text-key does not apply with --sft"),
+        (["--append-eos"], "--append-eos does not apply to fine-tuning data: the chat template decides BOS/EOS"),
+        (["--prepend-bos"], "--prepend-bos does not apply to fine-tuning data"),
+        (["--text-key", "x"], "--text-key does not apply to fine-tuning data"),
     ],
 )  # fmt: skip
 def test_cli_refusals_with_sft(tmp_path, tok, capsys, args, message):
@@ -356,15 +359,20 @@ def test_cli_refusals_with_sft(tmp_path, tok, capsys, args, message):
     assert message in err and err.count("\n") == 1
 
 
-@pytest.mark.parametrize("flag", [["--sft-format", "openai"], ["--chat-template", "chatml"],
-                                  ["--train-on-input"], ["--max-tokens", "9"],
-                                  ["--truncation", "turns"]])  # fmt: skip
-def test_cli_sft_overrides_need_sft(tmp_path, tok, capsys, flag):
+@pytest.mark.parametrize("flag", [["--chat-template", "chatml"], ["--train-on-input"],
+                                  ["--max-tokens", "9"], ["--truncation", "turns"]])  # fmt: skip
+def test_cli_sft_overrides_need_the_records_format(tmp_path, tok, capsys, flag):
     assert cli(tmp_path, tok, *flag) == 2
     assert (
-        f"{flag[0]} applies to fine-tuning data only: add --sft CONFIG.yaml"
-        in capsys.readouterr().err
+        f"{flag[0]} needs the records' format: add --sft-format (sharegpt, openai, alpaca, "
+        "prompt_completion, jq), or --sft CONFIG.yaml" in capsys.readouterr().err
     )
+
+
+def test_cli_sft_format_describes_the_records_without_a_yaml(tmp_path, tok):
+    assert cli(tmp_path, tok, "--sft-format", "sharegpt", "--chat-template", "chatml") == 0
+    assert runs_of(tmp_path, tok, "cli") == [["Hello! How are you?<|im_end|>",
+                                               "Good to hear.<|im_end|>"]]  # fmt: skip
 
 
 def test_cli_sft_run_and_inspect_show_the_trained_share(tmp_path, tok, capsys):

@@ -17,13 +17,17 @@ from pathlib import Path
 import distributed
 import pytest
 
-from shardtok.convert import convert, unit_status
-from shardtok.convert.dask_engine import convert_with_dask
-from shardtok.convert.local_cluster import local_cluster
-from shardtok.convert.workdir import WORK_DIR_NAME
+from shardtok.convert import RunOptions, convert
+from shardtok.convert.engines.dask import convert_with_dask
+from shardtok.convert.engines.local_cluster import local_cluster
+from shardtok.convert.job import unit_status
+from shardtok.convert.job.workdir import WORK_DIR_NAME
 from shardtok.errors import BadRecordError
 from tests.convert.test_determinism import s3_tree_digest, tree_digest, write_corpus
 from tests.convert.test_determinism import small_options as options
+
+QUIET = RunOptions(progress=False)
+ONE = RunOptions(workers=1, progress=False)
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +41,7 @@ def corpus(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def reference(corpus, tmp_path_factory) -> dict[str, str]:
     out = tmp_path_factory.mktemp("ref") / "out"
-    result = convert(options(corpus, out, workers=1))
+    result = convert(options(corpus, out), ONE)
     assert result.units_total > 8 and len(result.manifest.shards) > 2
     return tree_digest(out)
 
@@ -52,19 +56,19 @@ def cluster() -> Iterator[str]:
 
 def test_dask_engine_gives_the_bytes_of_one_worker(corpus, reference, cluster, tmp_path):
     out = tmp_path / "out"
-    result = convert_with_dask(options(corpus, out), scheduler=cluster)
+    result = convert_with_dask(options(corpus, out), QUIET, scheduler=cluster)
     assert tree_digest(out) == reference
     assert result.units_tokenized == result.units_total > 8 and result.units_reused == 0
     assert not (out / WORK_DIR_NAME).exists()
     environ = dict(os.environ)
-    again = convert_with_dask(options(corpus, out), scheduler=cluster)
+    again = convert_with_dask(options(corpus, out), QUIET, scheduler=cluster)
     assert again.already_complete and tree_digest(out) == reference
     assert dict(os.environ) == environ
 
 
 def test_a_local_cluster_leaves_the_environment_alone(corpus, reference, tmp_path):
     environ = dict(os.environ)
-    convert_with_dask(options(corpus, tmp_path / "out"), workers=1)
+    convert_with_dask(options(corpus, tmp_path / "out"), ONE)
     assert dict(os.environ) == environ
     assert tree_digest(tmp_path / "out") == reference
 
@@ -72,8 +76,8 @@ def test_a_local_cluster_leaves_the_environment_alone(corpus, reference, tmp_pat
 def test_output_on_an_object_store(corpus, reference, cluster, s3_server):
     storage = s3_server.storage_options()
     url = s3_server.url(f"dask-{uuid.uuid4().hex[:8]}/out")
-    opts = options(corpus, url, storage_options=storage)
-    convert_with_dask(opts, scheduler=cluster)
+    run = RunOptions(progress=False, storage_options=storage)
+    convert_with_dask(options(corpus, url), run, scheduler=cluster)
     assert s3_tree_digest(url, storage) == reference
 
 
@@ -85,9 +89,9 @@ def test_a_bad_record_stops_the_dask_run_like_the_one_command_run(cluster, tmp_p
         f.write('{"text": null}\n')
     write_corpus(corpus / "b.jsonl", 300, seed=10)
     with pytest.raises(BadRecordError) as one_command:
-        convert(options(corpus, tmp_path / "one", workers=1))
+        convert(options(corpus, tmp_path / "one"), ONE)
     with pytest.raises(BadRecordError) as engine:
-        convert_with_dask(options(corpus, tmp_path / "out"), scheduler=cluster)
+        convert_with_dask(options(corpus, tmp_path / "out"), QUIET, scheduler=cluster)
     assert str(engine.value) == str(one_command.value) and "a.jsonl, line 401" in str(engine.value)
     found = unit_status.status(str(tmp_path / "out"))
     assert found.failed == 1 and found.failure == str(one_command.value) and found.exit_code == 1
@@ -142,7 +146,7 @@ def test_a_worker_dying_inside_a_unit_task(corpus, reference, cluster, tmp_path)
         before = set(client.scheduler_info()["workers"])
         client.register_plugin(KillOnce(str(marker), str(out / WORK_DIR_NAME)), name="kill-once")
         try:
-            convert_with_dask(options(corpus, out), scheduler=cluster)
+            convert_with_dask(options(corpus, out), QUIET, scheduler=cluster)
         finally:
             client.unregister_worker_plugin("kill-once")
         assert marker.exists(), "no worker was killed"
@@ -155,14 +159,14 @@ def test_a_worker_dying_inside_a_unit_task(corpus, reference, cluster, tmp_path)
 DRIVER = textwrap.dedent(
     """
     import sys
-    from shardtok.convert import ConvertOptions, load_tokenizer
-    from shardtok.convert.dask_engine import convert_with_dask
+    from shardtok.convert import ConvertJob, RunOptions, load_tokenizer
+    from shardtok.convert.engines.dask import convert_with_dask
 
     corpus, out = sys.argv[1:]
-    convert_with_dask(ConvertOptions(
+    convert_with_dask(ConvertJob(
         inputs=(corpus,), output=out, tokenizer=load_tokenizer("bundled"), unit_size=32 << 10,
-        shard_size=64 << 10, frame_size=16 << 10, progress=False,
-    ), workers=1)
+        shard_size=64 << 10, frame_size=16 << 10,
+    ), RunOptions(workers=1, progress=False))
     """
 )
 
@@ -188,7 +192,7 @@ def test_driver_killed_then_rerun(corpus, reference, cluster, tmp_path):
     done = len(list(work.glob("unit-*.json")))
     assert not (out / "index.json").exists()
 
-    result = convert_with_dask(options(corpus, out), scheduler=cluster)
+    result = convert_with_dask(options(corpus, out), QUIET, scheduler=cluster)
     assert result.units_reused >= done and result.units_reused + result.units_tokenized == (
         result.units_total
     )
@@ -199,8 +203,8 @@ def test_dask_is_optional():
     code = textwrap.dedent(
         """
         import sys
-        import shardtok.convert, shardtok.convert.phases, shardtok.convert.unit_status
-        import shardtok.convert.dask_engine
+        import shardtok.convert, shardtok.convert.job.phases, shardtok.convert.job.unit_status
+        import shardtok.convert.engines.dask
         import shardtok.cli.main
         assert "dask" not in sys.modules and "distributed" not in sys.modules, "dask imported"
         sys.modules["distributed"] = None  # as if it were not installed

@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shardtok.convert import ConvertOptions, convert, load_tokenizer
-from shardtok.convert.inputs import discover
-from shardtok.convert.output_dir import OutputDirError
-from shardtok.convert.units import plan_units
-from shardtok.convert.workdir import WORK_DIR_NAME
+from shardtok.convert import ConvertJob, RunOptions, convert, load_tokenizer
+from shardtok.convert.inputs.files import discover
+from shardtok.convert.inputs.units import plan_units
+from shardtok.convert.job.output_dir import OutputDirError
+from shardtok.convert.job.workdir import WORK_DIR_NAME
 from shardtok.format.manifest import load_manifest
 from shardtok.format.shard_reader import ShardReader
 from shardtok.storage import open_source
@@ -92,13 +92,13 @@ def reference(corpus, tmp_path_factory) -> dict[str, str]:
     return digest
 
 
-def small_options(corpus: Path, out, **kw) -> ConvertOptions:
-    """Options that cut a small corpus into many units, frames and shards (`kw` override)."""
+def small_options(corpus: Path, out, **kw) -> ConvertJob:
+    """A job that cuts a small corpus into many units, frames and shards (`kw` override)."""
     base = dict(
         inputs=(str(corpus),), output=str(out), tokenizer=load_tokenizer("bundled"),
-        unit_size=32 << 10, shard_size=64 << 10, frame_size=16 << 10, progress=False,
+        unit_size=32 << 10, shard_size=64 << 10, frame_size=16 << 10,
     )  # fmt: skip
-    return ConvertOptions(**{**base, **kw})
+    return ConvertJob(**{**base, **kw})
 
 
 def _documents(out: Path) -> list[list[int]]:
@@ -111,7 +111,7 @@ def _documents(out: Path) -> list[list[int]]:
 
 
 def test_two_workers_give_identical_bytes(corpus, reference, tmp_path):
-    result = convert(small_options(corpus, tmp_path / "w2", workers=2))
+    result = convert(small_options(corpus, tmp_path / "w2"), RunOptions(workers=2, progress=False))
     assert tree_digest(tmp_path / "w2") == reference
     assert result.units_reused == 0 and result.units_tokenized == result.units_total > 4
 
@@ -120,8 +120,9 @@ def test_frames_end_at_unit_boundaries_so_unit_size_only_moves_frames(corpus, tm
     """Workers compress their own unit, so a frame never spans two units: another unit size
     gives the same documents and tokens, cut into different frames."""
     small, large = tmp_path / "u32k", tmp_path / "u1m"
-    convert(small_options(corpus, small, workers=2))
-    convert(small_options(corpus, large, workers=2, unit_size=1 << 20))
+    run = RunOptions(workers=2, progress=False)
+    convert(small_options(corpus, small), run)
+    convert(small_options(corpus, large, unit_size=1 << 20), run)
     assert _documents(small) == _documents(large)
     assert load_manifest(small).num_tokens == load_manifest(large).num_tokens
     # With 32 KiB units, some frames close early (at a unit's end) and the first document of
@@ -141,11 +142,17 @@ def test_rerun_with_another_compression_level_reencodes_persisted_frames(corpus,
     """Units persisted at one level are reused under another: the assembler re-encodes their
     frames, and the result equals a fresh run at that level."""
     out = tmp_path / "out"
-    convert(small_options(corpus, out, workers=2, compression_level=3, keep_work=True))
+    two = RunOptions(workers=2, progress=False)
+    convert(
+        small_options(corpus, out, compression_level=3), dataclasses.replace(two, keep_work=True)
+    )
     (out / "index.json").unlink()  # now an unfinished conversion with every unit done
-    result = convert(small_options(corpus, out, workers=2, compression_level=9))
+    result = convert(small_options(corpus, out, compression_level=9), two)
     assert result.units_reused == result.units_total
-    convert(small_options(corpus, tmp_path / "fresh", workers=1, compression_level=9))
+    convert(
+        small_options(corpus, tmp_path / "fresh", compression_level=9),
+        RunOptions(workers=1, progress=False),
+    )
     assert tree_digest(out) == tree_digest(tmp_path / "fresh")
 
 
@@ -189,20 +196,17 @@ def test_refuses_to_mix_with_other_content(corpus, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "precious.txt").write_text("keep me")
-    opts = ConvertOptions(
-        inputs=(str(corpus / "part-b.jsonl"),), output=str(out), tokenizer=spec, progress=False
-    )
+    job = ConvertJob(inputs=(str(corpus / "part-b.jsonl"),), output=str(out), tokenizer=spec)
+    run = RunOptions(progress=False)
     with pytest.raises(OutputDirError, match="not empty"):
-        convert(opts)
+        convert(job, run)
     (out / "precious.txt").unlink()
-    convert(opts)
-    other = ConvertOptions(
-        inputs=(str(corpus / "part-a.jsonl"),), output=str(out), tokenizer=spec, progress=False
-    )
+    convert(job, run)
+    other = ConvertJob(inputs=(str(corpus / "part-a.jsonl"),), output=str(out), tokenizer=spec)
     with pytest.raises(OutputDirError, match="already holds a dataset"):
-        convert(other)
+        convert(other, run)
     (out / "shard-000099.tar").write_bytes(b"stale shard of an older, longer run")
-    result = convert(dataclasses.replace(other, overwrite=True))
+    result = convert(other, dataclasses.replace(run, overwrite=True))
     assert sorted(p.name for p in out.iterdir()) == [
         "index.compact",
         "index.json",

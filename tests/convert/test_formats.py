@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import zstandard
 
-from shardtok.convert import ConvertOptions, convert, load_tokenizer
+from shardtok.convert import ConvertJob, RunOptions, convert, load_tokenizer
 from shardtok.errors import ShardtokError
 from shardtok.format.manifest import load_manifest
 from shardtok.format.shard_reader import ShardReader
@@ -42,10 +42,11 @@ def decode(spec):
     return lambda ids: backend.decode(ids.tolist(), skip_special_tokens=False)
 
 
-def run(spec, inputs, out: Path, **options):
-    opts = {"workers": 1, "progress": False, "unit_size": 512, **options}
+def run(spec, inputs, out: Path, workers: int = 1, **fields):
+    fields = {"unit_size": 512, **fields}
     return convert(
-        ConvertOptions(inputs=tuple(map(str, inputs)), output=str(out), tokenizer=spec, **opts)
+        ConvertJob(inputs=tuple(map(str, inputs)), output=str(out), tokenizer=spec, **fields),
+        RunOptions(workers=workers, progress=False),
     )
 
 
@@ -88,7 +89,7 @@ def test_jsonl_variants_round_trip(tmp_path, spec, decode, suffix):
 def test_round_trip_through_transformers_decode(tmp_path, spec):
     from transformers import AutoTokenizer
 
-    from shardtok.convert.tokenizer import BUNDLED_PATH
+    from shardtok.convert.tokenizing.tokenizer import BUNDLED_PATH
 
     tok = AutoTokenizer.from_pretrained(str(BUNDLED_PATH), local_files_only=True)
     (tmp_path / "c.jsonl").write_bytes(jsonl_bytes(TEXTS))

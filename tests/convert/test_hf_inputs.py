@@ -18,13 +18,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shardtok.convert import ConvertOptions, convert, load_tokenizer
-from shardtok.convert.compressed import DamagedInputError
-from shardtok.convert.hf_folder import HFDatasetError
-from shardtok.convert.inputs import discover
-from shardtok.convert.records import RangeReader
-from shardtok.convert.table_pieces import BlockCache
-from shardtok.convert.units import plan_units
+from shardtok.convert import ConvertJob, RunOptions, convert, load_tokenizer
+from shardtok.convert.inputs.compressed import DamagedInputError
+from shardtok.convert.inputs.files import discover
+from shardtok.convert.inputs.hf_folder import HFDatasetError
+from shardtok.convert.inputs.records import RangeReader
+from shardtok.convert.inputs.table_pieces import BlockCache
+from shardtok.convert.inputs.units import plan_units
 from shardtok.errors import BadRecordError, ShardtokError
 from shardtok.format.manifest import load_manifest
 from shardtok.format.shard_reader import ShardReader
@@ -43,10 +43,11 @@ def spec():
     return load_tokenizer("bundled")
 
 
-def run(spec, inputs, out: Path, **options):
-    opts = {"workers": 1, "progress": False, "unit_size": 4096, **options}
+def run(spec, inputs, out: Path, workers: int = 1, **fields):
+    fields = {"unit_size": 4096, **fields}
     return convert(
-        ConvertOptions(inputs=tuple(map(str, inputs)), output=str(out), tokenizer=spec, **opts)
+        ConvertJob(inputs=tuple(map(str, inputs)), output=str(out), tokenizer=spec, **fields),
+        RunOptions(workers=workers, progress=False),
     )
 
 
@@ -225,7 +226,7 @@ def test_a_long_data_file_list_is_checked_in_linear_time(monkeypatch):
     ~30 s for 100,000 names. Counted in comparisons, not seconds."""
     import types
 
-    from shardtok.convert import hf_folder
+    from shardtok.convert.inputs import hf_folder
 
     compared = 0
 

@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from shardtok.convert import records
-from shardtok.convert.inputs import InputFile
-from shardtok.convert.records import RangeReader, Reject
-from shardtok.convert.units import InputRange
+from shardtok.convert.inputs import records
+from shardtok.convert.inputs.files import InputFile
+from shardtok.convert.inputs.records import RangeReader, Reject
+from shardtok.convert.inputs.units import InputRange
 
 pytest.importorskip("orjson")
 

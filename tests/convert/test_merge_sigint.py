@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from shardtok.convert.merge import _LocalMap
+from shardtok.convert.job.merge import _LocalMap
 
 
 def _interrupted_then(value: int) -> int:

@@ -36,8 +36,8 @@ def threads():
 work = Path(sys.argv[1])
 before = snapshot()
 import shardtok  # noqa: F401
-from shardtok.convert import ConvertOptions, convert, load_tokenizer
-from shardtok.convert.encoder import BatchEncoder
+from shardtok.convert import ConvertJob, RunOptions, convert, load_tokenizer
+from shardtok.convert.tokenizing.encoder import BatchEncoder
 
 after_import = snapshot()
 spec = load_tokenizer("bundled")
@@ -46,8 +46,8 @@ tokens, sizes = BatchEncoder(spec).encode(["hello world", "one more document"])
 threads_after_encode = threads()
 corpus = work / "corpus.jsonl"
 corpus.write_text("".join(json.dumps({"text": f"document {i} " * 20}) + "\n" for i in range(200)))
-result = convert(ConvertOptions(inputs=(str(corpus),), output=str(work / "out"), tokenizer=spec,
-                                workers=2, progress=False))
+result = convert(ConvertJob(inputs=(str(corpus),), output=str(work / "out"), tokenizer=spec),
+                 RunOptions(workers=2, progress=False))
 print(json.dumps({
     "import": after_import == before,
     "end": snapshot() == before,

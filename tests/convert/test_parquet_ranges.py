@@ -11,13 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from shardtok.convert import ConvertOptions, convert, load_tokenizer, phases, unit_status
-from shardtok.convert.inputs import discover
-from shardtok.convert.plan_file import PlanError
-from shardtok.convert.records import RangeReader
-from shardtok.convert.table_pieces import BlockCache
-from shardtok.convert.units import plan_units
-from shardtok.convert.workdir import WORK_DIR_NAME
+from shardtok.convert import ConvertJob, RunOptions, convert, load_tokenizer
+from shardtok.convert.engines import ranks
+from shardtok.convert.inputs.files import discover
+from shardtok.convert.inputs.records import RangeReader
+from shardtok.convert.inputs.table_pieces import BlockCache
+from shardtok.convert.inputs.units import plan_units
+from shardtok.convert.job import phases, unit_status
+from shardtok.convert.job.plan_file import PlanError
+from shardtok.convert.job.workdir import WORK_DIR_NAME
 from tests.convert.test_determinism import tree_digest
 from tests.convert.test_hf_inputs import documents, provenance, texts
 
@@ -51,9 +53,11 @@ def corpus(rows, tmp_path_factory) -> Path:
     return folder
 
 
-def options(spec, inputs, out: Path, **kw) -> ConvertOptions:
+def options(spec, inputs, out: Path, **kw) -> tuple[ConvertJob, RunOptions]:
     base = {"workers": 1, "progress": False, "on_bad_record": "skip", **SMALL, **kw}
-    return ConvertOptions(inputs=tuple(map(str, inputs)), output=str(out), tokenizer=spec, **base)
+    run = {k: base.pop(k) for k in ("workers", "progress", "keep_work") if k in base}
+    job = ConvertJob(inputs=tuple(map(str, inputs)), output=str(out), tokenizer=spec, **base)
+    return job, RunOptions(**run)
 
 
 def test_one_row_group_is_cut_into_row_ranges(corpus, tmp_path):
@@ -74,11 +78,11 @@ def test_one_row_group_is_cut_into_row_ranges(corpus, tmp_path):
 
 def test_workers_share_a_row_group_with_the_same_bytes(spec, corpus, tmp_path):
     one = corpus / "one.parquet"
-    convert(options(spec, [one], tmp_path / "w1", workers=1))
-    w2 = convert(options(spec, [one], tmp_path / "w2", workers=2))
+    convert(*options(spec, [one], tmp_path / "w1", workers=1))
+    w2 = convert(*options(spec, [one], tmp_path / "w2", workers=2))
     assert tree_digest(tmp_path / "w1") == tree_digest(tmp_path / "w2")
     assert w2.units_total > 5 and w2.records_read == 600 and w2.documents == 599
-    convert(options(spec, [corpus / "same.jsonl"], tmp_path / "jsonl"))
+    convert(*options(spec, [corpus / "same.jsonl"], tmp_path / "jsonl"))
     assert documents(tmp_path / "w1") == documents(tmp_path / "jsonl")
     # Rows are the file's, 1-based, across ranges: row 451 is the reject, and is not a document.
     covered = [n for _, a, b in provenance(tmp_path / "w1") for n in range(a, b + 1)]
@@ -128,12 +132,12 @@ def _as_version_1(out: Path) -> None:
 def test_a_version_1_work_folder_is_resumed(spec, corpus, tmp_path):
     inputs = [corpus / "same.jsonl"]
     out = tmp_path / "out"
-    convert(options(spec, inputs, out, keep_work=True))
+    convert(*options(spec, inputs, out, keep_work=True))
     reference = {k: v for k, v in tree_digest(out).items() if not k.startswith(WORK_DIR_NAME)}
     (out / "index.json").unlink()  # an unfinished conversion with every unit done
     _as_version_1(out)
     assert unit_status.status(str(out)).complete  # the phases read it
-    result = convert(options(spec, inputs, out, keep_work=True))
+    result = convert(*options(spec, inputs, out, keep_work=True))
     assert result.units_reused == result.units_total > 5
     doc = json.loads((out / WORK_DIR_NAME / "plan.json").read_text())
     assert doc["version"] == 2
@@ -146,22 +150,22 @@ def test_a_version_1_plan_of_a_whole_row_group(spec, corpus, tmp_path, capsys, c
     as written; the one-command convert, whose units now differ, starts over."""
     one = corpus / "one.parquet"
     out = tmp_path / "out"
-    phases.plan(options(spec, [one], out))
+    phases.plan(*options(spec, [one], out))
     plan = out / WORK_DIR_NAME / "plan.json"
     doc = json.loads(plan.read_text())
     doc["version"] = 1
     del doc["fingerprint"]["plan"]  # (version 1 had no digest of its units)
     doc["job"]["units"] = [[0, one.stat().st_size, [[0, 0, 0, 0]]]]
     plan.write_text(json.dumps(doc))
-    assert phases.run_units(str(out), 0, 1, progress=False).tokenized == 1
+    assert ranks.run_units(str(out), 0, 1, progress=False).tokenized == 1
     phases.merge(str(out), progress=False)
-    convert(options(spec, [one], tmp_path / "now"))
+    convert(*options(spec, [one], tmp_path / "now"))
     assert documents(out) == documents(tmp_path / "now")
 
     (out / "index.json").unlink()
     (out / WORK_DIR_NAME).mkdir()
     plan.write_text(json.dumps(doc))
-    result = convert(options(spec, [one], out))
+    result = convert(*options(spec, [one], out))
     assert result.units_reused == 0 and result.units_total > 5
     said = capsys.readouterr().err + caplog.text
     assert "of plan version 1 (this release plans version 2); starting over" in said
@@ -177,7 +181,7 @@ def test_a_version_1_plan_of_a_whole_row_group(spec, corpus, tmp_path, capsys, c
 )
 def test_a_tampered_row_range_is_refused(spec, corpus, tmp_path, edit, message):
     out = tmp_path / "out"
-    phases.plan(options(spec, [corpus / "one.parquet"], out))
+    phases.plan(*options(spec, [corpus / "one.parquet"], out))
     plan = out / WORK_DIR_NAME / "plan.json"
     doc = json.loads(plan.read_text())
     edit(doc["job"]["units"][0][2][0])

@@ -17,22 +17,20 @@ from pathlib import Path
 import pytest
 
 import shardtok
-from shardtok.convert import (
-    convert,
-    load_sft_config,
-    load_tokenizer,
-    phases,
-    unit_status,
-)
-from shardtok.convert.job import distributed_unit_size
-from shardtok.convert.merge import UnitsNotReadyError
-from shardtok.convert.plan_file import PlanError
-from shardtok.convert.tokenizer import BUNDLED_PATH
-from shardtok.convert.units import auto_unit_size
-from shardtok.convert.workdir import WORK_DIR_NAME
+from shardtok.convert import RunOptions, convert, load_sft_config, load_tokenizer
+from shardtok.convert.engines import ranks
+from shardtok.convert.inputs.units import auto_unit_size
+from shardtok.convert.job import phases, unit_status
+from shardtok.convert.job.merge import UnitsNotReadyError
+from shardtok.convert.job.plan_file import PlanError
+from shardtok.convert.job.spec import distributed_unit_size
+from shardtok.convert.job.workdir import WORK_DIR_NAME
+from shardtok.convert.tokenizing.tokenizer import BUNDLED_PATH
 from shardtok.errors import ShardtokError, UsageError
 from tests.convert.test_determinism import s3_tree_digest, tree_digest, write_corpus
 from tests.convert.test_determinism import small_options as options
+
+ONE = RunOptions(workers=1, progress=False)
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +46,7 @@ def corpus(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def reference(corpus, tmp_path_factory) -> dict[str, str]:
     out = tmp_path_factory.mktemp("ref") / "out"
-    convert(options(corpus, out, workers=1, on_bad_record="skip"))
+    convert(options(corpus, out, on_bad_record="skip"), ONE)
     return tree_digest(out)
 
 
@@ -62,13 +60,15 @@ def test_distributed_unit_size_is_the_local_default_below_160_gb():
 def test_output_and_work_folder_on_an_object_store(corpus, reference, s3_server):
     storage = s3_server.storage_options()
     url = s3_server.url(f"phases-{uuid.uuid4().hex[:8]}/out")
-    summary = phases.plan(options(corpus, url, on_bad_record="skip", storage_options=storage))
+    summary = phases.plan(
+        options(corpus, url, on_bad_record="skip"), RunOptions(storage_options=storage)
+    )
     assert summary.units > 4 and summary.units_done == 0
-    first = phases.run_units(url, 0, 2, storage_options=storage, progress=False)
+    first = ranks.run_units(url, 0, 2, storage_options=storage, progress=False)
     assert first.tokenized == len(range(0, summary.units, 2)) and not first.failed
     found = unit_status.status(url, storage)
     assert (found.exit_code, found.first_missing) == (3, 1)
-    phases.run_units(url, 1, 2, workers=2, storage_options=storage, progress=False)
+    ranks.run_units(url, 1, 2, workers=2, storage_options=storage, progress=False)
     assert unit_status.status(url, storage).complete
     result = phases.merge(url, jobs=2, storage_options=storage, progress=False)
     assert result.documents == 600
@@ -125,7 +125,7 @@ def _set(path: list, value):
 )
 def test_a_tampered_plan_is_refused_in_one_line(planned, tmp_path, edit, message):
     out = _tampered(planned, tmp_path, edit)
-    for call in (lambda: unit_status.status(str(out)), lambda: phases.run_units(str(out), 0, 1)):
+    for call in (lambda: unit_status.status(str(out)), lambda: ranks.run_units(str(out), 0, 1)):
         with pytest.raises(PlanError) as error:
             call()
         text = str(error.value)
@@ -139,7 +139,7 @@ def test_tokenizer_json_must_be_the_planned_one(planned, tmp_path):
     tokenizer = out / WORK_DIR_NAME / "tokenizer.json"
     tokenizer.write_text(tokenizer.read_text().replace("<|endoftext|>", "<|end|>", 1))
     with pytest.raises(PlanError, match="is not the tokenizer the plan was made with"):
-        phases.run_units(str(out), 0, 1)
+        ranks.run_units(str(out), 0, 1)
     tokenizer.unlink()
     with pytest.raises(PlanError, match="tokenizer.json is missing"):
         unit_status.status(str(out))
@@ -148,19 +148,19 @@ def test_tokenizer_json_must_be_the_planned_one(planned, tmp_path):
         phases.merge(str(out))
     shutil.rmtree(out / WORK_DIR_NAME)
     with pytest.raises(UsageError, match="no plan in .*: run `shardtok convert plan"):
-        phases.run_units(str(out), 0, 1)
+        ranks.run_units(str(out), 0, 1)
 
 
 def test_rank_and_world_size_are_checked(planned):
     for rank, world in ((1, 1), (-1, 2), (0, 0), (True, 2)):
         with pytest.raises(UsageError):
-            phases.run_units(str(planned), rank, world)
+            ranks.run_units(str(planned), rank, world)
 
 
 RUN_UNITS = textwrap.dedent(
     """
     import sys
-    from shardtok.convert.phases import run_units
+    from shardtok.convert.engines.ranks import run_units
     summary = run_units(sys.argv[1], 0, 1, progress=False)
     assert not summary.failed and summary.tokenized == summary.units, summary
     """
@@ -184,10 +184,10 @@ def test_the_tokenizer_travels_with_the_plan(corpus, tmp_path, monkeypatch):
     # A relative input path (as given, it names the input in the manifest), read by run-units
     # from another working directory.
     monkeypatch.chdir(tmp_path.parent)
-    opts = options(corpus.relative_to(tmp_path.parent), tmp_path / "out", on_bad_record="skip")
-    opts = dataclasses.replace(opts, tokenizer=load_tokenizer(str(tok)))
-    convert(dataclasses.replace(opts, output=str(tmp_path / "ref"), workers=1))
-    phases.plan(opts)
+    job = options(corpus.relative_to(tmp_path.parent), tmp_path / "out", on_bad_record="skip")
+    job = dataclasses.replace(job, tokenizer=load_tokenizer(str(tok)))
+    convert(dataclasses.replace(job, output=str(tmp_path / "ref")), ONE)
+    phases.plan(job)
     shutil.rmtree(tok)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -200,7 +200,7 @@ def test_the_tokenizer_travels_with_the_plan(corpus, tmp_path, monkeypatch):
 def test_the_chat_template_travels_with_the_plan(tmp_path):
     """--sft with the tokenizer's own chat template: workers rebuild the renderer from the
     template text in the plan, with the tokenizer folder gone."""
-    from shardtok.convert.sample_corpus import write_sample_corpus
+    from shardtok.convert.inputs.sample_corpus import write_sample_corpus
     from shardtok.convert.sft.setup import prepare_sft
 
     tok = tmp_path / "chat-tokenizer"
@@ -214,9 +214,9 @@ def test_the_chat_template_travels_with_the_plan(tmp_path):
     yaml.write_text("format: openai\ntemplate: tokenizer\nmax_tokens: 4096\ntruncation: turns\n")
     spec = load_tokenizer(str(tok), append_eos=False)
     sft = prepare_sft(load_sft_config(yaml, {}), spec, tok)
-    opts = options(chats, tmp_path / "out", tokenizer=spec, sft=sft, on_bad_record="skip")
-    convert(dataclasses.replace(opts, output=str(tmp_path / "ref"), workers=1))
-    summary = phases.plan(opts)
+    job = options(chats, tmp_path / "out", tokenizer=spec, sft=sft, on_bad_record="skip")
+    convert(dataclasses.replace(job, output=str(tmp_path / "ref")), ONE)
+    summary = phases.plan(job)
     assert summary.units > 2
     shutil.rmtree(tok)
     yaml.unlink()
@@ -234,7 +234,9 @@ def test_a_work_folder_of_the_old_format_starts_over(corpus, reference, tmp_path
     work.mkdir(parents=True)
     (work / "plan.json").write_text(json.dumps({"format": 1, "inputs": [], "unit_size": 1}))
     (work / "unit-000000.json").write_text("{}")
-    result = convert(options(corpus, out, workers=1, on_bad_record="skip", keep_work=True))
+    result = convert(
+        options(corpus, out, on_bad_record="skip"), dataclasses.replace(ONE, keep_work=True)
+    )
     assert "held unfinished work of other inputs or options; starting over" in caplog.text
     assert result.units_reused == 0
     doc = json.loads((work / "plan.json").read_text())
@@ -250,7 +252,7 @@ def _run_out(planned: Path, tmp_path: Path, edit=lambda doc: None) -> tuple[Path
     """A copy of the planned output (its plan changed by `edit`) with every unit run: (output,
     work folder, the failure status names: the corpus's bad record, with its file and line)."""
     out = _tampered(planned, tmp_path, edit)
-    assert phases.run_units(str(out), 0, 1, progress=False).failed
+    assert ranks.run_units(str(out), 0, 1, progress=False).failed
     found = unit_status.status(str(out))
     assert found.exit_code == 1 and "part-b.jsonl" in found.failure
     return out, out / WORK_DIR_NAME, found.failure
@@ -265,7 +267,7 @@ def test_a_damaged_done_marker_is_one_line_then_redone(planned, tmp_path, damage
     text = str(error.value)
     assert text.startswith(f"work unit {work / 'unit-000001.json'} is damaged") and "\n" not in text
     assert "run `shardtok convert run-units` again" in text
-    assert phases.run_units(str(out), 0, 1, progress=False).tokenized == 1
+    assert ranks.run_units(str(out), 0, 1, progress=False).tokenized == 1
     assert unit_status.status(str(out)).failure == failure
 
 
@@ -278,7 +280,7 @@ def test_a_failure_marker_naming_a_piece_outside_its_unit_is_redone(planned, tmp
     assert found.exit_code == 3 and found.first_missing == doc["index"]
     with pytest.raises(UnitsNotReadyError):
         phases.merge(str(out), progress=False)
-    summary = phases.run_units(str(out), 0, 1, progress=False)
+    summary = ranks.run_units(str(out), 0, 1, progress=False)
     assert summary.failed == (doc["index"],) and summary.failure == failure
     assert json.loads(marker.read_text()) == doc
 

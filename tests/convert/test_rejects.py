@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from shardtok.convert import ConvertOptions, convert, load_tokenizer
-from shardtok.convert.workdir import WORK_DIR_NAME
+from shardtok.convert import ConvertJob, RunOptions, convert, load_tokenizer
+from shardtok.convert.job.workdir import WORK_DIR_NAME
 from shardtok.errors import BadRecordError
 from shardtok.format.manifest import load_manifest
 
@@ -35,9 +35,10 @@ def spec():
 
 
 def run(spec, inputs, out: Path, **options):
-    opts = {"workers": 1, "progress": False, "unit_size": 256, **options}
+    opts = {"unit_size": 256, **options}
+    run = RunOptions(workers=opts.pop("workers", 1), progress=False)
     return convert(
-        ConvertOptions(inputs=tuple(map(str, inputs)), output=str(out), tokenizer=spec, **opts)
+        ConvertJob(inputs=tuple(map(str, inputs)), output=str(out), tokenizer=spec, **opts), run
     )
 
 

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from shardtok.convert.compressed import DamagedInputError, _FrameWalk, check_zstd_frames
-from shardtok.convert.inputs import InputError, discover
-from shardtok.convert.records import RangeReader
-from shardtok.convert.units import plan_units
+from shardtok.convert.inputs.compressed import DamagedInputError, _FrameWalk, check_zstd_frames
+from shardtok.convert.inputs.files import InputError, discover
+from shardtok.convert.inputs.records import RangeReader
+from shardtok.convert.inputs.units import plan_units
 from shardtok.storage.folder import Folder
 from tests.convert.test_workdir import tokenize_in_workers, unit_files, worker_config
 from tests.helpers.servers import s3_server  # noqa: F401

@@ -2,7 +2,7 @@
 
 import json
 
-from shardtok.convert.sample_corpus import iter_chat_records, write_sample_corpus
+from shardtok.convert.inputs.sample_corpus import iter_chat_records, write_sample_corpus
 
 
 def test_chat_records_are_well_formed_conversations(tmp_path):

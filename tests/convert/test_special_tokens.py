@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from shardtok.convert import load_tokenizer
-from shardtok.convert.tokenizer import TokenizerLoadError
+from shardtok.convert.tokenizing.tokenizer import TokenizerLoadError
 from shardtok.format import ShardReader
 from shardtok.format.manifest import load_manifest
 
@@ -143,14 +143,13 @@ def test_help_says_eos_and_bos_token_override(capsys):
 
 
 def test_a_finished_dataset_of_another_eos_is_not_taken_for_this_conversion(corpus, tmp_path):
-    from shardtok.convert import ConvertOptions, convert
-    from shardtok.convert.output_dir import OutputDirError
+    from shardtok.convert import ConvertJob, RunOptions, convert
+    from shardtok.convert.job.output_dir import OutputDirError
 
     def run(**tokens):
         spec = load_tokenizer("bundled", **tokens)
-        opts = ConvertOptions(inputs=(str(corpus),), output=str(tmp_path / "out"),
-                              tokenizer=spec, workers=1, progress=False)  # fmt: skip
-        return convert(opts)
+        job = ConvertJob(inputs=(str(corpus),), output=str(tmp_path / "out"), tokenizer=spec)
+        return convert(job, RunOptions(workers=1, progress=False))
 
     assert not run().already_complete
     assert run().already_complete

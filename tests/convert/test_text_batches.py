@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardtok.convert import unit_batches
-from shardtok.convert.unit_batches import TextBatcher
+from shardtok.convert.worker import unit_batches
+from shardtok.convert.worker.unit_batches import TextBatcher
 
 
 class _Encoder:

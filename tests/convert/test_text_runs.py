@@ -9,10 +9,10 @@ import random
 
 import pytest
 
-from shardtok.convert import records
-from shardtok.convert.inputs import InputFile
-from shardtok.convert.records import RangeReader, Reject, TextRun
-from shardtok.convert.units import InputRange
+from shardtok.convert.inputs import records
+from shardtok.convert.inputs.files import InputFile
+from shardtok.convert.inputs.records import RangeReader, Reject, TextRun
+from shardtok.convert.inputs.units import InputRange
 from tests.convert.test_jsonl_fast_path import LINES, read
 
 
@@ -94,7 +94,7 @@ def test_table_runs_are_the_records_iteration_gives(tmp_path, kind):
         piece = None
     file = InputFile(str(path), kind, None, path.stat().st_size, path.stat().st_mtime_ns)
     if piece is None:  # the Arrow file's one record batch, as the planner cuts it
-        from shardtok.convert.units import plan_units
+        from shardtok.convert.inputs.units import plan_units
 
         (unit,) = plan_units([file], 1 << 30, "lines", None)
         (piece,) = unit.pieces

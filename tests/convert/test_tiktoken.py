@@ -18,11 +18,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import AddedToken, Regex, Tokenizer, models, pre_tokenizers
 
-from shardtok.convert import ConvertOptions, convert, load_tokenizer
-from shardtok.convert import tiktoken_backend as tb
-from shardtok.convert import tokenizer as tokmod
-from shardtok.convert.encoder import BatchEncoder
-from shardtok.convert.tokenizer import BUNDLED_PATH, TokenizerLoadError
+from shardtok.convert import ConvertJob, RunOptions, convert, load_tokenizer
+from shardtok.convert.tokenizing import tiktoken_backend as tb
+from shardtok.convert.tokenizing import tokenizer as tokmod
+from shardtok.convert.tokenizing.encoder import BatchEncoder
+from shardtok.convert.tokenizing.tokenizer import BUNDLED_PATH, TokenizerLoadError
 from shardtok.errors import TokenizerMismatchError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,7 +76,7 @@ def varied_texts(n: int = 400, seed: int = 0) -> list[str]:
     """Real prose and code (this repo's docs and sources) plus random mixes of scripts,
     whitespace, digits and added-token text."""
     texts = [p for f in sorted((ROOT / "docs").glob("*.md")) for p in f.read_text().split("\n\n")]
-    texts += [(ROOT / "shardtok" / "convert" / "runner.py").read_text()]
+    texts += [(ROOT / "shardtok" / "convert" / "engines" / "local.py").read_text()]
     alphabet = list("aAzZ09 5_-.,;:'\"()[]{}<>|/\\\t\n\r") + [
         "  ", "   ", "\n\n", "'s", "'LL", "é", "ß", "İ", "ǅ", "ﬁ", "\u0301", "\u00a0", "\u2003",
         "\u3000", "\u200b", "\u2028", "\x0b", "\x1c", "\x85", "日本", "中文", "한국", "Привет",
@@ -314,10 +314,11 @@ def _convert_both(tokenizer: str, corpus: Path, tmp_path: Path) -> dict[str, dic
         spec = load_tokenizer(tokenizer, backend=backend)
         out = tmp_path / backend
         result = convert(
-            ConvertOptions(
-                inputs=(str(corpus),), output=str(out), tokenizer=spec, workers=2,
-                unit_size=16 << 10, shard_size=48 << 10, frame_size=8 << 10, progress=False,
-            )
+            ConvertJob(
+                inputs=(str(corpus),), output=str(out), tokenizer=spec,
+                unit_size=16 << 10, shard_size=48 << 10, frame_size=8 << 10,
+            ),
+            RunOptions(workers=2, progress=False),
         )  # fmt: skip
         assert result.tokenizer_backend == backend
         assert f"backend     {backend} (" in result.summary()
@@ -386,10 +387,9 @@ def test_canary_stops_a_broken_encoder_with_file_record_and_ids(
     corpus = tmp_path / "corpus.jsonl"
     write_corpus(corpus, ["a" * 600, "b" * 600, "the zebra " * 70, "c"])
     out = tmp_path / "out"
-    opts = ConvertOptions(inputs=(str(corpus),), output=str(out), tokenizer=spec, workers=1,
-                          unit_size=1024, progress=False)  # fmt: skip
+    job = ConvertJob(inputs=(str(corpus),), output=str(out), tokenizer=spec, unit_size=1024)
     with pytest.raises(TokenizerMismatchError) as info:
-        convert(opts)
+        convert(job, RunOptions(workers=1, progress=False))
     message = str(info.value)
     assert (
         f"{corpus}, record 3: tiktoken and tokenizers encode this document differently" in message
@@ -406,10 +406,10 @@ def test_canary_mismatch_wins_over_a_later_bad_record_of_the_unit(tt_path, tmp_p
     monkeypatch.setitem(tokmod._LOADED_TIKTOKEN, spec.fingerprint, broken)
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_bytes(json.dumps({"text": "the zebra " * 70}).encode() + b"\n{broken\n")
-    opts = ConvertOptions(inputs=(str(corpus),), output=str(tmp_path / "out"), tokenizer=spec,
-                          workers=1, progress=False, on_bad_record="error")  # fmt: skip
+    job = ConvertJob(inputs=(str(corpus),), output=str(tmp_path / "out"), tokenizer=spec,
+                     on_bad_record="error")  # fmt: skip
     with pytest.raises(TokenizerMismatchError, match="record 1: tiktoken and tokenizers"):
-        convert(opts)
+        convert(job, RunOptions(workers=1, progress=False))
 
 
 # --- Joined runs (encoder._Joiner): one tiktoken call per run of documents -----------------
@@ -483,7 +483,7 @@ def _bytes_encoding(specials: dict[str, int]):
 
 
 def test_no_separator_that_an_added_token_could_end_inside():
-    from shardtok.convert.encoder import _Joiner
+    from shardtok.convert.tokenizing.encoder import _Joiner
 
     # "ba" between "xa" and "yba": "xa" + "ba" + "yba" = "xabayba", where the added token "ab"
     # is found first, across the documents' boundary, and the second document's own "ba"

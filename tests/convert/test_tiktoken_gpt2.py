@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 
-from shardtok.convert import ConvertOptions, convert, load_tokenizer
-from shardtok.convert import tiktoken_backend as tb
-from shardtok.convert.encoder import BatchEncoder
-from shardtok.convert.tokenizer import BUNDLED_PATH, TokenizerLoadError
+from shardtok.convert import ConvertJob, RunOptions, convert, load_tokenizer
+from shardtok.convert.tokenizing import tiktoken_backend as tb
+from shardtok.convert.tokenizing.encoder import BatchEncoder
+from shardtok.convert.tokenizing.tokenizer import BUNDLED_PATH, TokenizerLoadError
 from tests.convert.gpt2 import make_gpt2_folder
 from tests.convert.test_tiktoken import tree_digest, varied_texts, write_corpus
 
@@ -146,11 +146,11 @@ def test_gpt2_converts_to_the_same_shards_with_either_backend(gpt2, tmp_path):
                                                                         600, seed=2))  # fmt: skip
     digests = {}
     for backend in ("hf", "tiktoken"):
-        result = convert(ConvertOptions(
+        result = convert(ConvertJob(
             inputs=(str(corpus),), output=str(tmp_path / backend),
-            tokenizer=load_tokenizer(str(gpt2), backend=backend), workers=2,
-            unit_size=16 << 10, shard_size=32 << 10, frame_size=8 << 10, progress=False,
-        ))  # fmt: skip
+            tokenizer=load_tokenizer(str(gpt2), backend=backend),
+            unit_size=16 << 10, shard_size=32 << 10, frame_size=8 << 10,
+        ), RunOptions(workers=2, progress=False))  # fmt: skip
         assert result.tokenizer_backend == backend
         digests[backend] = tree_digest(tmp_path / backend)
     assert len([f for f in digests["hf"] if f.endswith(".tar")]) > 1

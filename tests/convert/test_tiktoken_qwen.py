@@ -20,8 +20,8 @@ import pytest
 from tokenizers import Tokenizer
 
 from shardtok.convert import load_tokenizer
-from shardtok.convert import tiktoken_backend as tb
-from shardtok.convert.encoder import BatchEncoder
+from shardtok.convert.tokenizing import tiktoken_backend as tb
+from shardtok.convert.tokenizing.encoder import BatchEncoder
 from shardtok.format.manifest import load_manifest
 from shardtok.format.shard_reader import ShardReader
 from tests.convert.test_tiktoken import _convert_both, varied_texts, write_corpus

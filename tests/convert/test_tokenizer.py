@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 
-from shardtok.convert import ConvertOptions, convert, load_tokenizer
-from shardtok.convert.encoder import BatchEncoder
-from shardtok.convert.tokenizer import BUNDLED_PATH, TokenizerLoadError
+from shardtok.convert import ConvertJob, RunOptions, convert, load_tokenizer
+from shardtok.convert.tokenizing.encoder import BatchEncoder
+from shardtok.convert.tokenizing.tokenizer import BUNDLED_PATH, TokenizerLoadError
 from shardtok.format.manifest import load_manifest
 from shardtok.format.shard_reader import ShardReader
 from shardtok.storage import open_source
@@ -40,13 +40,8 @@ def test_dtype_switches_at_the_vocabulary_boundary(tmp_path, vocab_size, dtype):
     (tmp_path / "c.jsonl").write_text(json.dumps({"text": f"w0 w1 {top} w7"}) + "\n")
     out = tmp_path / "out"
     convert(
-        ConvertOptions(
-            inputs=(str(tmp_path / "c.jsonl"),),
-            output=str(out),
-            tokenizer=spec,
-            workers=1,
-            progress=False,
-        )
+        ConvertJob(inputs=(str(tmp_path / "c.jsonl"),), output=str(out), tokenizer=spec),
+        RunOptions(workers=1, progress=False),
     )
     manifest = load_manifest(out)
     assert manifest.dtype == np.dtype(dtype) and manifest.vocab_size == vocab_size

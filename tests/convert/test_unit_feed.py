@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from concurrent.futures import Future
 
-from shardtok.convert.unit_feed import UnitFeed
-from shardtok.convert.units import InputRange, Unit
+from shardtok.convert.engines.unit_feed import UnitFeed
+from shardtok.convert.inputs.units import InputRange, Unit
 
 MiB = 1 << 20
 

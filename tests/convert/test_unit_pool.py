@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from shardtok.convert import ConvertOptions, convert, load_tokenizer
-from shardtok.convert.failures import UnitFailure
-from shardtok.convert.inputs import discover
-from shardtok.convert.pool import worker_pool
-from shardtok.convert.runner import worker_config
-from shardtok.convert.unit_result import UnitResult
-from shardtok.convert.units import plan_units
-from shardtok.convert.workdir import WORK_DIR_NAME
+from shardtok.convert import ConvertJob, RunOptions, convert, load_tokenizer
+from shardtok.convert.engines.pool import worker_pool
+from shardtok.convert.inputs.files import discover
+from shardtok.convert.inputs.units import plan_units
+from shardtok.convert.job.failures import UnitFailure
+from shardtok.convert.job.spec import WorkerConfig
+from shardtok.convert.job.unit_result import UnitResult
+from shardtok.convert.job.workdir import WORK_DIR_NAME
 from tests.convert.test_determinism import tree_digest, write_corpus
 
 UNIT = 16 << 10
@@ -36,18 +36,17 @@ def corpus(tmp_path_factory) -> Path:
     return path
 
 
-def options(corpus: Path, out: Path, **kw) -> ConvertOptions:
-    base = dict(
+def pool_job(corpus: Path, out: Path) -> ConvertJob:
+    return ConvertJob(
         inputs=(str(corpus),), output=str(out), tokenizer=load_tokenizer("bundled"),
-        unit_size=UNIT, shard_size=64 << 10, frame_size=8 << 10, progress=False,
+        unit_size=UNIT, shard_size=64 << 10, frame_size=8 << 10,
     )  # fmt: skip
-    return ConvertOptions(**{**base, **kw})
 
 
 @pytest.fixture(scope="module")
 def reference(corpus, tmp_path_factory) -> dict[str, str]:
     out = tmp_path_factory.mktemp("ref") / "out"
-    result = convert(options(corpus, out, workers=1))
+    result = convert(pool_job(corpus, out), RunOptions(workers=1, progress=False))
     assert result.units_total > 6, "the test needs many units"
     return tree_digest(out)
 
@@ -56,7 +55,8 @@ def reference(corpus, tmp_path_factory) -> dict[str, str]:
 @pytest.mark.parametrize("workers", [1, 3])
 def test_same_bytes_under_every_start_method(corpus, reference, tmp_path, start_method, workers):
     out = tmp_path / "out"
-    result = convert(options(corpus, out, workers=workers, start_method=start_method))
+    run = RunOptions(workers=workers, progress=False, start_method=start_method)
+    result = convert(pool_job(corpus, out), run)
     assert result.units_tokenized == result.units_total
     assert tree_digest(out) == reference
 
@@ -72,11 +72,11 @@ def test_outcomes_come_back_for_every_unit_and_a_bad_record_stays_with_its_unit(
     lines = corpus.read_text().splitlines()
     lines[60] = '{"text": oops}'
     corpus.write_text("\n".join(lines) + "\n")
-    opts = options(corpus, tmp_path / "out")
+    job = pool_job(corpus, tmp_path / "out")
     (tmp_path / "out").mkdir()
     files = discover([str(corpus)])
     units = plan_units(files, UNIT, "file")
-    with worker_pool(worker_config(opts, files), 1, start_method) as pool:
+    with worker_pool(WorkerConfig(job, tuple(files)), 1, start_method) as pool:
         outcomes = [f.result(timeout=120) for f in [pool.submit(u) for u in units]]
     failed = [o for o in outcomes if isinstance(o, UnitFailure)]
     assert len(failed) == 1 and failed[0].record > 0
@@ -87,11 +87,11 @@ def test_outcomes_come_back_for_every_unit_and_a_bad_record_stays_with_its_unit(
 
 @pytest.mark.parametrize("start_method", ["fork", "spawn"])
 def test_a_killed_worker_fails_its_units_and_the_pool_never_hangs(corpus, tmp_path, start_method):
-    opts = options(corpus, tmp_path / "out")
+    job = pool_job(corpus, tmp_path / "out")
     (tmp_path / "out").mkdir()
     files = discover([str(corpus)])
     units = plan_units(files, UNIT, "file")
-    with worker_pool(worker_config(opts, files), 1, start_method) as pool:
+    with worker_pool(WorkerConfig(job, tuple(files)), 1, start_method) as pool:
         futures = [pool.submit(u) for u in units]
         os.kill(pool._workers[0].process.pid, signal.SIGKILL)
         outcomes = []

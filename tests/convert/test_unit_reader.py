@@ -13,17 +13,20 @@ from types import SimpleNamespace
 
 import pytest
 
-from shardtok.convert import ConvertOptions, load_tokenizer, records, unit_reader, worker
-from shardtok.convert.failures import UnitFailure
-from shardtok.convert.inputs import InputError, discover
-from shardtok.convert.records import Reject, TextRun
-from shardtok.convert.runner import worker_config
+from shardtok.convert import ConvertJob, load_tokenizer
+from shardtok.convert.inputs import records
+from shardtok.convert.inputs.files import InputError, discover
+from shardtok.convert.inputs.records import Reject, TextRun
+from shardtok.convert.inputs.table_pieces import BlockCache
+from shardtok.convert.inputs.units import InputRange, Unit, plan_units
+from shardtok.convert.job.failures import UnitFailure
+from shardtok.convert.job.spec import WorkerConfig
+from shardtok.convert.job.workdir import WORK_DIR_NAME
 from shardtok.convert.sft.config import load_sft_config
 from shardtok.convert.sft.setup import prepare_sft
-from shardtok.convert.table_pieces import BlockCache
-from shardtok.convert.unit_reader import PieceReader, ReadAhead, reads_ahead
-from shardtok.convert.units import InputRange, Unit, plan_units
-from shardtok.convert.workdir import WORK_DIR_NAME
+from shardtok.convert.worker import process as worker
+from shardtok.convert.worker import unit_reader
+from shardtok.convert.worker.unit_reader import PieceReader, ReadAhead, reads_ahead
 from tests.convert.test_determinism import tree_digest, write_corpus
 from tests.helpers.sft_data import special_tokenizer
 
@@ -69,8 +72,8 @@ def two_files(tmp_path, monkeypatch) -> tuple[SimpleNamespace, Unit]:
     body = b"".join(b'{"text": "doc %d"}\n' % i for i in range(100_000))  # > 1 MiB decoded
     cut.write_bytes(gzip.compress(body)[:-300])
     files = discover([str(good), str(cut)])
-    config = SimpleNamespace(files=tuple(files), text_key="text", txt_mode="lines",
-                             storage_options=None)  # fmt: skip
+    job = SimpleNamespace(text_key="text", txt_mode="lines")
+    config = SimpleNamespace(job=job, files=tuple(files), storage_options=None)
     pieces = (InputRange(0, 0, files[0].size), InputRange(1, 0, files[1].size))
     return config, Unit(0, pieces, sum(f.size for f in files))
 
@@ -222,9 +225,9 @@ def test_a_worker_reading_ahead_persists_what_reading_in_place_does(
     for ahead in (True, False):
         out = tmp_path / f"out-{ahead}"
         (out / WORK_DIR_NAME).mkdir(parents=True)
-        opts = ConvertOptions(inputs=(str(corpus),), output=str(out), progress=False,
-                              tokenizer=spec, sft=sft, on_bad_record=on_bad_record)  # fmt: skip
-        config = worker_config(opts, files)
+        job = ConvertJob(inputs=(str(corpus),), output=str(out), tokenizer=spec, sft=sft,
+                         on_bad_record=on_bad_record)  # fmt: skip
+        config = WorkerConfig(job, tuple(files))
         if ahead:
             outcomes.append(_serve(config, units))
         else:

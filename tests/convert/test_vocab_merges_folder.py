@@ -17,8 +17,8 @@ from tokenizers import Tokenizer
 
 from shardtok.cli.main import run as main
 from shardtok.convert import load_tokenizer
-from shardtok.convert.encoder import BatchEncoder
-from shardtok.convert.tokenizer import TokenizerLoadError
+from shardtok.convert.tokenizing.encoder import BatchEncoder
+from shardtok.convert.tokenizing.tokenizer import TokenizerLoadError
 from shardtok.format.manifest import load_manifest
 from shardtok.format.shard_reader import ShardReader
 from shardtok.testing import gpt2

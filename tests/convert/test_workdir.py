@@ -13,15 +13,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shardtok.convert import load_tokenizer
-from shardtok.convert.inputs import discover
-from shardtok.convert.unit_result import UnitResult
-from shardtok.convert.units import plan_units
-from shardtok.convert.workdir import WORK_DIR_NAME, WorkDir
-from shardtok.convert.worker import (
+from shardtok.convert import ConvertJob, RunOptions, convert, load_tokenizer
+from shardtok.convert.inputs.files import discover
+from shardtok.convert.inputs.units import plan_units
+from shardtok.convert.job.spec import WorkerConfig
+from shardtok.convert.job.unit_result import UnitResult
+from shardtok.convert.job.workdir import WORK_DIR_NAME, WorkDir
+from shardtok.convert.worker.process import (
     EncoderMismatch,
     UnitFailure,
-    WorkerConfig,
     init_worker,
     tokenize_unit,
 )
@@ -203,14 +203,17 @@ def test_sweep_removes_temporaries_and_scratch_of_killed_processes(tmp_path):
 TEXTS = [f"document {i}: " + "lorem ipsum dolor " * (i % 7 + 1) for i in range(300)]
 
 
-def worker_config(files, out: Folder, *, stop: bool = True, **changes) -> WorkerConfig:
-    options = dict(
-        files=tuple(files), out_dir=out.location.url, text_key="text", txt_mode="file",
-        stop_at_bad_record=stop, tokenizer=load_tokenizer("bundled", backend="hf"),
-        frame_size=4096, compression_level=3, storage_options=out.storage_options or None,
+def worker_config(
+    files, out: Folder, *, stop: bool = True, storage_options: dict | None = None, **changes
+) -> WorkerConfig:
+    """The workers' config for `files` into `out`; `changes` are the job's fields."""
+    fields = dict(
+        inputs=tuple(f.path for f in files), output=out.location.url, text_key="text",
+        txt_mode="file", on_bad_record="error" if stop else "skip",
+        tokenizer=load_tokenizer("bundled", backend="hf"), frame_size=4096, compression_level=3,
     )  # fmt: skip
-    options.update(changes)
-    return WorkerConfig(**options)
+    job = ConvertJob(**{**fields, **changes})
+    return WorkerConfig(job, tuple(files), storage_options or out.storage_options or None)
 
 
 def tokenize_in_workers(config: WorkerConfig, units) -> list:
@@ -302,18 +305,17 @@ def test_a_worker_persists_its_failure_and_a_skip_run_replaces_it(out, tmp_path)
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory) -> tuple[Path, dict]:
     """A dataset converted by today's one-command convert, and its settings."""
-    from shardtok.convert import ConvertOptions, convert
-
     folder = tmp_path_factory.mktemp("finished")
     corpus = folder / "c.jsonl"
     corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
-    opts = ConvertOptions(inputs=(str(corpus),), output=str(folder / "done"), workers=1,
-                          progress=False, tokenizer=load_tokenizer("bundled", backend="hf"))  # fmt: skip
-    return folder / "done", convert(opts).manifest.extra["convert"]
+    job = ConvertJob(inputs=(str(corpus),), output=str(folder / "done"),
+                     tokenizer=load_tokenizer("bundled", backend="hf"))  # fmt: skip
+    result = convert(job, RunOptions(workers=1, progress=False))
+    return folder / "done", result.manifest.extra["convert"]
 
 
 def test_the_output_folder_states_on_local_and_s3(out, finished):
-    from shardtok.convert.output_dir import (
+    from shardtok.convert.job.output_dir import (
         OutputDirError,
         RejectsFile,
         clear_output,

@@ -34,9 +34,10 @@ _BOUND_S = 30.0
 
 CONVERT = """
 import sys
-from shardtok.convert import ConvertOptions, convert, load_tokenizer
-convert(ConvertOptions(inputs=(sys.argv[2],), output=sys.argv[3], tokenizer=load_tokenizer("bundled"),
-                       workers=3, unit_size=16384, progress=False, start_method=sys.argv[1]))
+from shardtok.convert import ConvertJob, RunOptions, convert, load_tokenizer
+convert(ConvertJob(inputs=(sys.argv[2],), output=sys.argv[3], tokenizer=load_tokenizer("bundled"),
+                   unit_size=16384),
+        RunOptions(workers=3, progress=False, start_method=sys.argv[1]))
 """
 
 

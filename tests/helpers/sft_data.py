@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from shardtok.convert.tokenizer import BUNDLED_PATH
+from shardtok.convert.tokenizing.tokenizer import BUNDLED_PATH
 
 # The reference note's record (its "# optional" comment made into the two keys it describes).
 VICUNA = {

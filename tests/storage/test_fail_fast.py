@@ -180,7 +180,7 @@ def test_the_command_line_names_the_endpoint_in_one_line(
 
 def test_convert_inputs_on_a_refusing_endpoint_fail_at_once(closed_port):
     """convert lists its inputs through fsspec: the refusal is named before botocore retries."""
-    from shardtok.convert.inputs import discover
+    from shardtok.convert.inputs.files import discover
 
     endpoint = f"http://127.0.0.1:{closed_port}"
     # botocore's own retries would only make the test slower; without the check the error

@@ -99,7 +99,7 @@ def test_open_source_and_dataset_take_file_urls_with_escapes(tmp_path):
 
 
 def test_convert_output_must_be_local():
-    from shardtok.convert.output_dir import OutputDirError, resolve_output
+    from shardtok.convert.job.output_dir import OutputDirError, resolve_output
 
     assert resolve_output("file:///tmp/out%201") == "/tmp/out 1"
     assert resolve_output("data/out/") == "data/out/"

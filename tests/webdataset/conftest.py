@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shardtok.convert import ConvertOptions, convert, load_tokenizer
+from shardtok.convert import ConvertJob, RunOptions, convert, load_tokenizer
 from shardtok.convert.sft.config import load_sft_config
 from shardtok.convert.sft.setup import prepare_sft
 from shardtok.storage.dataset import DatasetSource
@@ -17,7 +17,8 @@ from tests.helpers.sft_data import special_tokenizer, write_jsonl
 
 SHAREGPT = "format: sharegpt\ntemplate: chatml\n"
 # Small shards of small frames: every dataset has several shards of several frames each.
-SMALL = {"workers": 1, "progress": False, "unit_size": 2048, "frame_size": 512}
+SMALL = {"unit_size": 2048, "frame_size": 512}
+RUN = RunOptions(workers=1, progress=False)
 
 
 @dataclass(frozen=True)
@@ -56,13 +57,14 @@ def text_dataset(tmp_path_factory) -> Path:
     data = write_jsonl(tmp / "in.jsonl", [{"text": t} for t in texts])
     out = tmp / "ds"
     convert(
-        ConvertOptions(
+        ConvertJob(
             inputs=(str(data),),
             output=str(out),
             tokenizer=load_tokenizer("bundled"),
             shard_size=12_000,
             **SMALL,
-        )
+        ),
+        RUN,
     )
     assert len(DatasetSource(out).manifest.shards) >= 4
     return out
@@ -90,14 +92,15 @@ def sft_dataset(tmp_path_factory) -> Path:
     sft = prepare_sft(load_sft_config(tmp / "sft.yaml", {}), spec, tok)
     out = tmp / "ds"
     convert(
-        ConvertOptions(
+        ConvertJob(
             inputs=(str(data),),
             output=str(out),
             tokenizer=spec,
             sft=sft,
             shard_size=10_000,
             **SMALL,
-        )
+        ),
+        RUN,
     )
     assert DatasetSource(out).manifest.masked and len(DatasetSource(out).manifest.shards) >= 2
     return out

@@ -219,26 +219,37 @@ class _Check:
         return tuple(value)
 
 
-def load_sft_config(path: str | Path, overrides: dict | None = None) -> SFTConfig:
-    """Read `path` (YAML, safely) and apply `overrides` (None values are left out)."""
-    path = Path(path)
-    doc = _read_yaml(path)
+def load_sft_config(path: str | Path | None, overrides: dict | None = None) -> SFTConfig:
+    """Read `path` (YAML, safely) and apply `overrides` (None values are left out). Without a
+    path the overrides alone describe the records (``--sft-format openai --chat-template
+    llama3``): the simple case needs no file."""
     flags = {k for k, v in (overrides or {}).items() if v is not None}
+    if path is None:
+        where, doc = "the command line", {}
+        if "format" not in flags:
+            given = ", ".join(FLAGS[k] for k in FLAGS if k in flags) or "fine-tuning data"
+            raise UsageError(
+                f"{given} needs the records' format: add --sft-format ({', '.join(FORMATS)}), "
+                "or --sft CONFIG.yaml"
+            )
+    else:
+        where = str(path)
+        doc = _read_yaml(Path(path))
     for key in doc:
         if key not in ALL_KEYS:
-            _fail(str(path), f"unknown key {shown(key)}{_suggest(key, ALL_KEYS)}")
+            _fail(where, f"unknown key {shown(key)}{_suggest(key, ALL_KEYS)}")
     doc.update({k: (overrides or {})[k] for k in flags})
-    check = _Check(str(path), flags)
+    check = _Check(where, flags)
     if "format" not in doc:
         if any(k in doc for k in _JQ):
             doc["format"] = "jq"  # the reference note's YAML, as written
         else:
-            _fail(str(path), f"no 'format': add one of {', '.join(FORMATS)} (or pass --sft-format)")
+            _fail(where, f"no 'format': add one of {', '.join(FORMATS)} (or pass --sft-format)")
     fmt = check.choice("format", doc["format"], FORMATS)
     for key in doc:
         if key not in KEYS[fmt]:
             check.fail(key, f"does not apply to format {fmt}")
-    settings: dict = {"format": fmt, "source": str(path)}
+    settings: dict = {"format": fmt, "source": where}
     for key in ("train_on_input", "split_special_tokens"):
         if key in doc:
             settings[key] = check.boolean(key, doc[key])
@@ -269,7 +280,9 @@ def load_sft_config(path: str | Path, overrides: dict | None = None) -> SFTConfi
 def _jq_config(doc: dict, check: _Check, settings: dict) -> SFTConfig:
     if "message_construction" not in doc:
         check.fail(
-            "format", "jq needs 'message_construction': the record's keys to render, in order"
+            "format",
+            "jq needs 'message_construction' (in an --sft CONFIG.yaml): the record's keys to "
+            "render, in order",
         )
     settings["message_construction"] = check.strings(
         "message_construction", doc["message_construction"], empty_ok=False

@@ -62,7 +62,7 @@ class ConstructionRenderer:
 
 def special_token_strings(spec) -> set[str]:
     """The special added tokens of the tokenizer `spec` (a TokenizerSpec) describes."""
-    from shardtok.convert.tokenizer import _LOADED_BACKENDS
+    from shardtok.convert.tokenizing.tokenizer import _LOADED_BACKENDS
 
     backend = _LOADED_BACKENDS.get(spec.fingerprint)
     if backend is None:

@@ -150,7 +150,7 @@ class SFTEncoder:
     def _inherited(spec):
         from tokenizers import Tokenizer
 
-        from shardtok.convert.tokenizer import _LOADED_BACKENDS
+        from shardtok.convert.tokenizing.tokenizer import _LOADED_BACKENDS
 
         backend = _LOADED_BACKENDS.get(spec.fingerprint)
         return backend if backend is not None else Tokenizer.from_str(spec.backend_json)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shardtok.convert.records import INVALID_UTF8
+from shardtok.convert.inputs.records import INVALID_UTF8
 from shardtok.convert.sft.conversation import INVALID_CONVERSATION, SFTBad
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from shardtok.convert.records import MISSING_FIELD
+from shardtok.convert.inputs.records import MISSING_FIELD
 from shardtok.convert.sft.config import ROLES, SFTConfig
 from shardtok.convert.sft.conversation import (
     INVALID_CONVERSATION,

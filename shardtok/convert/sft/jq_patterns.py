@@ -35,7 +35,7 @@ import sys
 import time
 import weakref
 
-from shardtok.convert.records import MISSING_FIELD
+from shardtok.convert.inputs.records import MISSING_FIELD
 from shardtok.convert.sft.config import SFTConfig
 from shardtok.convert.sft.conversation import (
     INVALID_CONVERSATION,

@@ -64,7 +64,7 @@ _ALTERNATIVES = "chatml / llama3 / alpaca / raw / qwen3"
 def template_tokens(spec) -> dict:
     """``special_tokens``, ``bos_token`` and ``eos_token`` of a TokenizerSpec, as
     :func:`load_template` takes them: ``load_template(name, ..., **template_tokens(spec))``."""
-    from shardtok.convert.tokenizer import _LOADED_BACKENDS
+    from shardtok.convert.tokenizing.tokenizer import _LOADED_BACKENDS
 
     backend = _LOADED_BACKENDS.get(spec.fingerprint)
     if backend is None:

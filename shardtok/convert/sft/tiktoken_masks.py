@@ -84,8 +84,8 @@ class TiktokenTokens:
     def __init__(self, spec, tokenizer):
         from tokenizers import normalizers
 
-        from shardtok.convert.tiktoken_backend import NfcText, parts_unchecked
-        from shardtok.convert.tokenizer import _LOADED_TIKTOKEN
+        from shardtok.convert.tokenizing.tiktoken_backend import NfcText, parts_unchecked
+        from shardtok.convert.tokenizing.tokenizer import _LOADED_TIKTOKEN
 
         encoding = _LOADED_TIKTOKEN.get(spec.fingerprint)
         if encoding is None:  # a spawned worker: the parent's gate passed, only build
@@ -191,7 +191,7 @@ class TiktokenTokens:
     def canary(self, text: str, tokenizer) -> str | None:
         """None if ``tokenizers`` gives `text` the ids this class gives it, else where they
         differ (a text this class leaves to tokenizers has nothing to compare)."""
-        from shardtok.convert.tokenizer import describe_mismatch
+        from shardtok.convert.tokenizing.tokenizer import describe_mismatch
 
         fast = self.ids(text)
         if fast is None:

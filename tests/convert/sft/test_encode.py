@@ -24,7 +24,7 @@ from shardtok.convert.sft.conversation import (
 )
 from shardtok.convert.sft.encode import EncodedRecord, SFTEncoder
 from shardtok.convert.sft.templates import load_template, template_tokens
-from shardtok.convert.tokenizer import TokenizerSpec, load_tokenizer
+from shardtok.convert.tokenizing.tokenizer import TokenizerSpec, load_tokenizer
 from shardtok.errors import UsageError
 
 

@@ -11,7 +11,7 @@ from shardtok.convert.sft.construction import ConstructionRenderer, jq_renderer
 from shardtok.convert.sft.conversation import Conversation, Message, SFTBad
 from shardtok.convert.sft.jq_patterns import JqPatterns, rewrite
 from shardtok.convert.sft.setup import prepare_sft
-from shardtok.convert.tokenizer import load_tokenizer
+from shardtok.convert.tokenizing.tokenizer import load_tokenizer
 from shardtok.errors import UsageError
 from tests.helpers.sft_data import NOTE_YAML, VICUNA, special_tokenizer
 

@@ -16,7 +16,7 @@ from shardtok.convert.sft.conversation import Conversation, Message
 from shardtok.convert.sft.encode import SFTEncoder
 from shardtok.convert.sft.jinja_env import compile_template, render_tracked
 from shardtok.convert.sft.templates import RenderRefused, load_template, template_tokens
-from shardtok.convert.tokenizer import load_tokenizer
+from shardtok.convert.tokenizing.tokenizer import load_tokenizer
 
 FIXTURES = Path(__file__).parent / "fixtures"
 QWEN3_STOCK = (FIXTURES / "qwen3_chat_template.jinja").read_text()

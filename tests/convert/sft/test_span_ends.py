@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from shardtok.convert.sft.conversation import merge_spans
 from shardtok.convert.sft.encode import SFTEncoder, _offsets, _overlap, _span_tokens
-from shardtok.convert.tokenizer import load_tokenizer
+from shardtok.convert.tokenizing.tokenizer import load_tokenizer
 
 LLAMA3 = Path(__file__).parents[2] / ".tokenizers" / "llama3"
 PIECES = ["a", " ", "\n", "Hi", "é", "日本", "🙂", "<|eot_id|>", "<|endoftext|>", "  x", "ü\u0301"]

@@ -22,7 +22,7 @@ from shardtok.convert.sft.templates import (
     load_template,
     template_tokens,
 )
-from shardtok.convert.tokenizer import BUNDLED_PATH, load_tokenizer
+from shardtok.convert.tokenizing.tokenizer import BUNDLED_PATH, load_tokenizer
 from shardtok.errors import UsageError
 
 FIXTURES = Path(__file__).parent / "fixtures"

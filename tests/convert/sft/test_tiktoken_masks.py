@@ -17,7 +17,7 @@ from shardtok.convert.sft.encode import SFTEncoder
 from shardtok.convert.sft.jinja_env import AttrMessage, TrackedMessages
 from shardtok.convert.sft.render import BUILTIN_LIMITS
 from shardtok.convert.sft.templates import load_template, template_tokens
-from shardtok.convert.tokenizer import load_tokenizer
+from shardtok.convert.tokenizing.tokenizer import load_tokenizer
 
 TOKENIZERS = Path(__file__).parents[2] / ".tokenizers"
 TEMPLATES = {"llama3": ("llama3", "alpaca", "raw"), "qwen3": ("chatml", "qwen3", "alpaca", "raw")}

@@ -13,7 +13,7 @@ from tokenizers import Tokenizer
 from shardtok.convert.sft.conversation import Conversation, Message
 from shardtok.convert.sft.encode import SFTEncoder
 from shardtok.convert.sft.templates import load_template, template_tokens
-from shardtok.convert.tokenizer import BUNDLED_PATH, load_tokenizer
+from shardtok.convert.tokenizing.tokenizer import BUNDLED_PATH, load_tokenizer
 from shardtok.errors import UsageError
 from tests.convert.gpt2 import make_gpt2_folder
 

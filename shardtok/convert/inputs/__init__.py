@@ -1,0 +1,2 @@
+"""What a conversion reads: input files found and opened, their records, and the work units
+they are cut into."""
