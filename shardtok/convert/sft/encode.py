@@ -160,14 +160,44 @@ class SFTEncoder:
     def encode(self, conversation: Conversation, renderer) -> EncodedRecord | SFTBad:
         """Render `conversation` with `renderer` (anything with ``.render(Conversation) ->
         Rendered``), encode it, mask it and fit it into ``max_tokens``."""
+        prepared = self.prepare(conversation, renderer)
+        if isinstance(prepared, SFTBad):
+            return prepared
+        self.last_text = prepared[0].text
+        return self.finish(conversation, renderer, *prepared)
+
+    def prepare(self, conversation: Conversation, renderer) -> tuple[Rendered, bool] | SFTBad:
+        """The first half of :meth:`encode`: (rendered, whether content's special-token
+        strings are split) or the bad record. A worker renders a batch of records this way,
+        encodes their texts in one call (:meth:`batch_ids`), then :meth:`finish` es each."""
         rendered = self._render(conversation, renderer)
         if isinstance(rendered, SFTBad):
             return rendered
         split = self._content_specials(conversation, rendered)
         if isinstance(split, SFTBad):
             return split
-        self.last_text = rendered.text
-        ids, mask, boundary, starts = self._tokens(rendered, split)
+        return rendered, split
+
+    def batch_ids(self, texts: list[str]) -> list[np.ndarray | None]:
+        """tiktoken's ids of each rendered text (of a record whose content is not split), by
+        one call for the batch where it can; None for a text left to :meth:`finish` alone
+        (tokenizers, or no tiktoken)."""
+        if self._fast is None:
+            return [None] * len(texts)
+        return self._fast.batch_ids(texts)
+
+    def finish(
+        self, conversation: Conversation, renderer, rendered: Rendered, split: bool, ids=None
+    ) -> EncodedRecord | SFTBad:
+        """The second half of :meth:`encode`: tokens, masks, truncation. `ids`: tiktoken's ids
+        of ``rendered.text`` from :meth:`batch_ids`, or None to encode it here."""
+        if ids is not None:
+            ids, mask, boundary, starts = (
+                ids,
+                *self._fast.masks(ids, rendered.text, rendered.trained),
+            )
+        else:
+            ids, mask, boundary, starts = self._tokens(rendered, split)
         truncated = False
         if self.max_tokens is not None and len(ids) > self.max_tokens:
             truncated = True

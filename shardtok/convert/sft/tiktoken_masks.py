@@ -106,6 +106,17 @@ class TiktokenTokens:
         added = tokenizer.get_added_tokens_decoder().values()
         # tokenizers' encode_special_tokens still matches non-special added tokens.
         self.splits = all(t.special for t in added)
+        # The batch separator (batch_ids): an added token no added token ends with a proper
+        # prefix of (encoder._Joiner's rule), the highest id first, since the lowest ones are
+        # what templates write (Llama 3's <|begin_of_text|>) and the highest are reserved.
+        self._sep = None
+        if self._to_numpy is not None:
+            by_id = sorted(self._allowed, key=self.added_ids.__getitem__, reverse=True)
+            for sep in by_id:
+                prefixes = [sep[:k] for k in range(1, len(sep))]
+                if not any(s.endswith(p) for s in self._allowed for p in prefixes):
+                    self._sep, self._sep_id = sep, self.added_ids[sep]
+                    break
 
     def _array(self, text: str, allowed) -> np.ndarray | None:
         try:
@@ -123,6 +134,41 @@ class TiktokenTokens:
             return None
         found = self._find_added(text) if self._find_added is not None else ()
         return self._array(text, frozenset(found))
+
+    def batch_ids(self, texts: list[str]) -> list[np.ndarray | None]:
+        """ids() of each of `texts`, from one tiktoken call on the texts joined by a separator
+        token where it can. Why: a call per record between renders cost ~35% more per record
+        than the same texts encoded back to back. Exact for the reason encoder._Joiner gives
+        (tiktoken cuts at added tokens first and encodes each piece between them alone; the
+        separator's rule keeps every added token found inside one text or a separator);
+        ids() matches only the added tokens a text holds, which is every added token allowed.
+        A text holding the separator's own text gives one separator too many: then the batch
+        goes one text at a time, as it does for a lone surrogate (ids() says None for it)."""
+        out: list[np.ndarray | None] = [None] * len(texts)
+        todo = list(range(len(texts)))
+        if self._nfc is not None:  # texts NFC changes stay on tokenizers (None)
+            nfc = self._nfc.ids
+            todo = [i for i in todo if texts[i].isascii() or nfc(texts[i]) is None]
+        if len(todo) > 1 and self._sep is not None:
+            try:
+                joined = self._to_numpy(
+                    self._sep.join([texts[i] for i in todo]),
+                    allowed_special=self._allowed,
+                    disallowed_special=(),
+                )
+            except UnicodeEncodeError:
+                joined = None
+            if joined is not None:
+                cuts = np.flatnonzero(joined == self._sep_id)
+                if cuts.size == len(todo) - 1:
+                    starts = [0, *(cuts + 1).tolist()]
+                    ends = [*cuts.tolist(), joined.size]
+                    for i, a, b in zip(todo, starts, ends, strict=True):
+                        out[i] = joined[a:b]
+                    return out
+        for i in todo:
+            out[i] = self.ids(texts[i])
+        return out
 
     def split_ids(self, text: str, cuts) -> np.ndarray | None:
         """The ids of `text` cut at `cuts` ((start, end, id) of the template's special

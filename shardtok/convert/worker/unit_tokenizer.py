@@ -1,8 +1,9 @@
 """Tokenizing one work unit and persisting its result, inside a worker process.
 
-With ``--sft`` each record goes record -> Conversation -> Rendered -> (ids, mask) instead, one
-record at a time (its mask needs the offsets of that record's own encoding), and the unit's
-masks (one uint8 per token) are persisted next to its tokens.
+With ``--sft`` each record goes record -> Conversation -> Rendered -> (ids, mask) instead, in
+batches of about 1 MiB of rendered text (SFTRecords: one tiktoken call per batch, each record's
+masks from its own ids), and the unit's masks (one uint8 per token) are persisted next to its
+tokens.
 
 Texts are encoded in batches of about 1 MiB of characters (unit_batches.py); tokens stream to a temporary file
 so a unit made of one large compressed file never holds all its tokens in memory. The unit's
@@ -160,6 +161,24 @@ def tokenize(
             sink.submit(functools.partial(_run_canary, checker, canary[2], verdict))
         return canary
 
+    stop = config.stop_at_bad_record
+
+    def finished_records(done: list[tuple]) -> UnitFailure | None:
+        """SFT records finished by a batch (SFTRecords.add), in order, to the unit's files and
+        rejects; the first bad one under --on-bad-record error is the unit's failure."""
+        nonlocal canary
+        for piece_no, record, item, text in done:
+            if isinstance(item, (Reject, SFTBad)):
+                if stop:
+                    return UnitFailure(unit.index, piece_no, record, item.reason, item.detail)
+                rejects.append([piece_no, record, item.reason, item.detail])
+                continue
+            if canary is None:
+                canary = first_document(piece_no, record, text)
+            doc_rows.add(piece_no, record)
+            batcher.add(item.ids, item.mask)
+        return None
+
     batcher = None
     try:
         # Creating a file costs ~0.15 ms of CPU here (ext4): done beside the tokenizer.
@@ -187,26 +206,28 @@ def tokenize(
                     continue
                 record, item = entry
                 records_read += 1
-                if sft is not None and not isinstance(item, Reject):
-                    item = sft.encode(item)
-                if isinstance(item, (Reject, SFTBad)):
+                if sft is not None:
+                    failure = finished_records(sft.add(piece_no, record, item, stop))
+                    if failure is not None:
+                        return ended(functools.partial(_failed, failure))
+                    continue
+                if isinstance(item, Reject):
                     if config.stop_at_bad_record:
                         failure = UnitFailure(
                             unit.index, piece_no, record, item.reason, item.detail
                         )
                         return ended(functools.partial(_failed, failure))
                     rejects.append([piece_no, record, item.reason, item.detail])
-                elif sft is not None:
-                    if canary is None:
-                        canary = first_document(piece_no, record, sft.encoder.last_text)
-                    doc_rows.add(piece_no, record)
-                    batcher.add(item.ids, item.mask)
                 else:
                     if canary is None:
                         canary = first_document(piece_no, record, item)
                     doc_rows.add(piece_no, record)
                     batcher.add(item)
             piece_records.append(reader.records)
+        if sft is not None:
+            failure = finished_records(sft.flush(stop))
+            if failure is not None:
+                return ended(functools.partial(_failed, failure))
         if read_next is not None:
             read_next()  # the next unit's reading, on the sink's thread while this one encodes
         batcher.flush()
