@@ -50,6 +50,24 @@ message_construction: [role, instruction, conversations]
 SPECIALS = ["<s>", "</s>", "<|im_start|>", "<|im_end|>"]
 
 
+def chat(*pairs) -> list[dict]:
+    """Messages from (role, content) pairs."""
+    return [{"role": role, "content": content} for role, content in pairs]
+
+
+# Conversations every template is checked on against transformers: a system message, several
+# turns, non-ASCII, contents with leading and trailing whitespace, an empty answer.
+CHATS = [
+    chat(("user", "Hi"), ("assistant", "Hello! How can I help?")),
+    chat(("system", "You are terse."), ("user", "2+2?"), ("assistant", "4"),
+         ("user", "And 3+3?"), ("assistant", "6, obviously.")),
+    chat(("user", "Ça va ? 日本語で"), ("assistant", "Très bien 🙂 — はい、日本語です。")),
+    chat(("user", "\n leading"), ("assistant", "\n\nSure"), ("user", "again"),
+         ("assistant", "  two spaces"), ("user", "x"), ("assistant", " Sure  ")),
+    chat(("user", "say nothing"), ("assistant", "")),
+]  # fmt: skip
+
+
 def special_tokenizer(folder: Path) -> Path:
     """The bundled tokenizer plus SPECIALS as special tokens, saved as FOLDER/tokenizer.json."""
     from tokenizers import Tokenizer

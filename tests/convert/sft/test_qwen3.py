@@ -17,6 +17,7 @@ from shardtok.convert.sft.encode import SFTEncoder
 from shardtok.convert.sft.jinja_env import compile_template, render_tracked
 from shardtok.convert.sft.templates import RenderRefused, load_template, template_tokens
 from shardtok.convert.tokenizing.tokenizer import load_tokenizer
+from tests.helpers.sft_data import CHATS, chat
 
 FIXTURES = Path(__file__).parent / "fixtures"
 QWEN3_STOCK = (FIXTURES / "qwen3_chat_template.jinja").read_text()
@@ -29,21 +30,14 @@ QWEN3_TOKENS = {
 THINK = "<think>\n\n</think>\n\n"
 
 
-def chat(*pairs):
-    return [{"role": role, "content": content} for role, content in pairs]
-
-
 CONVERSATIONS = [
-    chat(("user", "Hi"), ("assistant", "Hello! How can I help?")),
-    chat(("system", "You are terse."), ("user", "2+2?"), ("assistant", "4"),
-         ("user", "And 3+3?"), ("assistant", "6, obviously.")),
-    chat(("user", "Ça va ? 日本語で"), ("assistant", "Très bien 🙂 — はい、日本語です。")),
-    chat(("user", "\n leading"), ("assistant", "\n\nSure"), ("user", "again"),
-         ("assistant", "  two spaces"), ("user", "x"), ("assistant", "\n Sure  ")),
+    *CHATS,
+    chat(
+        ("user", "\n leading"), ("assistant", "\n\nSure"), ("user", "x"), ("assistant", "\n Sure  ")
+    ),
     chat(("system", "s"), ("user", "q"), ("assistant", "a1"), ("assistant", "a2")),
     chat(("user", "q"), ("assistant", "a"), ("user", "ends with a question")),
-    chat(("user", "say nothing"), ("assistant", "")),
-]  # fmt: skip
+]
 
 
 def conversation(messages):

@@ -16,6 +16,7 @@ from shardtok.convert.sft.templates import load_template, template_tokens
 from shardtok.convert.tokenizing.tokenizer import BUNDLED_PATH, load_tokenizer
 from shardtok.errors import UsageError
 from tests.convert.gpt2 import make_gpt2_folder
+from tests.helpers.sft_data import CHATS, chat
 
 NPM_TOKENIZERS = Path(__file__).parents[2] / ".tokenizers"
 
@@ -31,19 +32,7 @@ GPT2_TEMPLATE = (
 )
 
 
-def chat(*pairs):
-    return [{"role": role, "content": content} for role, content in pairs]
-
-
-CONVERSATIONS = [
-    chat(("user", "Hi"), ("assistant", "Hello! How can I help?")),
-    chat(("system", "You are terse."), ("user", "2+2?"), ("assistant", "4"),
-         ("user", "And 3+3?"), ("assistant", "6, obviously.")),
-    chat(("user", "Ça va ? 日本語で"), ("assistant", "Très bien 🙂 — はい、日本語です。")),
-    chat(("user", "\n leading"), ("assistant", "\n\nSure"), ("user", "again"),
-         ("assistant", "  two spaces"), ("user", "x"), ("assistant", " Sure  ")),
-    chat(("user", "say nothing"), ("assistant", "")),
-]  # fmt: skip
+CONVERSATIONS = CHATS
 
 
 def transformers_masks(tokenizer, template, messages):
