@@ -86,7 +86,6 @@ def _convert(planned: Planned, run: RunOptions, started: float) -> ConvertResult
     todo = [u for u in units if u.index not in ready]
 
     workers = max(1, min(run.workers or usable_cores(), len(todo) or 1))
-    progress = None
     with contextlib.ExitStack() as stack:
         pool = None
         if todo:
