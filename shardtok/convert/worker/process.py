@@ -29,13 +29,9 @@ from shardtok.convert.tokenizing.encoder import BatchEncoder
 from shardtok.convert.worker.background import BackgroundWriter
 from shardtok.convert.worker.unit_batches import SFTRecords
 from shardtok.convert.worker.unit_reader import ReadAhead, reads_ahead
-from shardtok.convert.worker.unit_tokenizer import Scratch, tokenize
+from shardtok.convert.worker.unit_tokenizer import Scratch, Worker, tokenize
 
-_config: WorkerConfig | None = None
-_encoder: BatchEncoder | None = None
-_sft: SFTRecords | None = None
-# A row group or record batch cut into row ranges, decoded once per worker (see table_pieces.py).
-_blocks = BlockCache()
+_worker: Worker | None = None  # this process's, once init_worker made it a worker
 
 
 def _exit_with_main(alive: Connection) -> None:
@@ -57,17 +53,22 @@ def init_worker(
     pipe whose write end only the pool's parent holds (`alive_w`: this process's inherited copy,
     closed here): the worker exits when the parent dies. Without them (an engine's worker, whose
     lifetime the engine manages) nothing is watched."""
-    global _config, _encoder, _sft
+    global _worker
     # Before anything slow: a forked worker inherits the write end, and must drop it for the
     # EOF to come when the main process dies.
     if alive_w is not None:
         alive_w.close()
     if alive is not None:
         threading.Thread(target=_exit_with_main, args=(alive,), daemon=True).start()
-    _config = config
+    job = config.job
     # One of the two, never a former configuration's other (a process made a worker twice).
-    _encoder = BatchEncoder(config.job.tokenizer) if config.job.sft is None else None
-    _sft = SFTRecords(config.job.sft, config.job.tokenizer) if config.job.sft is not None else None
+    _worker = Worker(
+        config,
+        WorkDir(job.output, config.storage_options),
+        BatchEncoder(job.tokenizer) if job.sft is None else None,
+        SFTRecords(job.sft, job.tokenizer) if job.sft is not None else None,
+        BlockCache(),
+    )
 
 
 def tokenize_unit(unit: Unit) -> UnitResult | UnitFailure | EncoderMismatch:
@@ -100,18 +101,16 @@ def start_unit(
     once: each unit's files, verdict and marker are its own (see background.py). `checked`:
     the canary's verdict from the main process, if it has one (see canary.py); `ahead` and
     `read_next`: see unit_tokenizer.tokenize."""
-    assert _config is not None and (_encoder or _sft) is not None, "init_worker was not called"
-    workdir = _workdir(_config)
+    worker = _worker
+    assert worker is not None, "init_worker was not called"
+    workdir = worker.workdir
     scratch = Scratch(workdir, unit.index)
     try:
-        conclusion = tokenize(
-            unit, _config, workdir, scratch, _encoder, _sft, _blocks, _sink(), checked,
-            ahead, read_next,
-        )  # fmt: skip
+        conclusion = tokenize(unit, worker, scratch, _sink(), checked, ahead, read_next)
     except BaseException:
         scratch.close()
         raise
-    stop_mode = _config.stop_at_bad_record
+    stop_mode = worker.config.stop_at_bad_record
 
     def conclude(error: BaseException | None) -> None:
         try:
@@ -166,8 +165,10 @@ def serve_units(
             following = tasks.recv()
             reading = None
             if following is not None and reads_ahead(following[1], config.files):
-                fields = _sft.fields if _sft is not None else None
-                reading = ReadAhead(following[1], config, _sft is not None, fields, _blocks)
+                assert _worker is not None
+                sft = _worker.sft
+                fields = sft.fields if sft is not None else None
+                reading = ReadAhead(following[1], config, sft is not None, fields, _worker.blocks)
             received.append((following, reading))
             if reading is not None:
                 _sink().submit(reading.run)
@@ -180,19 +181,9 @@ def serve_units(
     _sink().close()
 
 
-_workdirs: dict = {}
 # The writer thread this process's units share, and the process it was started in (a forked
 # child inherits the object, not the thread).
 _sink_of: tuple[int, BackgroundWriter] | None = None
-
-
-def _workdir(config: WorkerConfig) -> WorkDir:
-    # One per output folder and process: building its Folder costs ~0.1 ms per unit otherwise.
-    key = (config.job.output, repr(config.storage_options))
-    if key not in _workdirs:
-        _workdirs.clear()
-        _workdirs[key] = WorkDir(config.job.output, config.storage_options)
-    return _workdirs[key]
 
 
 def _sink() -> BackgroundWriter:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -87,14 +88,23 @@ class Scratch:
         self.made.clear()
 
 
+@dataclass(frozen=True)
+class Worker:
+    """What a worker process holds for its job, built once (process.init_worker) and handed to
+    every unit it tokenizes."""
+
+    config: WorkerConfig
+    workdir: WorkDir
+    encoder: BatchEncoder | None  # text documents: the batch encoder
+    sft: SFTRecords | None  # fine-tuning records: their pipeline
+    # Row groups or record batches cut into row ranges, decoded once (see table_pieces.py).
+    blocks: BlockCache
+
+
 def tokenize(
     unit: Unit,
-    config: WorkerConfig,
-    workdir: WorkDir,
+    worker: Worker,
     scratch: Scratch,
-    encoder: BatchEncoder | None,
-    sft: SFTRecords | None,
-    blocks: BlockCache,
     sink: BackgroundWriter,
     checked: Checked | None = None,
     ahead: ReadAhead | None = None,
@@ -102,17 +112,20 @@ def tokenize(
 ) -> Callable[[BaseException | None], UnitResult | UnitFailure | EncoderMismatch]:
     """Read and tokenize `unit`, handing its writes to the sink; returns the unit's
     conclusion, to be run on the sink's thread after them with the first failure among them
-    (see worker.start_unit). `config` is the worker's WorkerConfig; `encoder` or `sft`, `blocks` and `sink` are the worker's own.
-    `checked`: the canary's verdict from the main process (canary.py), taken if it is on the
-    text this unit's canary checks, else the canary runs here. `ahead`: this unit's records if
-    they were read ahead (unit_reader.py); `read_next` is called once the unit is read, before
-    its last batch is encoded, to start reading the next one."""
+    (see process.start_unit); `sink` is the process's writer thread. `checked`: the canary's
+    verdict from the main process (canary.py), taken if it is on the text this unit's canary
+    checks, else the canary runs here. `ahead`: this unit's records if they were read ahead
+    (unit_reader.py); `read_next` is called once the unit is read, before its last batch is
+    encoded, to start reading the next one."""
+    config, workdir, encoder, sft, blocks = (
+        worker.config, worker.workdir, worker.encoder, worker.sft, worker.blocks
+    )  # fmt: skip
     suffixes = [".tokens", ".frames"] + ([".mask"] if sft else []) + [".docs.npy", ".json"]
     paths = {suffix: scratch(suffix[1:]) for suffix in suffixes}
     # Created, written and (frames) compressed on the sink's thread; read there at the end.
     writers = {suffix: ChecksumWriter(None) for suffix in suffixes}
     out, frames_out, mask_out = writers[".tokens"], writers[".frames"], writers.get(".mask")
-    # Frames end at the unit's end, so the worker can compress them: the assembler
+    # Frames end at the unit's end, so the worker can compress them: the shard assembly
     # then only appends them to shards (see FrameBuilder).
     framer = FrameBuilder(
         config.job.frame_size, config.job.compression_level, frames_out,
