@@ -533,3 +533,18 @@ def test_a_run_with_a_separator_too_many_is_encoded_one_text_at_a_time(tt_path, 
     tokens, sizes = encoder.encode(texts)
     alone, alone_sizes = encoder._encode_from_arrays(texts)
     assert tokens.tolist() == alone.tolist() and sizes.tolist() == alone_sizes.tolist()
+
+
+def test_a_tokenizer_loaded_again_in_a_process_keeps_its_gate_verdict(tt_path, monkeypatch):
+    first = load_tokenizer(str(tt_path))
+
+    def gate(*args, **kwargs):
+        raise AssertionError("the gate ran again for a tokenizer it already passed")
+
+    monkeypatch.setattr(tokmod, "tiktoken_encoding", gate)
+    again = load_tokenizer(str(tt_path))
+    assert (again.backend, again.backend_note) == (first.backend, first.backend_note)
+    assert again.backend == "tiktoken"
+    # A cache_dir asks for the verdict on disk: the gate runs (and here, refuses).
+    with pytest.raises(AssertionError, match="ran again"):
+        load_tokenizer(str(tt_path), cache_dir=str(tt_path.parent / "gate-cache"))

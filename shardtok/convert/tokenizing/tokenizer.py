@@ -46,6 +46,9 @@ _DOCUMENT_ENDS = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>")
 _LOADED_BACKENDS: dict[str, object] = {}
 # tiktoken encodings that passed the gate in this process, by fingerprint (inherited the same way).
 _LOADED_TIKTOKEN: dict[str, object] = {}
+# The tiktoken gate's verdicts in this process, by fingerprint: None passed, else why not. Kept
+# apart from _LOADED_TIKTOKEN, which a worker also fills from a plan's word without a gate.
+_GATE_VERDICTS: dict[str, str | None] = {}
 
 BACKENDS = ("auto", "hf", "tiktoken")
 
@@ -288,15 +291,23 @@ def _choose_backend(
     """Run the tiktoken gate (once, here in the main process) and return (backend, note)."""
     if requested == "hf":
         return "hf", "requested with --tokenizer-backend hf"
-    try:
-        encoding = tiktoken_encoding(hf_backend, backend_json, fingerprint, cache_dir)
-    except TokenizerLoadError as exc:
+    # The verdict depends on the serialized tokenizer alone, which the fingerprint hashes: a
+    # process that loads the same tokenizer again (a notebook, a test suite) skips the gate,
+    # unless a cache_dir asks for the verdict to be kept there.
+    known = _GATE_VERDICTS.get(fingerprint, "") if cache_dir is None else ""
+    if known == "" or (known is None and fingerprint not in _LOADED_TIKTOKEN):
+        try:
+            encoding = tiktoken_encoding(hf_backend, backend_json, fingerprint, cache_dir)
+        except TokenizerLoadError as exc:
+            _GATE_VERDICTS[fingerprint] = str(exc)
+        else:
+            _LOADED_TIKTOKEN[fingerprint] = encoding
+            _GATE_VERDICTS[fingerprint] = None
+    refused = _GATE_VERDICTS[fingerprint]
+    if refused is not None:
         if requested == "tiktoken":
-            raise TokenizerLoadError(
-                f"--tokenizer-backend tiktoken cannot be used: {exc}"
-            ) from None
-        return "hf", f"tiktoken not used: {exc}"
-    _LOADED_TIKTOKEN[fingerprint] = encoding
+            raise TokenizerLoadError(f"--tokenizer-backend tiktoken cannot be used: {refused}")
+        return "hf", f"tiktoken not used: {refused}"
     return "tiktoken", "same ids as tokenizers: equivalence gate passed, canary on every unit"
 
 
