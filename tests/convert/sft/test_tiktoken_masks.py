@@ -50,15 +50,19 @@ def _template(name: str, template: str, train_on_input: bool = False):
     )
 
 
-def _setup(name: str, template: str, **options):
-    hf, fast = _tokenizer(name, "hf"), _tokenizer(name, "tiktoken")
-    options.setdefault("max_tokens", None)
-    renderer = _template(name, template, options.pop("train_on_input", False))
-    return (
-        renderer,
-        SFTEncoder(hf, **options),
-        SFTEncoder(fast, **options),
+@functools.cache
+def _encoders(name: str, options: tuple) -> tuple[SFTEncoder, SFTEncoder]:
+    # Shared by the templates of one tokenizer: an encoder builds its offsets tokenizer and
+    # special-token patterns on first use, seconds for a 128k vocabulary.
+    kwargs = {"max_tokens": None, **dict(options)}
+    return SFTEncoder(_tokenizer(name, "hf"), **kwargs), SFTEncoder(
+        _tokenizer(name, "tiktoken"), **kwargs
     )
+
+
+def _setup(name: str, template: str, **options):
+    renderer = _template(name, template, options.pop("train_on_input", False))
+    return (renderer, *_encoders(name, tuple(sorted(options.items()))))
 
 
 CASES = [
