@@ -116,6 +116,19 @@ def trained_runs(tokenizer_path: Path, tokens, mask) -> list[str]:
     return [tok.decode(r, skip_special_tokens=False) for r in runs]
 
 
+def decoded_runs(backend, ids, mask) -> list[str]:
+    """The trained runs of `ids` (consecutive tokens whose `mask` is set), each decoded by a
+    tokenizers `backend` with its special tokens."""
+    runs, run = [], []
+    for token, flag in zip(ids, mask):
+        if flag:
+            run.append(token)
+        elif run:
+            runs, run = runs + [run], []
+    runs += [run] if run else []
+    return [backend.decode(r, skip_special_tokens=False) for r in runs]
+
+
 def decode(tokenizer_path: Path, tokens) -> str:
     from tokenizers import Tokenizer
 

@@ -17,7 +17,7 @@ from shardtok.convert.sft.encode import SFTEncoder
 from shardtok.convert.sft.jinja_env import compile_template, render_tracked
 from shardtok.convert.sft.templates import RenderRefused, load_template, template_tokens
 from shardtok.convert.tokenizing.tokenizer import load_tokenizer
-from tests.helpers.sft_data import CHATS, chat
+from tests.helpers.sft_data import CHATS, chat, decoded_runs
 
 FIXTURES = Path(__file__).parent / "fixtures"
 QWEN3_STOCK = (FIXTURES / "qwen3_chat_template.jinja").read_text()
@@ -159,17 +159,6 @@ def qwen3():
     return tokenizer, renderer, SFTEncoder(spec, max_tokens=None), backend
 
 
-def trained_runs(backend, ids, mask):
-    runs, run = [], []
-    for token, flag in zip(ids, mask):
-        if flag:
-            run.append(token)
-        elif run:
-            runs, run = runs + [run], []
-    runs += [run] if run else []
-    return [backend.decode(r, skip_special_tokens=False) for r in runs]
-
-
 @pytest.mark.parametrize("messages", [m for m in CONVERSATIONS if m[-1]["role"] == "assistant"])
 def test_equals_apply_chat_template_on_the_npm_tokenizer(qwen3, messages):
     tokenizer, renderer, encoder, backend = qwen3
@@ -185,7 +174,7 @@ def test_equals_apply_chat_template_on_the_npm_tokenizer(qwen3, messages):
     )
     # Exactly each answer and its <|im_end|>, except that an answer starting with a newline
     # merges with the newline after "assistant" (a boundary token), as with chatml.
-    runs = trained_runs(backend, ids, out.mask.tolist())
+    runs = decoded_runs(backend, ids, out.mask.tolist())
     wanted = answers(messages)
     assert len(runs) == len(wanted)
     for run, answer in zip(runs, wanted):

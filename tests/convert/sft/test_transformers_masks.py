@@ -16,7 +16,7 @@ from shardtok.convert.sft.templates import load_template, template_tokens
 from shardtok.convert.tokenizing.tokenizer import BUNDLED_PATH, load_tokenizer
 from shardtok.errors import UsageError
 from tests.convert.gpt2 import make_gpt2_folder
-from tests.helpers.sft_data import CHATS, chat
+from tests.helpers.sft_data import CHATS, chat, decoded_runs
 
 NPM_TOKENIZERS = Path(__file__).parents[2] / ".tokenizers"
 
@@ -117,17 +117,6 @@ def npm_tokenizer(name):
     return folder
 
 
-def trained_runs(backend, ids, mask):
-    runs, run = [], []
-    for token, flag in zip(ids, mask):
-        if flag:
-            run.append(token)
-        elif run:
-            runs, run = runs + [run], []
-    runs += [run] if run else []
-    return [backend.decode(r, skip_special_tokens=False) for r in runs]
-
-
 STOCK_CASES = [("llama3", "llama3", "<|eot_id|>"), ("qwen3", "chatml", "<|im_end|>")]
 
 
@@ -173,7 +162,7 @@ def test_builtins_serve_the_npm_tokenizers(tokenizer_name, builtin, end_of_turn)
             answers = [a.strip() for a in answers]
         # Exactly each answer and its end-of-turn token, except that an answer starting with
         # a newline merges with ChatML's newline after "assistant" (a boundary token).
-        runs = trained_runs(backend, got_ids, got_mask)
+        runs = decoded_runs(backend, got_ids, got_mask)
         assert len(runs) == len(answers)
         for run, answer in zip(runs, answers):
             expected = answer + end_of_turn
