@@ -79,6 +79,7 @@ def cpu_seconds() -> float:
 
 def run(inputs: Path, output: Path, spec, workers: int, sft=None) -> tuple[float, float, int]:
     from shardtok.convert import ConvertJob, RunOptions, convert
+
     job = ConvertJob(inputs=(str(inputs),), output=str(output), tokenizer=spec, sft=sft)
     options = RunOptions(workers=workers, overwrite=True, progress=False)
     start, cpu = time.perf_counter(), cpu_seconds()
