@@ -21,6 +21,7 @@ from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 from shardtok.convert import ConvertJob, RunOptions, convert, load_tokenizer
 from shardtok.convert.tokenizing import tiktoken_backend as tb
 from shardtok.convert.tokenizing.encoder import BatchEncoder
+from shardtok.convert.tokenizing.probe import probe_texts
 from shardtok.convert.tokenizing.tokenizer import BUNDLED_PATH, TokenizerLoadError
 from tests.convert.gpt2 import make_gpt2_folder
 from tests.convert.test_tiktoken import tree_digest, varied_texts, write_corpus
@@ -132,7 +133,7 @@ def test_gpt2_ids_equal_tokenizers_on_varied_text(gpt2):
     assert fast.vocab_size == 50257 and fast.eos_id == 50256
     path = gpt2 / "tokenizer.json"
     texts = varied_texts(2000, seed=5) + _non_merge_strings(path, 6000, seed=1)
-    texts += [t.replace("<|endoftext|>", "") for t in tb.probe_texts({})]
+    texts += [t.replace("<|endoftext|>", "") for t in probe_texts({})]
     texts += ["x<|endoftext|>y", "<|endoftext|><|endoftext|>", " <|endoftext", "endoftext|>"]
     texts += _every_assigned_plane()
     tokens_fast, sizes_fast = BatchEncoder(fast).encode(texts)

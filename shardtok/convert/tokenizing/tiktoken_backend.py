@@ -40,35 +40,12 @@ token made by two merges, so for them the merge steps are proven equal; Llama 3 
 tokens, and no text was found that reaches that state (3,213 overlapping pairs; 36k
 adversarial strings and a 16 MB corpus encode identically). Nor does the proof cover the regex:
 the same pattern runs in Oniguruma (HF) and fancy-regex (tiktoken), whose Unicode tables may
-differ on recently assigned characters. Both are left to the probe below and the convert
+differ on recently assigned characters. Both are left to the probe (probe.py) and the convert
 canary, which re-encode text with HF and stop on any difference.
 
-NFC (a tokenizer whose normalizer is exactly NFC, every added token normalized=false): HF
-splits the raw text at added tokens first (the non-normalized pass), normalizes each piece
-between them alone, then pre-tokenizes and BPEs each normalized piece; normalized added tokens
-would be matched afterwards in the normalized pieces, so the gate refuses them here (their
-matches would depend on what NFC does at the pieces' edges). :class:`NfcText` does the same:
-
-- a text HF's NFC leaves unchanged (ASCII, or every piece between added tokens already NFC:
-  ``unicodedata.is_normalized``) gives HF's ids without normalizing, by the proof above;
-- any other text is split at the added tokens as HF splits it (no added token is a substring of
-  another, so the leftmost match is the longest, as in HF's pass), each piece normalized and
-  encoded with ``encode_ordinary`` (no added token looked for: HF does not look again either),
-  the added tokens' ids between them. Such texts are encoded alone, never joined in a run.
-
-Normalizing the whole text first and letting tiktoken find the added tokens afterwards is not
-the same: NFC joins ``>`` and a following U+0338 into ``≯``, so ``<|im_end|>`` + U+0338 would lose
-its added token (HF keeps it), and NFC can make added-token text that HF never matches
-(U+037E becomes ``;``).
-
-Unicode versions: the pieces are normalized by HF's own NFC (``tokenizers.normalizers.NFC``), so
-a changed text gets HF's result whatever tables it has. Whether a text changes is asked of
-Python's ``unicodedata.is_normalized`` (35x cheaper per text). That is exact when Python's Unicode
-version is at least HF's (HF 0.23: older tables than Python 3.11's 14.0): by Unicode's stability
-policy, characters HF knows have the same decompositions, combining classes and compositions in
-Python, and a character only Python knows is a starter to HF that composes with nothing and
-blocks, so HF changes nothing that Python leaves alone. The other way round is left to the probe
-(decomposed, singleton, reordered, Hangul jamo and compatibility text) and the canary.
+NFC (a tokenizer whose normalizer is exactly NFC, every added token normalized=false) is put in
+front of the encoding by nfc_text.py, which says why that gives HF's ids; the gate refuses any
+other normalizer, and normalized added tokens under NFC.
 
 The merge checks cost ~2 s for a 128k vocabulary (0.6 s for GPT-2), so their verdict can be
 cached on disk by tokenizer fingerprint, in a cache folder the caller names (nothing is cached
@@ -80,8 +57,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -400,86 +375,3 @@ def parts_unchecked(backend_json: str) -> TiktokenParts:
     pattern = _pattern(spec.get("pre_tokenizer"))
     nfc = spec.get("normalizer") is not None
     return TiktokenParts(pattern, _ranks(vocab, unbuildable), specials, nfc)
-
-
-class NfcText:
-    """HF's NFC step in front of a tiktoken encoding (see "NFC" in the module docstring).
-
-    :meth:`ids` gives None for a text that HF's normalizing leaves as it is (then tiktoken's ids
-    of the text itself are HF's), else the text's ids, computed as HF computes them.
-    """
-
-    def __init__(self, encoding, specials: dict[str, int]):
-        from tokenizers import normalizers
-
-        self._ordinary = encoding.encode_ordinary
-        # HF's own NFC for the pieces that change: Python's unicodedata may compose what HF's
-        # older Unicode tables do not (U+11935 U+11930 -> U+11938, Unicode 13).
-        self._normalize = normalizers.NFC().normalize_str
-        self._specials = specials
-        # Longest first: with no added token inside another the order cannot matter, but then
-        # the match is HF's leftmost-longest whatever the gate allowed.
-        alternatives = sorted(specials, key=len, reverse=True)
-        self._split = (
-            re.compile("(" + "|".join(map(re.escape, alternatives)) + ")").split
-            if specials
-            else None
-        )
-        firsts = sorted({t[0] for t in specials})
-        self._firsts = firsts if len(firsts) <= 4 else None  # None: split every text
-
-    def _pieces(self, text: str) -> list[str]:
-        """[piece, added token, piece, ..., piece], as HF's first pass cuts `text`."""
-        if self._split is None:
-            return [text]
-        if self._firsts is not None and not any(ch in text for ch in self._firsts):
-            return [text]
-        return self._split(text)
-
-    def ids(self, text: str) -> list[int] | None:
-        if text.isascii():  # O(1) in CPython: the common case costs nothing more
-            return None
-        pieces = self._pieces(text)
-        normalized = unicodedata.is_normalized
-        if all(normalized("NFC", piece) for piece in pieces[0::2]):
-            return None
-        ids: list[int] = []
-        for k, piece in enumerate(pieces):
-            if k % 2:
-                ids.append(self._specials[piece])
-            elif piece:
-                ids.extend(self._ordinary(self._normalize(piece)))
-        return ids
-
-
-# A fixed text that exercises what differs between regex engines and BPE orders: scripts,
-# combining marks, unusual whitespace, digit runs, contractions, code. The gate encodes it (and
-# every added token inside text) with both encoders and refuses on any difference.
-PROBE_TEXT = (
-    "Hello world! It's we've they'll I'd DON'T   spaces\t\ttabs\n\n\nnewlines\r\n"
-    "1234567890 3.14159 1,000,000 x=42; y += 0x1F\n"
-    "def f(a, b):\n    return a**2 + b  # comment\n\t\tif x:\n        pass\n"
-    "Ünïcödé naïve café résumé Straße ﬁ ǅ İ ı\u0301 e\u0301 a\u0308\n"
-    "Привет мир Ελληνικά עברית العربية हिन्दी ภาษาไทย 日本語のテキスト 中文字符 한국어\n"
-    "emoji 😀👍🏽👨‍👩‍👧 🇩🇪 ★☆ ✓ → ∑∫√ ½ ² ①\n"
-    "nbsp\u00a0here\u2003em\u3000ideo\u200bzw\u2028ls\u2029ps\x0bvt\x0cff\x1cfs\x85nel\n"
-    "AMAMAMA ababab aaaaaaaaaaaaaaaaaaaaaaaa ............ ------------ ============\n"
-    "    \n  \n\n \t \n" + " " * 17 + "end" + "\n" * 5 + "!!!???" + "\u0000\u0001\u007f\n"
-    # What NFC changes (decomposed forms, singletons, mark order, Hangul jamo) and must not
-    # (compatibility characters), for tokenizers with an NFC normalizer.
-    "e\u0301 A\u030a \u212b \u212a \u2126 \u037e \u1fef a\u0323\u0302 a\u0302\u0323 o\u0308\u0304 "
-    "\u1100\u1161\u11a8 \uac00\u11a8 \u0915\u093c \u0958 \u05e9\u05c1 <\u0338 >\u0338 =\u0338 "
-    "ﬁ ① ㎏ ｆｕｌｌ ＡＢ ™ ℌ \u0301\u0301 \u0338 \U00011935\U00011930"
-)
-
-
-def probe_texts(specials: dict[str, int]) -> list[str]:
-    """PROBE_TEXT, and every added token inside text and at the edges."""
-    texts = [PROBE_TEXT, PROBE_TEXT.upper(), PROBE_TEXT[::-1]]
-    for content in sorted(specials):
-        # U+0338 and U+0301 around a token: NFC across its edges would join them to it.
-        texts.append(
-            f"a{content}b {content} {content}{content}\n{content} é{content}\u0338 "
-            f"e\u0301{content}\u0301"
-        )
-    return texts

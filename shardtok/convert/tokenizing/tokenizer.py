@@ -317,6 +317,8 @@ def tiktoken_encoding(hf_backend, backend_json: str, fingerprint: str, cache_dir
     `cache_dir` as in :func:`load_tokenizer`.
     """
     from shardtok.convert.tokenizing import tiktoken_backend as tb
+    from shardtok.convert.tokenizing.nfc_text import NfcText
+    from shardtok.convert.tokenizing.probe import probe_texts
 
     try:
         import tiktoken  # noqa: F401
@@ -329,13 +331,13 @@ def tiktoken_encoding(hf_backend, backend_json: str, fingerprint: str, cache_dir
     encoding = parts.build(fingerprint)
     # The gate reads the configuration; the probe checks the regex engines and BPE agree in
     # fact on a fixed text, before any worker starts.
-    texts = tb.probe_texts(parts.specials)
+    texts = probe_texts(parts.specials)
     # One text at a time: encode_batch would start tokenizers' thread pool in this process just
     # before the workers are forked from it.
     hf = [hf_backend.encode(t, add_special_tokens=False).ids for t in texts]
     allowed = frozenset(parts.specials)
     # Through HF's NFC step where the tokenizer has one, as the workers encode.
-    nfc = tb.NfcText(encoding, parts.specials) if parts.nfc else None
+    nfc = NfcText(encoding, parts.specials) if parts.nfc else None
     for text, expected in zip(texts, hf):
         got = nfc.ids(text) if nfc is not None else None
         if got is None:
