@@ -23,7 +23,6 @@ the encoder is built.
 from __future__ import annotations
 
 import bisect
-import itertools
 import json
 from dataclasses import dataclass
 
@@ -38,6 +37,7 @@ from shardtok.convert.sft.conversation import (
     Rendered,
     SFTBad,
 )
+from shardtok.convert.sft.offset_masks import offsets_array, overlap, span_tokens
 from shardtok.convert.sft.render import RenderRefused
 from shardtok.convert.sft.tiktoken_masks import literal_pattern
 from shardtok.errors import UsageError
@@ -121,7 +121,7 @@ class SFTEncoder:
         # Where every character is covered by tokens of non-zero width (byte-level BPE with no
         # normalizer: nothing inserted, nothing dropped), the tokens a span overlaps are found
         # from its two ends (char_to_token) instead of every token's offsets, whose Python
-        # tuples cost more than the masks they give; _overlap's result either way.
+        # tuples cost more than the masks they give; overlap's result either way.
         from tokenizers import decoders
 
         self._by_span_ends = self._base.normalizer is None and isinstance(
@@ -237,14 +237,14 @@ class SFTEncoder:
             encoding = self._tokenizer.encode(text, add_special_tokens=False)
             ids = encoding.ids
             if self._by_span_ends:
-                found = _span_tokens(encoding, rendered.trained, len(ids))
+                found = span_tokens(encoding, rendered.trained, len(ids))
                 if found is not None:
                     ids = np.fromiter(ids, dtype=np.int64, count=len(ids))
-                    return ids, *found, lambda: _offsets(encoding.offsets)[:, 0]
+                    return ids, *found, lambda: offsets_array(encoding.offsets)[:, 0]
             offsets = encoding.offsets
         ids = np.fromiter(ids, dtype=np.int64, count=len(ids))
-        offsets = _offsets(offsets)
-        trained, boundary = _overlap(rendered.trained, len(text), offsets[:, 0], offsets[:, 1])
+        offsets = offsets_array(offsets)
+        trained, boundary = overlap(rendered.trained, len(text), offsets[:, 0], offsets[:, 1])
         return ids, trained, boundary, lambda: offsets[:, 0]
 
     def _fast_tokens(self, rendered: Rendered, split: bool):
@@ -391,52 +391,3 @@ class SFTEncoder:
                 "between special tokens differently on its own; remove the special-token "
                 "strings from the records instead"
             )
-
-
-def _offsets(offsets) -> np.ndarray:
-    n = len(offsets)
-    # fromiter over the flattened pairs: half the time of asarray on a list of tuples.
-    flat = itertools.chain.from_iterable(offsets)
-    return np.fromiter(flat, dtype=np.int64, count=2 * n).reshape(n, 2)
-
-
-def _span_tokens(encoding, spans, n: int):
-    """_overlap's (trained, boundary) from the tokens at each span's ends, for an encoding whose
-    tokens cover every character with non-zero widths, in order (several byte tokens of one
-    character share its range); None where a character has no token (then _overlap decides)."""
-    trained = np.zeros(n, dtype=bool)
-    boundary = np.zeros(n, dtype=bool)
-    char_to_token, token_to_chars = encoding.char_to_token, encoding.token_to_chars
-    for a, b in spans:
-        first, last = char_to_token(a), char_to_token(b - 1)
-        if first is None or last is None:
-            return None
-        # char_to_token gives the first token holding a character: the rest of the last
-        # character's byte tokens follow it.
-        while last + 1 < n and token_to_chars(last + 1)[0] < b:
-            last += 1
-        trained[first : last + 1] = True
-        if token_to_chars(first)[0] < a:
-            boundary[first] = True
-        if token_to_chars(last)[1] > b:
-            boundary[last] = True
-    return trained, boundary
-
-
-def _overlap(spans, length: int, starts: np.ndarray, ends: np.ndarray):
-    """(trained, boundary) per token: a token is trained when the characters it covers overlap
-    a trained span, boundary when it also covers untrained characters."""
-    marks = np.zeros(length + 1, dtype=np.int64)
-    for a, b in spans:
-        marks[a] += 1
-        marks[b] -= 1
-    inside = np.cumsum(marks[:-1]) > 0
-    before = np.zeros(length + 1, dtype=np.int64)  # trained characters before each position
-    np.cumsum(inside, out=before[1:])
-    # A token covering no character (a normalizer's insertion) counts as the character after it.
-    width = ends - starts
-    probe_ends = np.where(width > 0, ends, np.minimum(starts + 1, length))
-    covered = before[probe_ends] - before[starts]
-    trained = covered > 0
-    boundary = trained & (covered < np.maximum(width, 1))
-    return trained, boundary

@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardtok.convert.sft.conversation import merge_spans
-from shardtok.convert.sft.encode import SFTEncoder, _offsets, _overlap, _span_tokens
+from shardtok.convert.sft.encode import SFTEncoder
+from shardtok.convert.sft.offset_masks import offsets_array, overlap, span_tokens
 from shardtok.convert.tokenizing.tokenizer import load_tokenizer
 
 LLAMA3 = Path(__file__).parents[2] / ".tokenizers" / "llama3"
@@ -38,9 +39,9 @@ def encoder(request):
 def test_span_ends_give_the_overlap_rule(encoder, text, cuts):
     spans = merge_spans((min(a, len(text)), min(a + w, len(text))) for a, w in cuts)
     encoding = encoder._tokenizer.encode(text, add_special_tokens=False)
-    offsets = _offsets(encoding.offsets)
-    expected = _overlap(spans, len(text), offsets[:, 0], offsets[:, 1])
-    found = _span_tokens(encoding, spans, len(encoding.ids))
+    offsets = offsets_array(encoding.offsets)
+    expected = overlap(spans, len(text), offsets[:, 0], offsets[:, 1])
+    found = span_tokens(encoding, spans, len(encoding.ids))
     if encoder._by_span_ends:
         assert found is not None
     if found is not None:
