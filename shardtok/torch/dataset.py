@@ -18,13 +18,14 @@ from torch.utils.data import IterableDataset, get_worker_info
 from shardtok.errors import ResumeStateError, ShardtokError, UsageError
 from shardtok.storage.dataset import DatasetSource
 from shardtok.storage.retry import RetryPolicy
-from shardtok.stream.factory import StreamSetup, use_retry
-from shardtok.stream.mix.spec import MixSpec, mix_spec
+from shardtok.stream.factory import StreamSetup
+from shardtok.stream.mix.spec import MixSpec
 from shardtok.stream.mix.stages import Curriculum, load_curriculum, load_stage
 from shardtok.stream.nodes.base import PlacedStream
-from shardtok.stream.options import OPTION_NAMES, StreamOptions
+from shardtok.stream.options import StreamOptions
 from shardtok.stream.plan import EpochPlan
 from shardtok.stream.resume.saved import MergedState, Placement, WorkerState
+from shardtok.torch.dataset_args import stream_options_of, stream_source
 from shardtok.torch.distributed import data_parallel_rank
 from shardtok.torch.lengths import check_num_batches, check_worker_count, per_worker
 from shardtok.torch.model_inputs import model_batch, model_sample, warn_if_transformers_mixes
@@ -35,22 +36,6 @@ _WORKERS_HOLD_STATE = (
     "stream it: the position lives in the workers. Checkpoint the loader instead "
     "(shardtok.torch.ShardLoader.state_dict(), or torchdata's StatefulDataLoader)"
 )
-
-
-_SAMPLE_LABELS = (
-    "a ShardStreamDataset without batch_size yields single sequences for a DataLoader or a "
-    "Trainer to batch: say which labels they need, labels_format='hf' for Hugging Face models "
-    "and Trainer (labels aligned with input_ids; the model shifts them) or 'shifted' for a loop "
-    "that computes its own loss (labels[i] is the target of input_ids[i])"
-)
-
-
-def _check_sample_labels(stream_options: dict) -> None:
-    # Trainer keeps only the model's own arguments, so the shift_labels that make a shifted
-    # batch right for model(**batch) never reach the model there: a silent default here would
-    # train two tokens ahead.
-    if "labels_format" not in stream_options:
-        raise UsageError(_SAMPLE_LABELS)
 
 
 class ShardStreamDataset(IterableDataset):
@@ -109,34 +94,9 @@ class ShardStreamDataset(IterableDataset):
         error when it was given, else a warning if ``len()`` was used (``ShardLoader``'s own
         ``len()`` is exact for its workers)."""
         super().__init__()
-        # Without batch_size the dataset yields single sequences, for a DataLoader (or a
-        # Trainer) to batch: a stream of batches of one, each position exact as ever.
-        self.yields_samples = options is None and "batch_size" not in stream_options
-        if options is None:
-            names = set(OPTION_NAMES)
-            unknown = sorted(set(stream_options) - names)
-            if unknown:
-                raise TypeError(
-                    f"ShardStreamDataset got unknown option(s) {unknown}; stream options are "
-                    f"{sorted(names)}"
-                )
-            if self.yields_samples:
-                _check_sample_labels(stream_options)
-                stream_options = {**stream_options, "batch_size": 1}
-            options = StreamOptions(**stream_options)
-        elif stream_options:
-            raise TypeError("give either options=StreamOptions(...) or its fields, not both")
-        if isinstance(dataset, Mapping):
-            dataset = mix_spec(dataset, storage_options)
-        elif not isinstance(dataset, (MixSpec, Curriculum, DatasetSource)):
-            dataset = DatasetSource.of(dataset, storage_options)  # a list: shards, never a mix
-        use_retry(dataset, retry)  # before the first read below
+        options, self.yields_samples = stream_options_of(options, stream_options)
+        dataset = stream_source(dataset, storage_options, retry, allow_mixed_tokenizers)
         check_num_batches(dataset, num_batches)
-        if isinstance(dataset, Curriculum):
-            for stage in dataset.stages:
-                stage.mix.allow_mixed_tokenizers |= allow_mixed_tokenizers
-        elif isinstance(dataset, MixSpec):
-            dataset.allow_mixed_tokenizers |= allow_mixed_tokenizers
         self.setup = StreamSetup.of(dataset, options)
         warn_if_transformers_mixes(options.labels_format)
         for each in self.setup.sources:
