@@ -15,7 +15,7 @@ from shardtok.errors import (
     UsageError,
 )
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 # The stdlib's advice for libraries: records go nowhere until the application configures
 # logging (the shardtok command does, for its own run), and never to Python's last-resort

@@ -97,7 +97,8 @@ def use_retry(data: DatasetSource | MixSpec | Curriculum, retry: RetryPolicy | N
 def check_stream_state(state: object) -> dict:
     """Every level of a stream state checked against its own kind's fields, in the process that
     loads it (a worker restores its stream later; a damaged state must not wait for that)."""
-    state = envelope.parse(state, STREAM_KINDS, NODE_CLASSES[_kind(state)].FIELDS)
+    owner = NODE_CLASSES[_kind(state)]
+    state = envelope.parse(state, STREAM_KINDS, owner.FIELDS, owner.OPTIONAL)
     _check_levels(state)
     return state
 
@@ -157,6 +158,7 @@ class StreamSetup:
                 "one stage streams as a mix: StreamSetup.mixed(curriculum.stage_spec(0), ...)"
             )
         curriculum.check_tokenizers()
+        curriculum.check_seeds(options)
         return cls(curriculum.sources, options, None, curriculum)
 
     @classmethod
@@ -287,7 +289,7 @@ class StreamSetup:
                     elastic = {"stage": merged.stage, "mix": merged.layout}
             elif state is not None:
                 if kind == MixedStream.KIND:  # a run of one stage, grown into several
-                    state = StagedStream.from_mix_state(state)
+                    state = StagedStream.from_mix_state(state, self.curriculum)
                 parsed = StagedStream.parse_state(state)
                 first_step, elastic = parsed["first_step"], parsed["elastic"]
             stream = StagedStream(

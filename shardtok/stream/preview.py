@@ -8,9 +8,11 @@ mixing schedule alone, with the rules the stream runs:
 * rank step ``t`` is worker ``t % K``'s local batch ``t // K`` (the loader's round robin), so
   worker w serves ``ceil((N - w) / K)`` of the first N steps, and stage k's share of them is
   bounded by ``Curriculum.local_begins``;
-* every stage is a fresh mix stream: its schedule starts at step 0 in every worker and its
-  sources start at their first epoch, so a stage's counts are ``MixSchedule.counts`` of its
-  sequences in each worker, the same on every rank;
+* every stage's schedule starts at step 0 in every worker, so a stage's counts are
+  ``MixSchedule.counts`` of its sequences (of its own batch size) in each worker, the same on
+  every rank. With ``stage_switch: continue`` a source goes on from where the earlier stages
+  left it (its epochs and unread parts count everything it served so far); with ``restart``
+  every stage's sources start at their first epoch;
 * a source's (rank, worker) slice serves its epoch plan's ``num_sequences``, then moves to the
   next epoch. Concat counts are exact; greedy and bfd plans give a lower bound on a slice's
   sequences (padding makes more), so their epochs are an upper bound there (``exact`` False).
@@ -53,23 +55,32 @@ def mix_preview(
     served = [-(-(max_batches - w) // slots) for w in range(slots)]  # local batches per worker
     begins = [curriculum.local_begins(0, w, slots) for w in range(slots)]
     stages = []
+    carried = [[0] * slots for _ in curriculum.sources]  # continuing sources: served so far
     for k, stage in enumerate(curriculum.stages):
         stage_options = resolved(curriculum.options_for(k, options), stage.mix.sources)
+        size = stage_options.batch_size
         local = [
             max(0, min(_end(begins[w], k), served[w]) - min(begins[w][k], served[w]))
             for w in range(slots)
         ]
         schedule = MixSchedule(stage.mix.weights)
-        counts = [schedule.counts(n * options.batch_size) for n in local]  # per worker, source
+        counts = [schedule.counts(n * size) for n in local]  # per worker, source
         ids = curriculum.source_ids(k)
         rows = []
         for i, source in enumerate(stage.mix.sources):
             per_worker = [c[i] for c in counts]
             per_rank = sum(per_worker)
+            seeded = with_source_seed(stage_options, i)
+            walked = per_worker
+            if curriculum.continues:  # one seed all run; it goes on from earlier stages
+                seeded = with_source_seed(
+                    resolved(curriculum.options_for(0, options), curriculum.sources), ids[i]
+                )
+                carried[ids[i]] = [a + b for a, b in zip(carried[ids[i]], per_worker)]
+                walked = carried[ids[i]]
             walk = _walk_epochs(
-                source, with_source_seed(stage_options, i), per_worker,
-                world_size=world_size, slots=slots, epoch=epoch,
-            )  # fmt: skip
+                source, seeded, walked, world_size=world_size, slots=slots, epoch=epoch
+            )
             rows.append(
                 {
                     "id": ids[i],
@@ -95,12 +106,14 @@ def mix_preview(
                 "start_step": stage.start_step,
                 "steps": rows_steps,
                 "batches_per_rank": batches,
+                "batch_size": size,
                 "packing": stage_options.packing,
                 "sources": rows,
             }
         )
     return {
-        "notes": _reread_notes(curriculum, options, stages),
+        "stage_switch": curriculum.stage_switch,
+        "notes": [] if curriculum.continues else _reread_notes(curriculum, options, stages),
         "batches_per_rank": max_batches,
         "world_size": world_size,
         "num_workers": num_workers,
@@ -230,7 +243,8 @@ def format_preview(preview: dict) -> str:
         span = "not reached" if steps is None else f"steps {steps[0]:,}..{steps[1]:,}"
         lines.append(
             f"stage {stage['stage']} {stage['name']!r} (from step {stage['start_step']:,}): "
-            f"{span}, {stage['batches_per_rank']:,} batches per rank, {stage['packing']} packing"
+            f"{span}, {stage['batches_per_rank']:,} batches per rank of {stage['batch_size']}, "
+            f"{stage['packing']} packing"
         )
         table = [header]
         for row in stage["sources"]:
@@ -249,6 +263,14 @@ def format_preview(preview: dict) -> str:
         for r in table:
             cells = [r[0].ljust(widths[0])] + [v.rjust(w) for v, w in zip(r[1:-1], widths[1:-1])]
             lines.append("  " + "  ".join([*cells, r[-1]]))
+    if len(preview["stages"]) > 1:
+        lines.append(
+            "at a stage switch every source continues from where it was (stage_switch: "
+            "continue): epochs and unread parts count all it served so far"
+            if preview["stage_switch"] == "continue"
+            else "at a stage switch every stage starts its sources from their beginning "
+            "(stage_switch: restart)"
+        )
     lines += [f"note: {note}" for note in preview.get("notes", [])]
     if not preview["exact"]:
         lines.append(

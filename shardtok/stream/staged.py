@@ -1,11 +1,14 @@
-"""``StagedStream``: one (rank, worker)'s batches through curriculum stages, each a fresh mix.
+"""``StagedStream``: one (rank, worker)'s batches through curriculum stages.
 
 Worker ``w`` of ``K`` yields the rank's 0-based steps ``first_step + j * K + w`` (``j``: its
 local batch number; ``first_step``: 0, or the rank step an elastic resume happened at), so stage
 ``k`` begins at its local batch ``Curriculum.local_begins(first_step, w, K)[k]`` and runs to the
-next stage's begin (the last stage: to ``num_batches``). Stage k's batches come from a fresh
-``MixedStream`` of that stage's sources, weights and seed, started at its sources' beginning
-(Nanotron builds a new loader per stage); a stage with no batch for this worker is skipped.
+next stage's begin (the last stage: to ``num_batches``). Stage k's batches come from a
+``MixedStream`` of that stage's sources, weights and batch size; a stage with no batch for this
+worker is skipped. With ``stage_switch: continue`` (the default) that mix is built over the
+sources as the earlier stages left them: each source (``SourceSequences``, seeded by its number
+in the curriculum's source table) continues from its cursor. With ``restart`` it is a fresh mix
+of the stage's own seed, its sources at their beginning (Nanotron builds a new loader per stage).
 
 The switch is lazy: after its last batch of stage k a worker still holds stage k's stream and
 state, and builds stage k+1's only when it yields that stage's first batch. So a state's stage
@@ -14,8 +17,11 @@ is the stage of the last batch it yielded, which the fingerprint rule and ``merg
 State (kind ``staged_stream``): the placement (``first_epoch``, ``rank``, ``world_size``,
 ``worker``, ``num_workers``), ``first_step``, ``batches`` (local batches yielded, all stages),
 ``stage`` (the current stage), ``mix`` (the current stage's ``mixed_stream`` state; null before
-the first batch) and ``elastic`` (null, or ``{"stage": p, "mix": layout}``: stage p finishes
-another layout's saved positions first, see ``resume/elastic_stages.py``).
+the first batch), ``elastic`` (null, or ``{"stage": p, "mix": layout}``: stage p finishes
+another layout's saved positions first, see ``resume/elastic_stages.py``) and, when stages
+continue their sources, ``sources``: per source of the curriculum's table, the
+``source_sequences`` state of a source an earlier stage left (null: not read yet, or in the
+current stage, whose state holds it). A state without ``sources`` is one of restarting stages.
 """
 
 from __future__ import annotations
@@ -23,11 +29,14 @@ from __future__ import annotations
 from shardtok.errors import ResumeStateError
 from shardtok.stream import state as envelope
 from shardtok.stream.batch import Allocator, allocate_arrays
+from shardtok.stream.build import resolved
+from shardtok.stream.mix.sequences import SourceSequences, with_source_seed
 from shardtok.stream.mix.stages import Curriculum
 from shardtok.stream.mix.stream import MixedStream
 from shardtok.stream.nodes.base import Located, PlacedStream
 from shardtok.stream.nodes.batcher import Batcher
 from shardtok.stream.options import StreamOptions
+from shardtok.stream.resume.elastic_mix import check_mix_layout, remainder_packers
 from shardtok.stream.resume.saved import MergedState
 
 COUNTERS = ("real_tokens", "overlong_documents", "overlong_tokens_dropped")
@@ -53,7 +62,9 @@ class StagedStream(PlacedStream):
         },  # fmt: skip
         "mix": envelope.OPTIONAL_STATE,
         "elastic": envelope.OPTIONAL_OBJECT,
+        "sources": envelope.LIST,  # only when stages continue their sources
     }
+    OPTIONAL = ("sources",)
     state_name = "staged stream"
     resume_hint = (
         "restore with the same rank, world size, worker and number of workers, or merge every "
@@ -85,16 +96,22 @@ class StagedStream(PlacedStream):
         self.num_batches, self.first_epoch, self.first_step = num_batches, first_epoch, first_step
         self.allocate = allocate
         self.begins = curriculum.local_begins(first_step, worker, num_workers)
+        self.continues = curriculum.continues
         self.elastic = None if elastic is None else self._check_elastic(elastic)
         self.stage = self.stage_of(0)
         self.batches = 0
         self._mix: MixedStream | None = None
         self._left = dict.fromkeys(COUNTERS, 0)  # stages finished in this process
+        # Stages that continue their sources: the saved positions of sources no current stage
+        # holds, by their number in the curriculum's source table.
+        self._parked: dict[int, dict] = {}
 
     def _check_elastic(self, elastic: object) -> dict:
         if not isinstance(elastic, dict) or set(elastic) != {"stage", "mix"}:
             raise ResumeStateError("staged stream elastic state: expected {'stage', 'mix'}")
         stage = elastic["stage"]
+        if self.continues and elastic["mix"] is not None:
+            check_mix_layout(elastic["mix"], len(self.curriculum.sources), "staged stream elastic")
         mine = self.curriculum.stage_of_step(self.first_step + 1)
         if stage != mine:
             raise ResumeStateError(
@@ -131,10 +148,45 @@ class StagedStream(PlacedStream):
             num_workers=self.num_workers,
             num_batches=None if end is None else end - begin,
             first_epoch=self.first_epoch,
-            elastic=elastic["mix"] if elastic is not None and elastic["stage"] == stage else None,
+            elastic=(
+                elastic["mix"]
+                if elastic is not None and elastic["stage"] == stage and not self.continues
+                else None
+            ),
             allocate=self.allocate,
             source_ids=self.curriculum.source_ids(stage),
+            streams=self._continued(stage) if self.continues else None,
         )
+
+    def _continued(self, stage: int) -> list[SourceSequences]:
+        """Stage `stage`'s sources where the earlier stages left them (the parked positions;
+        a source not read yet at its start). Each keeps one seed all run: the shared seed and
+        its number in the curriculum's table, so a curriculum's first stage draws what a plain
+        mix of its sources does."""
+        options = resolved(self.curriculum.options_for(0, self.options), self.curriculum.sources)
+        out = []
+        for cid in self.curriculum.source_ids(stage):
+            source_options = with_source_seed(options, cid)
+            remainder, first_epoch = None, self.first_epoch
+            if self.elastic is not None and self.elastic["mix"] is not None:
+                # Every source first finishes what the old layout left of its epochs.
+                layout = self.elastic["mix"]
+                remainder, first_epoch = remainder_packers(
+                    self.curriculum.sources[cid], source_options, layout["sources"][cid],
+                    world_size=int(layout["world_size"]), num_workers=int(layout["num_workers"]),
+                    new_index=self.rank * self.num_workers + self.worker,
+                    new_slices=self.world_size * self.num_workers,
+                )  # fmt: skip
+            source = SourceSequences(
+                self.curriculum.sources[cid], source_options, rank=self.rank,
+                world_size=self.world_size, worker=self.worker, num_workers=self.num_workers,
+                first_epoch=first_epoch, remainder=remainder,
+            )  # fmt: skip
+            parked = self._parked.pop(cid, None)
+            if parked is not None:
+                source.reset(parked)
+            out.append(source)
+        return out
 
     # -- the node contract -----------------------------------------------------------------
     @property
@@ -149,11 +201,13 @@ class StagedStream(PlacedStream):
 
     def _reset(self, state: dict | None) -> None:
         self._left = dict.fromkeys(COUNTERS, 0)
+        self._parked = {}
         if state is None:
             self.batches, self.stage, self._mix = 0, self.stage_of(0), None
             return
         s = self.parse_state(state)
         self._check_identity(s)
+        self._parked = self._parse_parked(s)
         if (s["first_step"], s["elastic"]) != (self.first_step, self.elastic):
             raise ResumeStateError(
                 f"staged_stream state: it began at step {s['first_step']} (elastic: "
@@ -184,6 +238,34 @@ class StagedStream(PlacedStream):
             self._mix = mix
         self.batches, self.stage = batches, stage
 
+    def _parse_parked(self, s: dict) -> dict[int, dict]:
+        """The parked source positions of a parsed state, which must be of this stream's rule."""
+        if ("sources" in s) != self.continues:
+            saved, now = ("continue", "restart") if "sources" in s else ("restart", "continue")
+            raise ResumeStateError(
+                f"staged_stream state: saved by stages that {saved} their sources at a switch, "
+                f"this stream's stages {now} them (stage_switch: {saved} resumes it)"
+            )
+        if not self.continues:
+            return {}
+        parked = s["sources"]
+        if len(parked) != len(self.curriculum.sources):
+            raise ResumeStateError(
+                f"staged_stream state: field 'sources' has {len(parked)} entries, this "
+                f"curriculum {len(self.curriculum.sources)} sources"
+            )
+        current = set(self.curriculum.source_ids(s["stage"])) if s["mix"] is not None else set()
+        out = {}
+        for cid, position in enumerate(parked):
+            if position is None:
+                continue
+            if cid in current:
+                raise ResumeStateError(
+                    f"staged_stream state: source {cid} is both parked and in the current stage"
+                )
+            out[cid] = SourceSequences.parse_state(position)
+        return out
+
     def _next(self) -> dict:
         if self.num_batches is not None and self.batches >= self.num_batches:
             raise StopIteration
@@ -196,11 +278,17 @@ class StagedStream(PlacedStream):
         return batch
 
     def _enter(self, stage: int) -> None:
-        """Leave the current stage for `stage`'s fresh stream (the lazy switch)."""
+        """Leave the current stage for `stage`'s stream (the lazy switch); sources that
+        continue are parked at their positions and let go of what they read with."""
         if self._mix is not None:
             totals = self._totals(self._mix)
             for key in COUNTERS:
                 self._left[key] += totals[key]
+            if self.continues:
+                ids = self.curriculum.source_ids(self.stage)
+                for cid, source in zip(ids, self._mix.mixer.sources, strict=True):
+                    self._parked[cid] = source.state_dict()
+                self._mix.close()
         self._mix = self.part(stage)
         self._mix.reset(None)
         self.stage = stage
@@ -208,6 +296,9 @@ class StagedStream(PlacedStream):
     def state_dict(self) -> dict:
         if not self._started:
             self.reset(None)
+        parked = {}
+        if self.continues:
+            parked["sources"] = [self._parked.get(c) for c in range(len(self.curriculum.sources))]
         return self._wrap(
             **self.identity,
             first_step=self.first_step,
@@ -215,6 +306,7 @@ class StagedStream(PlacedStream):
             stage=self.stage,
             mix=None if self._mix is None else self._mix.state_dict(),
             elastic=self.elastic,
+            **parked,
         )
 
     @classmethod
@@ -228,10 +320,11 @@ class StagedStream(PlacedStream):
         return s["stage"], last + 1
 
     @classmethod
-    def from_mix_state(cls, state: dict) -> dict:
+    def from_mix_state(cls, state: dict, curriculum: Curriculum | None = None) -> dict:
         """A mix's ``mixed_stream`` state (a run of a one-stage config) as the state of stage 0
-        of curriculum stages whose stage 0 is that mix: it began at step 0 and its batches are
-        the mix's. Refused for a mix resumed elastically (its states do not record the step)."""
+        of `curriculum`, whose stage 0 is that mix: it began at step 0 and its batches are the
+        mix's (stages that continue their sources seed them as the mix did). Refused for a mix
+        resumed elastically (its states do not record the step)."""
         s = MixedStream.parse_state(state)
         if s["elastic"] is not None:
             raise ResumeStateError(
@@ -248,12 +341,19 @@ class StagedStream(PlacedStream):
                 "stage": 0,
                 "mix": state,
                 "elastic": None,
+                **(
+                    {"sources": [None] * len(curriculum.sources)}
+                    if curriculum is not None and curriculum.continues
+                    else {}
+                ),
             },
         )
 
     def locate(self, local_batch: int) -> Located:
         """The stage stream that yields local batch `local_batch` (``part={"stage": k}``): the
-        current stage's live stream when the batch lies in it, else a fresh one at its start."""
+        current stage's live stream when the batch lies in it, else a fresh one at its start.
+        Stages that continue their sources first pass over the batches before that stage's
+        start (their sources' positions there depend on every one of them)."""
         if local_batch < self.batches:
             raise ValueError(
                 f"batch {local_batch} lies before this stream's position ({self.batches})"
@@ -265,12 +365,33 @@ class StagedStream(PlacedStream):
         if not self._started:
             self.reset(None)
         stage = self.stage_of(local_batch)
+        if self.continues:
+            self._pass_to(stage)
         if stage == self.stage and self._mix is not None:
             found = self._mix.locate(local_batch - self.begins[stage])
             return Located(found.stream, found.skip, {"stage": stage})
         fresh = self.part(stage)
         fresh.reset(None)
         return Located(fresh, local_batch - self.begins[stage], {"stage": stage})
+
+    def _pass_to(self, stage: int) -> None:
+        """Pass over this worker's batches up to the start of `stage`, without building them
+        where the sources pack concat windows (``MixedSequences.pass_rows``)."""
+        while self.stage_of(self.batches) < stage:
+            current = self.stage_of(self.batches)
+            if self._mix is None or self.stage != current:
+                self._enter(current)
+            assert self._mix is not None
+            count = self.begins[current + 1] - self.batches
+            if self._mix.mixer.passes_in_runs:
+                self._mix.mixer.pass_rows(count * self._mix.options.batch_size)
+                self._mix.batcher.batches += count
+                self.batches += count
+            else:
+                for _ in range(count):
+                    next(self)
+        if self.stage_of(self.batches) == stage and (self._mix is None or self.stage != stage):
+            self._enter(stage)
 
     def __len__(self) -> int:
         if self.num_batches is None:

@@ -62,8 +62,14 @@ def check_version(state: Mapping, what: str) -> None:
         )
 
 
-def parse(state: object, kind: str | tuple[str, ...], fields: Mapping[str, str]) -> dict:
-    """Check `state` is a current-version state of `kind` with exactly `fields`; return it.
+def parse(
+    state: object,
+    kind: str | tuple[str, ...],
+    fields: Mapping[str, str],
+    optional: tuple[str, ...] = (),
+) -> dict:
+    """Check `state` is a current-version state of `kind` with exactly `fields` (those in
+    `optional` may be absent); return it.
 
     `kind` may be a tuple of accepted kinds (the caller then branches on ``state["kind"]``).
     """
@@ -81,14 +87,14 @@ def parse(state: object, kind: str | tuple[str, ...], fields: Mapping[str, str])
     if state.get("kind") not in kinds:
         raise ResumeStateError(f"expected a {name} state, got a {state.get('kind')!r} state")
     name = str(state["kind"])
-    missing = [f for f in fields if f not in state]
+    missing = [f for f in fields if f not in state and f not in optional]
     unknown = [k for k in state if k not in fields and k not in ENVELOPE]
     if missing:
         raise ResumeStateError(f"{name} state: field {missing[0]!r} is missing")
     if unknown:
         raise ResumeStateError(f"{name} state: unknown field {unknown[0]!r}")
     for field, expected in fields.items():
-        if not _matches(state[field], expected):
+        if field in state and not _matches(state[field], expected):
             raise ResumeStateError(
                 f"{name} state: field {field!r} must be {expected}, got {state[field]!r:.80}"
             )

@@ -37,17 +37,20 @@ def write_sources(
     return paths
 
 
-def config(paths: list[str]) -> dict:
-    """warmup: s0 alone; blend: s0 and s1; code: s1 and s2 with its own seed."""
+def config(paths: list[str], stage_switch: str = "restart") -> dict:
+    """warmup: s0 alone; blend: s0 and s1; code: s1 and s2 with its own seed (restarting
+    stages: every stage a fresh mix; ``continue`` drops the seed, which such stages share)."""
+    own_seed = {"seed": 77} if stage_switch == "restart" else {}
     return {
         **OPTIONS,
+        "stage_switch": stage_switch,
         "data_stages": [
             {"name": "warmup", "start_training_step": STARTS[0],
              "data": {"dataset": {"dataset_path": paths[0]}}},
             {"name": "blend", "start_training_step": STARTS[1],
              "data": {"dataset": {"dataset_path": {paths[0]: 0.5, paths[1]: 0.5}}}},
             {"name": "code", "start_training_step": STARTS[2],
-             "data": {"dataset": {"dataset_path": {paths[1]: 0.3, paths[2]: 0.7}}, "seed": 77}},
+             "data": {"dataset": {"dataset_path": {paths[1]: 0.3, paths[2]: 0.7}}, **own_seed}},
         ],
     }  # fmt: skip
 

@@ -94,7 +94,8 @@ def setup_plan(spec, index, epoch, slots):
 def test_a_curriculum_preview_counts_each_stage_from_its_start(sources, tmp_path):
     config = tmp_path / "stages.yaml"
     config.write_text(
-        f"seq_len: 31\nbatch_size: 4\nshuffle_buffer: 16\nseed: 3\ndata_stages:\n"
+        f"seq_len: 31\nbatch_size: 4\nshuffle_buffer: 16\nseed: 3\nstage_switch: restart\n"
+        f"data_stages:\n"
         f"  - name: web\n    data: {{dataset: {{dataset_path: {sources[0]}}}}}\n"
         f"  - name: blend\n    start_training_step: 8\n    data:\n      seed: 9\n"
         f"      dataset: {{dataset_path: {{{sources[0]}: 0.6, {sources[2]}: 0.4}}}}\n"

@@ -21,7 +21,8 @@ RANK, WORLD = 1, 2
 STEPS = 9  # streamed per case; the state is saved after SAVED of them
 SAVED = 4
 CASES = [("single", "concat"), ("single", "greedy"), ("mix", "concat"), ("mix", "greedy"),
-         ("stages", "concat"), ("stages", "greedy")]  # fmt: skip
+         ("stages", "concat"), ("stages", "greedy"), ("restarting stages", "concat"),
+         ("restarting stages", "greedy")]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -43,13 +44,16 @@ def setup_of(folders, kind: str, packing: str) -> StreamSetup:
     options = StreamOptions(seq_len=31, batch_size=3, packing=packing, shuffle_buffer=8, seed=5)
     if kind == "single":
         return StreamSetup.single(DatasetSource(folders[0]), options)
-    if kind == "stages":  # the mix starts at step 5: right after the saved state's step
+    if kind.endswith("stages"):  # the mix starts at step 5: right after the saved state's step
+        restart = kind.startswith("restarting")
         stages = [
             {"data": {"dataset": {"dataset_path": folders[0]}}},
-            {"start_training_step": SAVED + 1, "data": {"seed": 7, "dataset": {
-                "dataset_path": {folders[1]: 0.5, folders[0]: 0.5}}}},
+            {"start_training_step": SAVED + 1, "data": {**({"seed": 7} if restart else {}),
+                "dataset": {"dataset_path": {folders[1]: 0.5, folders[0]: 0.5}}}},
         ]  # fmt: skip
-        return StreamSetup.staged(load_curriculum({"data_stages": stages}), options)
+        switch = "restart" if restart else "continue"
+        config = {"stage_switch": switch, "data_stages": stages}
+        return StreamSetup.staged(load_curriculum(config), options)
     return StreamSetup.mixed(mix_spec({folders[0]: 0.6, folders[1]: 0.4}), options)
 
 

@@ -338,10 +338,15 @@ class MixedSequences(Packer):
         sources: Sequence[SourceSequences],
         weights: Sequence[float | Fraction],
         source_ids: Sequence[int] | None = None,
+        *,
+        carry: bool = False,
     ):
         """`source_ids`: what each source is called in batches' ``source_ids`` (default its
-        index; a curriculum numbers the sources of all its stages together)."""
+        index; a curriculum numbers the sources of all its stages together). `carry`: the
+        sources continue where they are (a curriculum stage that continues its sources): a
+        fresh start restarts the schedule only, and their counts include earlier stages'."""
         super().__init__()
+        self.carry = carry
         if len(sources) != len(weights) or not sources:
             raise ValueError("give one weight per source, and at least one source")
         self.source_ids = list(range(len(sources)) if source_ids is None else source_ids)
@@ -358,7 +363,7 @@ class MixedSequences(Packer):
     def _reset(self, state: dict | None) -> None:
         if state is None:
             self.step = 0
-            for source in self.sources:
+            for source in [] if self.carry else self.sources:
                 source.reset(None)
             return
         state = self.parse_state(state)
@@ -376,7 +381,7 @@ class MixedSequences(Packer):
         """Every row came from one source: a step its sources did not serve is an edit, refused
         before the schedule is computed up to it. (Their shares may differ from this schedule's:
         a resume that ignores the fingerprint may change the weights.)"""
-        if sum(served) != step:
+        if sum(served) < step or (sum(served) != step and not self.carry):
             raise ResumeStateError(
                 f"mix_sequences state: field 'step' is {step:,}, but its sources served "
                 f"{sum(served):,} sequences in all"

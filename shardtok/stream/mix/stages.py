@@ -15,8 +15,18 @@ A config lists stages in order (reference note 003)::
 Steps are 1-based global training steps, as Nanotron counts them; a step is one batch per
 rank. Stage k serves steps ``[start_k, start_{k+1})``; the last stage serves every later step.
 The first stage starts at step 1 and starts increase strictly. Each stage has its own sources
-and weights and may set its own ``seed``; any other stream option written inside a stage must
-be the same in every stage (a batch's shape cannot change mid-run).
+and weights and may set its own ``batch_size`` (a batch-size ramp-up); any other stream option
+written inside a stage must be the same in every stage.
+
+What a stage switch does to the sources is ``stage_switch`` (top level):
+
+* ``continue`` (the default): every source continues from its cursor, the documents it has not
+  served yet; no document comes twice before its source's epoch ends. A source keeps one seed
+  for the whole run (the curriculum's seed and its number in the source table), so stages may
+  not set seeds that differ.
+* ``restart``: Nanotron's rule: each stage is a fresh mix whose sources start from their
+  beginning (with the stage's own ``seed`` when it sets one), so documents an earlier stage
+  read can come again. What releases before 0.4 did; their states resume under it.
 
 Sources are numbered across the whole curriculum in order of first appearance (the same
 location, or the same subset of its shards, in two stages is one source): batches' ``source_ids`` name them by that number.
@@ -43,6 +53,8 @@ from shardtok.stream.mix.spec import (
 )
 from shardtok.stream.options import StreamOptions
 
+STAGE_SWITCHES = ("continue", "restart")
+
 
 @dataclass(frozen=True)
 class Stage:
@@ -50,6 +62,13 @@ class Stage:
     start_step: int  # 1-based global training step (Nanotron's start_training_step)
     mix: MixSpec
     seed: int | None = None  # the stage's own seed; None: the shared one
+    batch_size: int | None = None  # the stage's own batch size; None: the shared one
+
+    @property
+    def own_options(self) -> dict[str, int]:
+        """The stream options this stage sets for itself."""
+        own = {"seed": self.seed, "batch_size": self.batch_size}
+        return {k: v for k, v in own.items() if v is not None}
 
 
 @dataclass
@@ -59,6 +78,12 @@ class Curriculum:
     stages: list[Stage]
     options: dict[str, Any] = field(default_factory=dict)
     where: str = "curriculum"
+    stage_switch: str = "continue"
+
+    @property
+    def continues(self) -> bool:
+        """Whether a stage switch continues every source from its cursor (module docstring)."""
+        return self.stage_switch == "continue"
 
     @property
     def sources(self) -> list[DatasetSource]:
@@ -86,16 +111,29 @@ class Curriculum:
         return max(k for k, s in enumerate(self.stages) if s.start_step <= step)
 
     def options_for(self, stage: int, options: StreamOptions) -> StreamOptions:
-        """`options` with stage `stage`'s own seed, if it has one."""
-        seed = self.stages[stage].seed
-        return options if seed is None else replace(options, seed=seed)
+        """`options` with stage `stage`'s own seed and batch size, where it sets them."""
+        return replace(options, **self.stages[stage].own_options)
+
+    def check_seeds(self, options: StreamOptions) -> None:
+        """Refuse stage seeds that differ when stages continue their sources: a source keeps one
+        order for the whole run."""
+        if not self.continues:
+            return
+        seeds = [(s.name, self.options_for(k, options).seed) for k, s in enumerate(self.stages)]
+        for name, seed in seeds[1:]:
+            if seed != seeds[0][1]:
+                raise UsageError(
+                    f"{self.where}: stage {shown(seeds[0][0])} has seed {seeds[0][1]}, stage "
+                    f"{shown(name)} {seed}: with stage_switch: continue every source keeps one "
+                    "order for the whole run; set one seed, or stage_switch: restart for fresh "
+                    "sources (and their own seeds) in every stage"
+                )
 
     def stage_spec(self, stage: int) -> MixSpec:
-        """Stage `stage` alone as a mix whose options are the shared ones plus the stage's seed:
+        """Stage `stage` alone as a mix whose options are the shared ones plus the stage's own:
         what a one-stage config streams (exactly a plain mix, its states and fingerprint)."""
         chosen = self.stages[stage]
-        seed = {} if chosen.seed is None else {"seed": chosen.seed}
-        return replace(chosen.mix, options={**self.options, **seed})
+        return replace(chosen.mix, options={**self.options, **chosen.own_options})
 
     def local_begins(self, first_step: int, worker: int, num_workers: int) -> list[int]:
         """For one DataLoader worker: the local batch number at which each stage begins.
@@ -119,10 +157,15 @@ def load_curriculum(
     data, base, where = read_config(config)
     top = config_options(data, where)
     allow_top = data.get("allow_mixed_tokenizers", False)
+    switch = data.get("stage_switch", "continue")
+    if switch not in STAGE_SWITCHES:
+        raise UsageError(
+            f"{where}: stage_switch must be one of {', '.join(STAGE_SWITCHES)}, got {shown(switch)}"
+        )
     if "data_stages" not in data:
         spec = section_mix(data, allow_top, storage_options, base, where)
         stage = Stage("stage 0", 1, spec, None)
-        return Curriculum([stage], {**top, **spec.options}, where)
+        return Curriculum([stage], {**top, **spec.options}, where, switch)
     entries = stage_entries(data, where)
     stages: list[Stage] = []
     own: list[dict[str, Any]] = []
@@ -144,7 +187,8 @@ def load_curriculum(
         spec = section_mix(section, allow_top, storage_options, base,
                            f"{where}: stage {shown(name)}")  # fmt: skip
         seed = spec.options.pop("seed", None)
-        stages.append(Stage(name, start, spec, seed))
+        batch_size = spec.options.pop("batch_size", None)
+        stages.append(Stage(name, start, spec, seed, batch_size))
         own.append(spec.options)
     _check_order(stages, where)
     shared = _shared_options(stages, own, top, where)
@@ -152,7 +196,7 @@ def load_curriculum(
     first: dict[object, DatasetSource] = {}
     for stage in stages:
         stage.mix.sources = [first.setdefault(s.key, s) for s in stage.mix.sources]
-    return Curriculum(stages, shared, where)
+    return Curriculum(stages, shared, where, switch)
 
 
 def load_stage(
@@ -189,9 +233,10 @@ def _check_order(stages: list[Stage], where: str) -> None:
 
 def _shared_options(stages: list[Stage], own: list[dict], top: dict, where: str) -> dict[str, Any]:
     """The top-level options plus those written inside stages, which every stage must agree on
-    (only the seed is a stage's own)."""
+    (only the seed and the batch size are a stage's own)."""
     if len(stages) == 1:
-        return {**top, **own[0]}
+        size = stages[0].batch_size  # its seed stays its own: options_for(0) applies it
+        return {**top, **own[0], **({} if size is None else {"batch_size": size})}
     shared = dict(top)
     for key in sorted({k for options in own for k in options}):
         values = [(s.name, options.get(key, top.get(key))) for s, options in zip(stages, own)]
@@ -200,8 +245,8 @@ def _shared_options(stages: list[Stage], own: list[dict], top: dict, where: str)
             if value != first:
                 raise ShardtokError(
                     f"{where}: stage {shown(first_name)} sets {key}={shown(first)}, stage "
-                    f"{shown(name)} {shown(value)}: stream options other than seed are shared "
-                    "by every stage; set them once at the top level"
+                    f"{shown(name)} {shown(value)}: stream options other than seed and batch_size "
+                    "are shared by every stage; set them once at the top level"
                 )
         shared[key] = first
     return shared

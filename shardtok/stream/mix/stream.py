@@ -46,10 +46,14 @@ class MixedStream(PlacedStream):
         elastic: dict | None = None,
         allocate: Allocator = allocate_arrays,
         source_ids: list[int] | None = None,
+        streams: list[SourceSequences] | None = None,
     ):
         """`elastic`: a merged state's ``elastic_mix`` (another layout's saved positions); every
         source then first finishes its old epochs' remainder (see ``elastic_mix``).
-        `source_ids`: the ids batches name the sources by (default: their index)."""
+        `source_ids`: the ids batches name the sources by (default: their index).
+        `streams`: the sources' sequences, already positioned, to continue rather than start
+        (curriculum stages that continue their sources); a fresh start leaves them where they
+        are."""
         super().__init__()
         if elastic is not None:
             elastic = check_mix_layout(elastic, len(spec.sources), "mixed stream elastic state")
@@ -60,8 +64,8 @@ class MixedStream(PlacedStream):
         self.worker, self.num_workers = worker, num_workers
         self.num_batches = num_batches
         self.first_epoch = first_epoch
-        sources = []
-        for i, source in enumerate(spec.sources):
+        sources = list(streams or [])
+        for i, source in enumerate([] if streams else spec.sources):
             source_options = with_source_seed(options, i)
             remainder, start = None, first_epoch
             if elastic is not None:
@@ -86,7 +90,7 @@ class MixedStream(PlacedStream):
                     remainder=remainder,
                 )
             )
-        self.mixer = MixedSequences(sources, spec.weights, source_ids)
+        self.mixer = MixedSequences(sources, spec.weights, source_ids, carry=bool(streams))
         self.batcher = batcher_for(
             self.mixer, options, num_batches, allocate, f"mix rank {rank} worker {worker}"
         )

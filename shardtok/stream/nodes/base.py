@@ -43,6 +43,7 @@ class Node(Iterator[T], Generic[T]):
 
     KIND = "node"
     FIELDS: dict[str, str] = {}
+    OPTIONAL: tuple[str, ...] = ()  # fields a state may lack (a later release added them)
 
     def __init__(self) -> None:
         self._started = False
@@ -53,7 +54,7 @@ class Node(Iterator[T], Generic[T]):
     @classmethod
     def parse_state(cls, state: object) -> dict:
         """`state` checked against this node's kind and fields (ResumeStateError otherwise)."""
-        return envelope.parse(state, cls.KIND, cls.FIELDS)
+        return envelope.parse(state, cls.KIND, cls.FIELDS, cls.OPTIONAL)
 
     def __iter__(self) -> Node[T]:
         return self

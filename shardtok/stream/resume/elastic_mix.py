@@ -37,23 +37,36 @@ def merge_mixed_states(
     streams: list[dict | None], world_size: int, num_workers: int, epoch: int
 ) -> dict:
     """Per source and old slice (in slice order): the source epoch and that epoch's progress."""
-    count = world_size * num_workers
-    sources: list[list[dict | None]] | None = None
+    positions: list[list[dict | None]] | None = None
     for index, stream in enumerate(streams):
         if stream is None:
             continue
         per_source = MixedSequences.source_states(Batcher.progress(stream["batcher"])[0])
-        if sources is None:
-            sources = [[None] * count for _ in per_source]
+        if positions is None:
+            positions = [[None] * len(streams) for _ in per_source]
         for i, source_state in enumerate(per_source):
-            source_epoch, packer, real_tokens, _ = SourceSequences.progress(source_state)
-            sources[i][index] = {"epoch": source_epoch, **slice_progress(packer, real_tokens)}
-    if sources is None:
+            positions[i][index] = source_state
+    if positions is None:
         raise ResumeStateError("merge_states: no worker of this mix had started")
-    for per_slice in sources:  # workers that never started: their first epoch, untouched
-        for index in range(count):
-            if per_slice[index] is None:
-                per_slice[index] = {"epoch": epoch, **slice_progress(None, 0)}
+    return merge_source_positions(positions, world_size, num_workers, epoch)
+
+
+def merge_source_positions(
+    positions: list[list[dict | None]], world_size: int, num_workers: int, epoch: int
+) -> dict:
+    """The merged layout of sources whose every old slice's ``source_sequences`` state is
+    `positions[source][slice]` (None: that slice never read the source: its epoch `epoch`,
+    untouched)."""
+    sources = []
+    for per_slice in positions:
+        merged = []
+        for state in per_slice:
+            if state is None:
+                merged.append({"epoch": epoch, **slice_progress(None, 0)})
+                continue
+            source_epoch, packer, real_tokens, _ = SourceSequences.progress(state)
+            merged.append({"epoch": source_epoch, **slice_progress(packer, real_tokens)})
+        sources.append(merged)
     return {"world_size": world_size, "num_workers": num_workers, "sources": sources}
 
 

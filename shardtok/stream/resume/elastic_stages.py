@@ -24,7 +24,10 @@ resumed elastically (finish that stage with the layout it was loaded into).
 from __future__ import annotations
 
 from shardtok.errors import ResumeStateError
-from shardtok.stream.resume.elastic_mix import merge_mixed_states
+from shardtok.stream.mix.sequences import MixedSequences, SourceSequences
+from shardtok.stream.mix.stream import MixedStream
+from shardtok.stream.nodes.batcher import Batcher
+from shardtok.stream.resume.elastic_mix import merge_mixed_states, merge_source_positions
 from shardtok.stream.resume.fingerprint import check_shape
 from shardtok.stream.staged import StagedStream
 
@@ -62,6 +65,8 @@ def merge_staged_states(
         raise ResumeStateError("merge_states: staged states without their stages' fingerprint")
     stage = max((k for k, s in enumerate(stages) if s["start_step"] <= step + 1), default=0)
     name = stages[stage].get("name")
+    if "stage_switch" in fingerprint:  # every source continues: all of them are handed over
+        return stage, step, _merge_continued(parsed, fingerprint, world_size, num_workers, epoch)
     in_stage: list[dict | None] = []
     for s in parsed:
         if s is None or s["stage"] < stage:
@@ -81,3 +86,48 @@ def merge_staged_states(
     if all(s is None for s in in_stage):
         return stage, step, None
     return stage, step, merge_mixed_states(in_stage, world_size, num_workers, epoch)
+
+
+def _merge_continued(
+    parsed: list[dict | None], fingerprint: dict, world_size: int, num_workers: int, epoch: int
+) -> dict | None:
+    """Stages that continue their sources: every source of the curriculum's table, in every
+    old slice, is where that slice's current stage or a parked position left it (or unread),
+    and each finishes its old epochs in the new layout, whichever stage reads it next."""
+    table = fingerprint.get("sources", [])
+    positions: list[list[dict | None]] = [[None] * len(parsed) for _ in table]
+    ids = _stage_source_ids(fingerprint)
+    for index, s in enumerate(parsed):
+        if s is None:
+            continue
+        found = dict(enumerate(s.get("sources") or []))
+        if s["mix"] is not None:
+            inner = Batcher.progress(MixedStream.parse_state(s["mix"])["batcher"])[0]
+            found.update(zip(ids[s["stage"]], MixedSequences.source_states(inner)))
+        for cid, state in found.items():
+            if state is None:
+                continue
+            if cid >= len(table):
+                raise ResumeStateError(
+                    "merge_states: a staged state names more sources than its fingerprint"
+                )
+            if SourceSequences.progress(state)[3]:
+                raise ResumeStateError(
+                    f"merge_states: source {cid} is still finishing an earlier elastic resume's "
+                    "remainder; resume with the layout it was loaded into"
+                )
+            positions[cid][index] = state
+    if all(p is None for per_slice in positions for p in per_slice):
+        return None
+    return merge_source_positions(positions, world_size, num_workers, epoch)
+
+
+def _stage_source_ids(fingerprint: dict) -> list[list[int]]:
+    """Per stage, its sources' numbers in the curriculum's table (``id``, which the
+    fingerprint of stages that continue their sources records)."""
+    try:
+        return [[int(e["id"]) for e in stage["sources"]] for stage in fingerprint["stages"]]
+    except (KeyError, TypeError, ValueError):
+        raise ResumeStateError(
+            "merge_states: the states' fingerprint does not number its stages' sources"
+        ) from None

@@ -10,14 +10,17 @@ without a subset (or with one naming every shard) has no ``shards`` key, so its 
 what it always was.
 
 Curriculum stages (``staged_fingerprint``) add ``stages``: per stage its name, ``start_step``
-(1-based), effective seed (its own, else the shared one) and sources with weights. A state of
+(1-based), effective seed (its own, else the shared one), its own ``batch_size`` where it sets
+one, and sources with weights; and ``stage_switch`` when stages continue their sources (absent:
+they restart, the only rule before 0.4, so those states compare as ``restart``). A state of
 stage k (the stage of the last batch it yielded) at training step s (that batch's 1-based step;
 a merged elastic state at rank step T: the stage of step s = T + 1, which it resumes with; a
 loader's or state file's workers: the furthest of them) resumes when
 
-* the options other than the seed are equal (they are shared by every stage);
-* stages 0..k are equal: start step, effective seed, and every source (manifest, tokenizer,
-  size, weight; names are not compared);
+* the options other than the seed are equal (they are shared by every stage), and so is
+  ``stage_switch``;
+* stages 0..k are equal: start step, effective seed, batch size, and every source (manifest,
+  tokenizer, size, weight; names are not compared);
 * stage k+1, if the config still has one, starts after step s.
 
 Stages after k may change otherwise (added, removed, other sources, weights, seeds, later
@@ -121,15 +124,22 @@ def staged_fingerprint(curriculum: Curriculum, options: StreamOptions) -> dict:
         sources = [
             {**entry(s), "weight": str(w)} for s, w in zip(stage.mix.sources, stage.mix.weights)
         ]
+        if curriculum.continues:  # their numbers in the table, which merge_states needs
+            for source, cid in zip(sources, curriculum.source_ids(k), strict=True):
+                source["id"] = cid
+        own_size = {} if stage.batch_size is None else {"batch_size": stage.batch_size}
         stages.append({
             "name": stage.name,
             "start_step": stage.start_step,
             "seed": curriculum.options_for(k, options).seed,
+            **own_size,
             "sources": sources,
         })  # fmt: skip
+    switch = {"stage_switch": curriculum.stage_switch} if curriculum.continues else {}
     return {
         "sources": [entry(s) for s in curriculum.sources],
         "options": options.to_dict(),
+        **switch,
         "stages": stages,
     }
 
@@ -234,14 +244,23 @@ def stage_differences(saved: dict, current: dict, stage: int | None, step: int) 
     """What keeps a state of stage `stage` at training step `step` (1-based) from resuming
     curriculum stages `current` (the rule in the module docstring); `stage` None compares
     every saved stage."""
+    out = []
     if "stages" not in saved:
         if not _is_mix(saved):
             return [f"saved for one dataset, now {len(current['stages'])} curriculum stages"]
-        saved = as_first_stage(saved)
+        saved = as_first_stage(saved)  # stage 0 alone: either switch rule continues it
+    else:
+        was = saved.get("stage_switch", "restart")
+        now = current.get("stage_switch", "restart")
+        if was != now:
+            out.append(
+                f"stage_switch {was!r} saved, {now!r} now (resume it exactly with "
+                f"stage_switch: {was})"
+            )
     old, new = saved["stages"], current["stages"]
     # The seed is compared per stage (a stage may have its own): a shared seed only later
     # stages use may change.
-    out = _option_differences(saved, current, skip=("seed",))
+    out += _option_differences(saved, current, skip=("seed",))
     last = len(old) - 1 if stage is None else stage
     if last >= len(old):
         return [*out, f"the state is in stage {last}, but was saved with {len(old)} stages"]
@@ -255,6 +274,13 @@ def stage_differences(saved: dict, current: dict, stage: int | None, step: int) 
         for key, shown in (("start_step", "start_training_step"), ("seed", "seed")):
             if a.get(key) != b.get(key):
                 out.append(f"{where}{shown} {a.get(key)!r} saved, {b.get(key)!r} now")
+        # A stage's own batch size, else the shared one (already compared with the options).
+        size_a, size_b = a.get("batch_size"), b.get("batch_size")
+        if (size_a, size_b) != (None, None):
+            size_a = size_a or {**OPTION_DEFAULTS, **saved.get("options", {})}["batch_size"]
+            size_b = size_b or current.get("options", {}).get("batch_size")
+            if size_a != size_b:
+                out.append(f"{where}batch_size {size_a!r} saved, {size_b!r} now")
         out += _source_differences(a.get("sources", []), b.get("sources", []), where)
     if stage is not None and stage + 1 < len(new) and new[stage + 1]["start_step"] <= step:
         following = new[stage + 1]
