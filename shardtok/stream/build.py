@@ -95,15 +95,18 @@ def packer_for(documents: DocumentNode, options: StreamOptions, masked: bool) ->
 def batcher_for(
     sequences: Packer,
     options: StreamOptions,
-    num_batches: int,
+    num_batches: int | None,
     allocate: Allocator,
     where: str,
+    planned_rows: int | None = None,
 ) -> Batcher:
-    """The batch stage every placed stream ends with (sizes and label masking from `options`)."""
+    """The batch stage every placed stream ends with (sizes and label masking from `options`);
+    `planned_rows` instead of `num_batches` for an epoch's (or a remainder's) slice."""
     return Batcher(
         sequences,
         options.batch_size,
         num_batches=num_batches,
+        planned_rows=planned_rows,
         mask_boundary_labels=options.mask_boundary_labels,
         labels_format=options.labels_format,
         allocate=allocate,

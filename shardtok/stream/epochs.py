@@ -42,6 +42,7 @@ class EpochsStream(PlacedStream):
 
     KIND = elastic_epochs.KIND
     FIELDS = elastic_epochs.FIELDS
+    OPTIONAL = elastic_epochs.OPTIONAL
     state_name = "epochs stream"
     resume_hint = (
         "restore with the same first epoch, rank, world size, worker and number of workers, or "
@@ -144,7 +145,9 @@ class EpochsStream(PlacedStream):
                 f"{self.state_name} state: field 'current' is {current}, not an epoch this stream "
                 f"reaches after {batches} batches from epoch {self.first_part}"
             )
-        begin = sum(self._length(e) for e in range(self.first_part, current))
+        begin = state.get("begin")
+        if begin is None:
+            begin = sum(self._length(e) for e in range(self.first_part, current))
         part = self._part(current)
         if state["slice"] is not None:
             part.reset(state["slice"])
@@ -184,6 +187,7 @@ class EpochsStream(PlacedStream):
             current=self.current,
             slice=self.part.state_dict() if self.part._started else None,
             elastic=self.elastic,
+            begin=self.batches - self.batcher.batches,
         )
 
     def stats(self) -> dict:
@@ -204,9 +208,9 @@ class EpochsStream(PlacedStream):
             )
         begin = self.batches - self.batcher.batches  # where the current epoch began
         epoch = self.current
-        if local_batch < begin + self._length(epoch):
+        if local_batch < begin + len(self.part):
             return Located(self.part, local_batch - self.batches, {"epoch": epoch})
-        begin += self._length(epoch)
+        begin += len(self.part)
         epoch += 1
         while local_batch >= begin + self._length(epoch):
             begin += self._length(epoch)

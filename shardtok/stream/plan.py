@@ -130,17 +130,22 @@ class EpochPlan:
         return SlicePlan(index, rank, worker, a, b, pieces, n, *long)
 
     @property
-    def batches_per_slice(self) -> int:
+    def min_sequences(self) -> int:
+        """The sequences of the smallest slice: what every (rank, worker) yields this epoch,
+        whatever the batch size (the rows of its batches)."""
         if self._batches is None:
             if self.counts_overlong:
-                self._batches = min(s.num_sequences for s in self.slices) // self.batch_size
+                self._batches = min(s.num_sequences for s in self.slices)
             else:
                 # Slices hold floor(T / S) or one token more, and a slice's sequence count only
                 # grows with its tokens: the smallest slice decides, without cutting any slice.
                 least = self.total_tokens // self.count
-                n = sequence_count(least, self.packing, self.seq_len, self.stride)
-                self._batches = n // self.batch_size
+                self._batches = sequence_count(least, self.packing, self.seq_len, self.stride)
         return self._batches
+
+    @property
+    def batches_per_slice(self) -> int:
+        return self.min_sequences // self.batch_size
 
     @property
     def overlong_documents(self) -> int:

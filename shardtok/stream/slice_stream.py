@@ -76,13 +76,16 @@ class SliceStream(PlacedStream):
         self.batcher = batcher_for(
             packer_for(documents, options, self.source.manifest.masked),
             options,
-            self.plan.batches_per_slice,
+            None,
             allocate,
             f"{self.source.display} epoch {epoch} rank {rank} worker {worker}",
+            planned_rows=self.plan.min_sequences,
         )
 
     def __len__(self) -> int:
-        return self.plan.batches_per_slice
+        """This worker's batches in the epoch (from a state saved with another batch size: its
+        batches, then the rest of the epoch's rows in batches of this size)."""
+        return int(self.batcher.num_batches)  # type: ignore[arg-type]
 
     def state_dict(self) -> dict:
         return self._wrap(**self.identity, batcher=self.batcher.state_dict())

@@ -39,6 +39,11 @@ class Batcher(Node[dict]):
     data disagrees with its manifest, and that is an error rather than a silent short epoch
     (which would hang a distributed job). The state is the packer's state at a batch boundary
     plus counters.
+
+    `planned_rows` (an epoch's or a remainder's sequences per slice) sets `num_batches` from the
+    rows: ``planned_rows // batch_size`` from the start, and from a state ``batches + (rows
+    left) // batch_size``, so a state saved with another batch size continues the same rows in
+    batches of this one (``sequences`` counts the rows, whatever their batches' sizes).
     """
 
     KIND = "batcher"
@@ -60,12 +65,16 @@ class Batcher(Node[dict]):
         labels_format: str = "shifted",
         allocate: Allocator = allocate_arrays,
         where: str = "stream",
+        planned_rows: int | None = None,
     ):
         super().__init__()
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         self.upstream = upstream
         self.batch_size = batch_size
+        self.planned_rows = planned_rows
+        if planned_rows is not None:
+            num_batches = planned_rows // batch_size
         self.num_batches = num_batches
         self.mask_boundary_labels = mask_boundary_labels
         self.labels_format = labels_format
@@ -82,8 +91,16 @@ class Batcher(Node[dict]):
         if state is None:
             self.upstream.reset(None)
             self.batches = self.real_tokens = self.sequences = self.segments = 0
+            if self.planned_rows is not None:
+                self.num_batches = self.planned_rows // self.batch_size
         else:
             state = self.parse_state(state)
+            if self.planned_rows is not None:
+                rows = envelope.check_range(
+                    self.KIND, "sequences", state["sequences"], 0, self.planned_rows
+                )
+                left = (self.planned_rows - rows) // self.batch_size
+                self.num_batches = state["batches"] + left
             limit = float("inf") if self.num_batches is None else self.num_batches
             envelope.check_range(self.KIND, "batches", state["batches"], 0, limit)
             self.upstream.reset(state["upstream"])

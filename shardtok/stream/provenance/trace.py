@@ -103,7 +103,8 @@ def trace_step(
             f"part, more than a trace replays ({MAX_REPLAY:,}): trace from a state saved nearer "
             "the step (--state; a state saved with each checkpoint makes any later step quick)"
         )
-    rows = _batch_rows(located, setup.options.batch_size, step)
+    batch_size = located.stream.batcher.batch_size  # type: ignore[attr-defined]  # a stage's own
+    rows = _batch_rows(located, batch_size, step)
     table = source_table(addresses)
     return {
         "step": step,
@@ -116,7 +117,7 @@ def trace_step(
         "part": dict(located.part),
         "state_steps": None if saved is None else saved.steps,
         "seq_len": setup.options.seq_len,
-        "batch_size": setup.options.batch_size,
+        "batch_size": batch_size,
         "packing": setup.options.packing,
         "pad_id": setup.options.pad_id,
         "sources": [{"id": i, "location": s.display} for i, s in enumerate(table)],

@@ -249,9 +249,10 @@ class ElasticStream(PlacedStream):
         self.batcher = batcher_for(
             packer_for(documents, options, source.manifest.masked),
             options,
-            self.plan.batches_per_slice,
+            None,
             allocate,
             f"{source.display} epoch {epoch} remainder rank {rank} worker {worker}",
+            planned_rows=min(self.plan.sequences),
         )
 
     def _residual(self, index: int) -> Iterator[np.ndarray]:
@@ -259,7 +260,7 @@ class ElasticStream(PlacedStream):
         return residual_documents(self.source, self.options, self.old_plan, index, state)
 
     def __len__(self) -> int:
-        return self.plan.batches_per_slice
+        return int(self.batcher.num_batches)  # type: ignore[arg-type]
 
     def state_dict(self) -> dict:
         return self._wrap(

@@ -41,7 +41,11 @@ FIELDS = {
     "current": envelope.INT,
     "slice": envelope.OPTIONAL_STATE,
     "elastic": envelope.OPTIONAL_OBJECT,
+    # The local batch the current epoch began at: earlier epochs' lengths depend on the batch
+    # size they ran with. Absent in states of releases before 0.4 (the sum of their lengths).
+    "begin": envelope.INT,
 }
+OPTIONAL = ("begin",)
 # A part of a stream that was not resumed elastically: an epoch's slice (SliceStream's fields).
 _SLICE_FIELDS = {**{k: envelope.INT for k in _PLACEMENT}, "batcher": envelope.STATE}
 _WHERE = "merge_states"
@@ -65,7 +69,7 @@ def merge_epochs_states(
     """The merged layout of every old (rank, worker)'s ``epochs_stream`` state (slice order;
     None: a worker that never started), whose run began at epoch `epoch`."""
     parsed: list[dict | None] = [
-        None if s is None else envelope.parse(s, KIND, FIELDS) for s in streams
+        None if s is None else envelope.parse(s, KIND, FIELDS, OPTIONAL) for s in streams
     ]
     started = [s for s in parsed if s is not None]
     if len({s["first_step"] for s in started}) > 1:

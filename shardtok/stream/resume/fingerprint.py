@@ -7,11 +7,12 @@ source that streams a subset of its dataset's shards adds ``shards``: the subset
 consecutive index.json entries (``"shard-000000.tar..shard-000003.tar"``, or one name), which
 with the manifest's sha256 names it exactly; ``num_tokens`` is then the subset's. A source
 without a subset (or with one naming every shard) has no ``shards`` key, so its fingerprint is
-what it always was.
+what it always was. The batch size is recorded but not compared (``LAYOUT_OPTIONS``): a resume
+may change it, and every worker then continues the same rows in batches of the new size.
 
 Curriculum stages (``staged_fingerprint``) add ``stages``: per stage its name, ``start_step``
-(1-based), effective seed (its own, else the shared one), its own ``batch_size`` where it sets
-one, and sources with weights; and ``stage_switch`` when stages continue their sources (absent:
+(1-based), effective seed (its own, else the shared one) and sources with weights; and
+``stage_switch`` when stages continue their sources (absent:
 they restart, the only rule before 0.4, so those states compare as ``restart``). A state of
 stage k (the stage of the last batch it yielded) at training step s (that batch's 1-based step;
 a merged elastic state at rank step T: the stage of step s = T + 1, which it resumes with; a
@@ -19,8 +20,8 @@ loader's or state file's workers: the furthest of them) resumes when
 
 * the options other than the seed are equal (they are shared by every stage), and so is
   ``stage_switch``;
-* stages 0..k are equal: start step, effective seed, batch size, and every source (manifest,
-  tokenizer, size, weight; names are not compared);
+* stages 0..k are equal: start step, effective seed, and every source (manifest, tokenizer,
+  size, weight; names are not compared);
 * stage k+1, if the config still has one, starts after step s.
 
 Stages after k may change otherwise (added, removed, other sources, weights, seeds, later
@@ -127,12 +128,10 @@ def staged_fingerprint(curriculum: Curriculum, options: StreamOptions) -> dict:
         if curriculum.continues:  # their numbers in the table, which merge_states needs
             for source, cid in zip(sources, curriculum.source_ids(k), strict=True):
                 source["id"] = cid
-        own_size = {} if stage.batch_size is None else {"batch_size": stage.batch_size}
         stages.append({
             "name": stage.name,
             "start_step": stage.start_step,
             "seed": curriculum.options_for(k, options).seed,
-            **own_size,
             "sources": sources,
         })  # fmt: skip
     switch = {"stage_switch": curriculum.stage_switch} if curriculum.continues else {}
@@ -216,8 +215,12 @@ def _option_differences(saved: dict, current: dict, skip: tuple[str, ...]) -> li
         f"option {key}: {a_opts.get(key)!r} saved, {b_opts.get(key)!r} now"
         + (_BEFORE_OPTION.get(key, "") if key not in saved.get("options", {}) else "")
         for key in sorted(set(a_opts) | set(b_opts))
-        if key not in skip and a_opts.get(key) != b_opts.get(key)
+        if key not in (*skip, *LAYOUT_OPTIONS) and a_opts.get(key) != b_opts.get(key)
     ]
+
+
+# Options a resume may change: they group the same rows differently (docs/STREAMING.md).
+LAYOUT_OPTIONS = ("batch_size",)
 
 
 # What to do about an option a state was saved before, where its default changed since.
@@ -274,13 +277,6 @@ def stage_differences(saved: dict, current: dict, stage: int | None, step: int) 
         for key, shown in (("start_step", "start_training_step"), ("seed", "seed")):
             if a.get(key) != b.get(key):
                 out.append(f"{where}{shown} {a.get(key)!r} saved, {b.get(key)!r} now")
-        # A stage's own batch size, else the shared one (already compared with the options).
-        size_a, size_b = a.get("batch_size"), b.get("batch_size")
-        if (size_a, size_b) != (None, None):
-            size_a = size_a or {**OPTION_DEFAULTS, **saved.get("options", {})}["batch_size"]
-            size_b = size_b or current.get("options", {}).get("batch_size")
-            if size_a != size_b:
-                out.append(f"{where}batch_size {size_a!r} saved, {size_b!r} now")
         out += _source_differences(a.get("sources", []), b.get("sources", []), where)
     if stage is not None and stage + 1 < len(new) and new[stage + 1]["start_step"] <= step:
         following = new[stage + 1]
