@@ -17,7 +17,7 @@ from shardtok.stream.mix.spec import MixSpec
 from shardtok.stream.mix.stages import Curriculum
 from shardtok.stream.nodes.base import PlacedStream
 from shardtok.stream.resume.fingerprint import check_fingerprint
-from shardtok.stream.resume.merge import merge_worker_states
+from shardtok.stream.resume.merge import cuts_rows_anew, merge_worker_states
 from shardtok.stream.resume.saved import MergedState, Placement, WorkerState
 from shardtok.stream.resume.state_file import StateFile, load_state_file, save_state_file
 from shardtok.stream.staged import StagedStream, saved_position
@@ -83,20 +83,23 @@ class StreamJob:
             load_state_file(path, self.options, mixed=mixed, check_state=check_stream_state)
             for path in paths
         ]
+        doc = saved[0]
+        same_layout = (
+            len(saved) == 1
+            and (doc.rank, doc.world_size) == (self.args.rank, self.args.world_size)
+            and len(doc.workers) == self.workers
+            and not cuts_rows_anew(doc.fingerprint, self.options)
+        )
         for path, doc in zip(paths, saved, strict=True):
             problems = check_fingerprint(
-                doc.fingerprint, self.fingerprint, strict=strict, **saved_position(*doc.workers)
-            )
+                doc.fingerprint, self.fingerprint, strict=strict, merged=not same_layout,
+                **saved_position(*doc.workers),
+            )  # fmt: skip
             for problem in problems:
                 print(f"warning: {path}: resuming anyway: {problem}", file=sys.stderr)
         doc = saved[0]
         if doc.epoch != self.args.epoch:
             raise ShardtokError(f"{paths[0]}: saved in epoch {doc.epoch}: pass --epoch {doc.epoch}")
-        same_layout = (
-            len(saved) == 1
-            and (doc.rank, doc.world_size) == (self.args.rank, self.args.world_size)
-            and len(doc.workers) == self.workers
-        )
         if same_layout:
             self._budget(doc.batches)
             self.streams = [self._stream(w, state) for w, state in enumerate(doc.workers)]

@@ -186,7 +186,7 @@ class StreamSetup:
             check_stream_state(saved.stream)
         where = saved if isinstance(saved, MergedState) else saved.stream
         check_fingerprint(saved.fingerprint, self.fingerprint, strict=strict, advice=advice,
-                          **saved_position(where))  # fmt: skip
+                          merged=isinstance(saved, MergedState), **saved_position(where))  # fmt: skip
         return saved
 
     def check_resumes(self, resume: dict | MergedState | None) -> None:

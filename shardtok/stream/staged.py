@@ -170,10 +170,8 @@ class StagedStream(PlacedStream):
             remainder, first_epoch = None, self.first_epoch
             if self.elastic is not None and self.elastic["mix"] is not None:
                 # Every source first finishes what the old layout left of its epochs.
-                layout = self.elastic["mix"]
                 remainder, first_epoch = remainder_packers(
-                    self.curriculum.sources[cid], source_options, layout["sources"][cid],
-                    world_size=int(layout["world_size"]), num_workers=int(layout["num_workers"]),
+                    self.curriculum.sources[cid], source_options, self.elastic["mix"], cid,
                     new_index=self.rank * self.num_workers + self.worker,
                     new_slices=self.world_size * self.num_workers,
                 )  # fmt: skip

@@ -24,6 +24,7 @@ from shardtok.stream.mix.stages import Curriculum, load_curriculum, load_stage
 from shardtok.stream.nodes.base import PlacedStream
 from shardtok.stream.options import StreamOptions
 from shardtok.stream.plan import EpochPlan
+from shardtok.stream.resume.merge import cuts_rows_anew, dataset_states, merge_states
 from shardtok.stream.resume.saved import MergedState, Placement, WorkerState
 from shardtok.torch.dataset_args import stream_options_of, stream_source
 from shardtok.torch.distributed import data_parallel_rank
@@ -300,14 +301,22 @@ class ShardStreamDataset(IterableDataset):
         """`state` as this release writes it (a 0.1 state gains its envelope), checked."""
         return self.parse_state(state, strict=False).to_dict()
 
-    def load_state_dict(self, state: dict, strict: bool | None = None) -> None:
+    def load_state_dict(self, state: dict | list, strict: bool | None = None) -> None:
         """Continue from `state` at the next iteration: one worker's own state (same epoch,
-        rank and worker), or a ``merge_states([...])`` of every old (rank, worker)'s state, which
-        finishes that epoch with this dataset's world size and DataLoader workers.
+        rank and worker; it may have another batch size), or the states of every old (rank,
+        worker) -- a list of dataset states or of every rank's loader states, or their
+        ``merge_states`` -- which continue with this dataset's world size, workers, batch size
+        and sequence length by the remainder rule (docs/STREAMING.md). A state of one process
+        that streamed alone (world size 1, no workers) is every worker's state: it resumes
+        another sequence length so too, without a list.
 
         A state saved for other sources or options is refused (ResumeStateError naming what
         differs) unless `strict` (default: the constructor's) is False. States written by
         shardtok 0.1 are upgraded."""
+        if isinstance(state, (list, tuple)):
+            state = merge_states(dataset_states(state))
+        elif self._alone_with_other_rows(state):
+            state = merge_states([state])
         saved = self.parse_state(state, strict)
         self.set_epoch(saved.epoch)
         if self._worker_slot is None and get_worker_info() is None:
@@ -320,6 +329,17 @@ class ShardStreamDataset(IterableDataset):
         else:
             self._pending_state = saved.stream
         self._stream = None
+
+    def _alone_with_other_rows(self, state: object) -> bool:
+        """Whether `state` is the whole position of a run of one process without workers whose
+        rows had another length (it then resumes through the remainder rule by itself)."""
+        if not isinstance(state, dict) or state.get("kind") != "dataset":
+            return False
+        placement = state.get("placement")
+        alone = isinstance(placement, dict) and placement.get("world_size") == 1
+        alone = alone and placement.get("num_workers") == 1
+        fingerprint = state.get("fingerprint")
+        return alone and isinstance(fingerprint, dict) and cuts_rows_anew(fingerprint, self.options)
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()

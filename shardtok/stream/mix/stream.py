@@ -72,9 +72,8 @@ class MixedStream(PlacedStream):
                 remainder, start = remainder_packers(
                     source,
                     source_options,
-                    elastic["sources"][i],
-                    world_size=int(elastic["world_size"]),
-                    num_workers=int(elastic["num_workers"]),
+                    elastic,
+                    i,
                     new_index=rank * num_workers + worker,
                     new_slices=world_size * num_workers,
                 )

@@ -26,11 +26,11 @@ slice of reading).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from shardtok.errors import ResumeStateError, ShardtokError
+from shardtok.errors import ResumeStateError, ShardtokError, UsageError
 from shardtok.index.slices import cut_ranges
 from shardtok.storage.dataset import DatasetSource
 from shardtok.stream import state as envelope
@@ -68,10 +68,29 @@ def check_progress(progress: object, where: str) -> dict:
     return progress
 
 
+# What a merged layout keeps of the options its states were saved with (``was``): how the old
+# slices were packed and batched, which a resume may change (docs/STREAMING.md).
+SAVED_OPTIONS = ("seq_len", "stride", "batch_size")
+
+
+def saved_options(options: StreamOptions, layout: dict) -> StreamOptions:
+    """`options` as the old layout streamed them (a layout merged before 0.4 has no ``was``:
+    its states were saved with these)."""
+    return replace(options, **layout.get("was", {}))
+
+
 def check_layout(elastic: object, where: str, per_slice=check_progress) -> dict:
-    """An old layout's saved positions: ``{"world_size", "num_workers", <slices or sources>}``."""
+    """An old layout's saved positions: ``{"world_size", "num_workers", <slices or sources>}``
+    and, merged from 0.4 on, ``was`` (``SAVED_OPTIONS``)."""
     if not isinstance(elastic, dict):
         raise ResumeStateError(f"{where}: the old layout must be an object")
+    was = elastic.get("was", {})
+    if not isinstance(was, dict) or set(was) - set(SAVED_OPTIONS):
+        raise ResumeStateError(f"{where}: field 'was' may hold only {', '.join(SAVED_OPTIONS)}")
+    try:
+        StreamOptions(**{"seq_len": 1, "batch_size": 1, **was})
+    except (UsageError, TypeError) as exc:
+        raise ResumeStateError(f"{where}: field 'was': {exc}") from None
     for key in ("world_size", "num_workers"):
         value = elastic.get(key)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -122,23 +141,24 @@ class ElasticPlan:
 def elastic_plan(
     old: EpochPlan, slices: list[dict], new_slices: int, options: StreamOptions
 ) -> ElasticPlan:
+    """The new slices of `old`'s remainder (`old` planned with the options its states were
+    saved with), packed and batched with `options`."""
     residuals = [residual_tokens(old, i, s) for i, s in enumerate(slices)]
     total = sum(residuals)
     segments = [parts for _, _, parts in cut_ranges(residuals, new_slices)]
+    window = options.seq_len + 1
+    stride = options.stride or window
     sequences = []
     for j in range(new_slices):
         a, b = j * total // new_slices, (j + 1) * total // new_slices
-        sequences.append(sequence_count(b - a, old.packing, old.seq_len, old.stride))
+        sequences.append(sequence_count(b - a, old.packing, options.seq_len, stride))
     batches = min(sequences) // options.batch_size
-    window = old.seq_len + 1
     read = 0
     for j in range(new_slices):
         n = batches * options.batch_size
         size = (j + 1) * total // new_slices - j * total // new_slices
         if n:
-            read += (
-                (n - 1) * old.stride + window if old.packing == "concat" else min(size, n * window)
-            )
+            read += (n - 1) * stride + window if old.packing == "concat" else min(size, n * window)
     return ElasticPlan(tuple(residuals), tuple(segments), tuple(sequences), batches, total - read)
 
 
@@ -230,7 +250,7 @@ class ElasticStream(PlacedStream):
         self.worker, self.num_workers = worker, num_workers
         self.old_plan = plan_for(
             source,
-            options,
+            saved_options(options, elastic),
             epoch=epoch,
             world_size=int(elastic["world_size"]),
             num_workers=int(elastic["num_workers"]),

@@ -30,7 +30,7 @@ from shardtok.stream import state as envelope
 from shardtok.stream.build import plan_for
 from shardtok.stream.nodes.batcher import Batcher
 from shardtok.stream.options import StreamOptions
-from shardtok.stream.resume.elastic import check_layout, slice_progress
+from shardtok.stream.resume.elastic import check_layout, saved_options, slice_progress
 
 _PLACEMENT = ("epoch", "rank", "world_size", "worker", "num_workers")
 KIND = "epochs_stream"
@@ -180,11 +180,11 @@ def remainder_of(
     world_size, num_workers = layout["world_size"], layout["num_workers"]
     lengths: dict[int, int] = {}
 
+    old = saved_options(options, layout)
+
     def length(e: int) -> int:  # an old worker's batches in epoch e (all workers: the same)
         if e not in lengths:
-            plan = plan_for(
-                source, options, epoch=e, world_size=world_size, num_workers=num_workers
-            )
+            plan = plan_for(source, old, epoch=e, world_size=world_size, num_workers=num_workers)
             lengths[e] = plan.batches_per_slice
         return lengths[e]
 

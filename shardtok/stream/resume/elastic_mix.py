@@ -29,6 +29,7 @@ from shardtok.stream.resume.elastic import (
     check_progress,
     residual_documents,
     residual_tokens,
+    saved_options,
     slice_progress,
 )
 
@@ -72,7 +73,8 @@ def merge_source_positions(
 
 def check_mix_layout(elastic: object, num_sources: int, where: str) -> dict:
     """A merged mix layout: per source, every old slice's source epoch and progress."""
-    if not isinstance(elastic, dict) or set(elastic) != {"world_size", "num_workers", "sources"}:
+    keys = {"world_size", "num_workers", "sources"}
+    if not isinstance(elastic, dict) or not keys <= set(elastic) <= keys | {"was"}:
         raise ResumeStateError(f"{where}: expected world_size, num_workers and sources")
     per_source = elastic["sources"]
     if not isinstance(per_source, list) or len(per_source) != num_sources:
@@ -94,20 +96,23 @@ def _check_source_slice(value: object, where: str) -> None:
 def remainder_packers(
     source: DatasetSource,
     options: StreamOptions,
-    per_slice: list[dict],
+    layout: dict,
+    index: int,
     *,
-    world_size: int,
-    num_workers: int,
     new_index: int,
     new_slices: int,
 ) -> tuple[Callable[[], Packer], int]:
-    """A factory of this new slice's remainder packer for one source, and the epoch after it."""
+    """A factory of this new slice's remainder packer for source `index` of the merged mix
+    `layout`, and the epoch after it."""
+    per_slice = layout["sources"][index]
+    world_size, num_workers = int(layout["world_size"]), int(layout["num_workers"])
+    old = saved_options(options, layout)
     plans = {}
     for entry in per_slice:
         e = entry["epoch"]
         if e not in plans:
             plans[e] = plan_for(
-                source, options, epoch=e, world_size=world_size, num_workers=num_workers
+                source, old, epoch=e, world_size=world_size, num_workers=num_workers
             )
     residuals = [
         residual_tokens(plans[entry["epoch"]], s, entry) for s, entry in enumerate(per_slice)

@@ -179,12 +179,12 @@ def _shown(entry: dict) -> str:
     return display_url(str(entry.get("location")))
 
 
-def fingerprint_differences(saved: dict, current: dict) -> list[str]:
+def fingerprint_differences(saved: dict, current: dict, merged: bool = False) -> list[str]:
     """Human-readable differences that change the stream (empty when resumable)."""
     if "stages" in saved and "stages" not in current:
         return [f"saved for {len(saved['stages'])} curriculum stages, now one dataset or mix"]
     out = _source_differences(saved.get("sources", []), current.get("sources", []), "")
-    return out + _option_differences(saved, current, skip=())
+    return out + _option_differences(saved, current, skip=REMAINDER_OPTIONS if merged else ())
 
 
 def _source_differences(old: list, new: list, where: str) -> list[str]:
@@ -214,6 +214,7 @@ def _option_differences(saved: dict, current: dict, skip: tuple[str, ...]) -> li
     return [
         f"option {key}: {a_opts.get(key)!r} saved, {b_opts.get(key)!r} now"
         + (_BEFORE_OPTION.get(key, "") if key not in saved.get("options", {}) else "")
+        + _THROUGH_REMAINDER.get(key, "")
         for key in sorted(set(a_opts) | set(b_opts))
         if key not in (*skip, *LAYOUT_OPTIONS) and a_opts.get(key) != b_opts.get(key)
     ]
@@ -221,6 +222,14 @@ def _option_differences(saved: dict, current: dict, skip: tuple[str, ...]) -> li
 
 # Options a resume may change: they group the same rows differently (docs/STREAMING.md).
 LAYOUT_OPTIONS = ("batch_size",)
+# Options a resume from every worker's state (a merged state) may change: the rows are cut
+# anew from what the old ones left (the remainder rule).
+REMAINDER_OPTIONS = ("seq_len", "stride")
+_THROUGH_REMAINDER = dict.fromkeys(
+    REMAINDER_OPTIONS,
+    " (a resume changes it from every worker's state: load_state_dict([...all of them...]) "
+    "or merge_states; docs/STREAMING.md)",
+)
 
 
 # What to do about an option a state was saved before, where its default changed since.
@@ -243,7 +252,9 @@ def as_first_stage(fingerprint: dict) -> dict:
     return {**fingerprint, "stages": [stage]}
 
 
-def stage_differences(saved: dict, current: dict, stage: int | None, step: int) -> list[str]:
+def stage_differences(
+    saved: dict, current: dict, stage: int | None, step: int, merged: bool = False
+) -> list[str]:
     """What keeps a state of stage `stage` at training step `step` (1-based) from resuming
     curriculum stages `current` (the rule in the module docstring); `stage` None compares
     every saved stage."""
@@ -263,7 +274,9 @@ def stage_differences(saved: dict, current: dict, stage: int | None, step: int) 
     old, new = saved["stages"], current["stages"]
     # The seed is compared per stage (a stage may have its own): a shared seed only later
     # stages use may change.
-    out += _option_differences(saved, current, skip=("seed",))
+    out += _option_differences(
+        saved, current, skip=("seed", *(REMAINDER_OPTIONS if merged else ()))
+    )
     last = len(old) - 1 if stage is None else stage
     if last >= len(old):
         return [*out, f"the state is in stage {last}, but was saved with {len(old)} stages"]
@@ -299,9 +312,11 @@ def check_fingerprint(
     stage: int | None = None,
     step: int = 0,
     advice: str = RESUME_ANYWAY,
+    merged: bool = False,
 ) -> list[str]:
     """Refuse (ResumeStateError) a state saved against other data or options, unless not strict;
-    the message ends with `advice` (a trace, which cannot replay other data, says so).
+    the message ends with `advice` (a trace, which cannot replay other data, says so). A
+    `merged` state (every old worker's) may change ``REMAINDER_OPTIONS`` too.
 
     For curriculum stages (`current` has ``stages``) `stage` and `step` say where the state is
     (``stream.staged.saved_position``): stages after `stage` may differ (module docstring);
@@ -311,9 +326,9 @@ def check_fingerprint(
     if saved is None:
         problems = ["the state carries no fingerprint"]
     elif "stages" in current:
-        problems = stage_differences(check_shape(saved), current, stage, step)
+        problems = stage_differences(check_shape(saved), current, stage, step, merged)
     else:
-        problems = fingerprint_differences(check_shape(saved), current)
+        problems = fingerprint_differences(check_shape(saved), current, merged)
     if problems and strict:
         raise ResumeStateError(
             "resume state was saved for other data or options: " + "; ".join(problems) + advice

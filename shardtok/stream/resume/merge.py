@@ -8,11 +8,33 @@ from __future__ import annotations
 
 from shardtok.errors import ResumeStateError
 from shardtok.stream.nodes.batcher import Batcher
-from shardtok.stream.resume.elastic import slice_progress
+from shardtok.stream.options import StreamOptions
+from shardtok.stream.resume.elastic import SAVED_OPTIONS, slice_progress
 from shardtok.stream.resume.elastic_epochs import merge_epochs_states
 from shardtok.stream.resume.elastic_mix import merge_mixed_states
 from shardtok.stream.resume.elastic_stages import merge_staged_states
+from shardtok.stream.resume.fingerprint import OPTION_DEFAULTS
 from shardtok.stream.resume.saved import MergedState, WorkerState, parse_saved
+
+
+def dataset_states(saved: object) -> list[dict]:
+    """The dataset states of every worker in `saved`: one dataset state, one rank's
+    ``ShardLoader`` or ``StatefulDataLoader`` state, or a list of any of these (every rank's)."""
+    if isinstance(saved, (list, tuple)):
+        return [s for item in saved for s in dataset_states(item)]
+    if not isinstance(saved, dict):
+        raise ResumeStateError(f"expected a saved state, got {type(saved).__name__}")
+    if saved.get("kind") == "loader" or "shardtok_loader" in saved:
+        return list(saved["workers"])
+    workers = (saved.get("_snapshot") or {}).get("_worker_snapshots") or {}
+    if workers:
+        ordered = sorted(workers.values(), key=lambda w: int(w["worker_id"]))
+        return [w["dataset_state"] for w in ordered]
+    if "_snapshot" in saved or "dataset_state" in saved:
+        if saved.get("dataset_state") is not None:
+            return [saved["dataset_state"]]
+        raise ResumeStateError("no dataset state in this DataLoader state (did it iterate?)")
+    return [saved]
 
 
 def merge_states(states: list[dict]) -> dict:
@@ -80,18 +102,20 @@ def merge_worker_states(states: list[WorkerState]) -> MergedState:
         )
     epoch, fingerprint = epochs.pop(), states[0].fingerprint
     ordered = [by_index[i] for i in range(count)]
+    was = {"was": saved_with(fingerprint)}  # what the new layout may change
     if staged:
         stage, step, layout = merge_staged_states(
             [s.stream for s in ordered], world_size, num_workers, epoch, fingerprint
         )
+        layout = None if layout is None else {**layout, **was}
         return MergedState(epoch, fingerprint, layout, mixed=True, stage=stage, step=step)
     if kinds == {"epochs_stream"}:
         layout = merge_epochs_states([s.stream for s in ordered], world_size, num_workers, epoch)
-        return MergedState(epoch, fingerprint, layout, mixed=False)
+        return MergedState(epoch, fingerprint, {**layout, **was}, mixed=False)
     if kinds == {"mixed_stream"}:
         streams = [s.stream for s in ordered]
         layout = merge_mixed_states(streams, world_size, num_workers, epoch)
-        return MergedState(epoch, fingerprint, layout, mixed=True)
+        return MergedState(epoch, fingerprint, {**layout, **was}, mixed=True)
     slices = []
     for s in ordered:
         if s.stream is None:
@@ -99,5 +123,21 @@ def merge_worker_states(states: list[WorkerState]) -> MergedState:
         else:
             packer, real_tokens = Batcher.progress(s.stream["batcher"])
             slices.append(slice_progress(packer, real_tokens))
-    layout = {"world_size": world_size, "num_workers": num_workers, "slices": slices}
+    layout = {"world_size": world_size, "num_workers": num_workers, "slices": slices, **was}
     return MergedState(epoch, fingerprint, layout, mixed=False)
+
+
+def cuts_rows_anew(fingerprint: dict | None, options: StreamOptions) -> bool:
+    """Whether states saved under `fingerprint` make rows of another length or stride than
+    `options` (resolved): they then resume only merged (the remainder rule)."""
+    was = saved_with(fingerprint or {})
+    return (was["seq_len"], was["stride"] or was["seq_len"] + 1) != (
+        options.seq_len,
+        options.stride or options.seq_len + 1,
+    )
+
+
+def saved_with(fingerprint: dict) -> dict:
+    """The options of ``SAVED_OPTIONS`` the states were saved with (from their fingerprint)."""
+    options = {**OPTION_DEFAULTS, **(fingerprint.get("options") or {})}
+    return {key: options.get(key) for key in SAVED_OPTIONS}

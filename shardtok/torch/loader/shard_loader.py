@@ -32,6 +32,7 @@ import torch
 from torch.utils.data import DataLoader, SequentialSampler
 
 from shardtok.errors import ResumeStateError, UsageError
+from shardtok.stream.resume.merge import cuts_rows_anew
 from shardtok.stream.resume.saved import MergedState, Placement, WorkerState
 from shardtok.torch.dataset import ShardStreamDataset
 from shardtok.torch.distributed import data_parallel_rank
@@ -263,11 +264,17 @@ class ShardLoader(DataLoader):
             self.num_workers, first, [t["taken"] for t in taken], self._memmap_identity()
         )
 
-    def load_state_dict(self, state: dict) -> None:
-        """Continue from `state` (from ``state_dict()``) at the next ``iter()``; it must come
-        from a loader with as many workers (for another layout, gather every rank's
-        ``dataset_states`` and load ``merge_states(...)`` into the dataset)."""
+    def load_state_dict(self, state: dict | list) -> None:
+        """Continue from `state` (from ``state_dict()``) at the next ``iter()``: exactly, from a
+        loader with as many workers in the same place, or by the remainder rule for another
+        layout (docs/STREAMING.md): a list of every rank's loader states, or one rank's state
+        when it was the only rank (world size 1), with another number of workers or sequence
+        length. Either may have another batch size."""
         dataset: ShardStreamDataset = self.dataset  # type: ignore[assignment]
+        if isinstance(state, (list, tuple)) and not self._memmap:
+            dataset.load_state_dict(list(state))
+            self._resume = None
+            return
         state = parse_loader_state(
             state,
             memmap=self._memmap,
@@ -280,11 +287,22 @@ class ShardLoader(DataLoader):
                 f"state saved for memmap batches {state.get('memmap')}, this loader makes "
                 f"{self._memmap_identity()}"
             )
+        if not self._memmap and self._other_layout(state):
+            placements = [w.get("placement") or {} for w in workers if isinstance(w, dict)]
+            if all(p.get("world_size") == 1 for p in placements):  # the only rank: all of it
+                dataset.load_state_dict(list(workers))
+                self._resume = None
+                return
+            raise ResumeStateError(
+                f"state saved by a loader with {state['num_workers']} workers of rank "
+                f"{placements[0].get('rank')} of {placements[0].get('world_size')}, this one "
+                f"has {self.num_workers} workers: to change the layout pass every rank's loader "
+                "state, loader.load_state_dict([rank 0's, rank 1's, ...])"
+            )
         if int(state["num_workers"]) != self.num_workers:
             raise ResumeStateError(
                 f"state saved by a loader with {state['num_workers']} workers, this one has "
-                f"{self.num_workers}: gather every rank's shardtok.torch.dataset_states(...) and "
-                "load merge_states(...) into the dataset to change the layout"
+                f"{self.num_workers}"
             )
         if self._memmap:
             self._resume = ([{"taken": int(w["taken"])} for w in workers], state["next_worker"])
@@ -303,6 +321,23 @@ class ShardLoader(DataLoader):
         dataset.set_epoch(saved[0].epoch)
         positions = [s if isinstance(s, MergedState) else s.stream for s in saved]
         self._resume = (positions, state["next_worker"])
+
+    def _other_layout(self, state: dict) -> bool:
+        """Whether a parsed loader `state` needs the remainder rule here: other workers, rank
+        or world size, or rows of another length."""
+        dataset: ShardStreamDataset = self.dataset  # type: ignore[assignment]
+        if int(state["num_workers"]) != self.num_workers:
+            return True
+        rank, world_size = data_parallel_rank(dataset.rank, dataset.world_size)
+        for w in state["workers"]:
+            placement = w.get("placement") if isinstance(w, dict) else None
+            if placement is None:  # a merged state not yet started: it is a layout's start
+                continue
+            if (placement.get("rank"), placement.get("world_size")) != (rank, world_size):
+                return True
+            if cuts_rows_anew(w.get("fingerprint"), dataset.options):
+                return True
+        return False
 
     def __del__(self):
         workers = getattr(self, "_workers", None)
