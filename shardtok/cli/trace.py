@@ -19,9 +19,9 @@ from shardtok.stream.factory import StreamSetup, check_stream_state
 from shardtok.stream.provenance import trace_step
 from shardtok.stream.provenance.states import saved_rank
 from shardtok.stream.provenance.trace import source_table
-from shardtok.stream.resume.legacy import LEGACY_FILE_FORMAT
 from shardtok.stream.resume.state_file import KIND as FILE_KIND
 from shardtok.stream.resume.state_file import load_state_file
+from shardtok.stream.state import LEGACY_FILE_FORMAT
 
 DESCRIPTION = """\
 Print where every token of one training step's batch comes from: for each sequence of rank
@@ -138,11 +138,10 @@ def _state(path: str, setup: StreamSetup):
         doc = json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
         raise ResumeStateError(f"{path}: cannot read the state: {exc}") from None
-    mixed = setup.mix is not None or setup.curriculum is not None
     if isinstance(doc, dict) and (
         doc.get("kind") == FILE_KIND or doc.get("format") == LEGACY_FILE_FORMAT
     ):
-        return load_state_file(path, setup.options, mixed=mixed, check_state=check_stream_state)
+        return load_state_file(path, check_state=check_stream_state)
     return doc
 
 

@@ -59,7 +59,6 @@ from shardtok.stream.resume.fingerprint import (
     staged_fingerprint,
     stream_fingerprint,
 )
-from shardtok.stream.resume.legacy import upgrade_dataset_state
 from shardtok.stream.resume.saved import MergedState, Placement, WorkerState, parse_saved
 from shardtok.stream.slice_stream import SliceStream
 from shardtok.stream.staged import StagedStream, saved_position
@@ -135,7 +134,7 @@ class StreamSetup:
 
     def __post_init__(self) -> None:
         # What the data decides (packing, overlong) is fixed here, so fingerprints, plans and
-        # 0.1-state upgrades all see the options the stream really runs with.
+        # merged layouts all see the options the stream really runs with.
         self.options = resolved(self.options, self.sources)
 
     @classmethod
@@ -175,12 +174,10 @@ class StreamSetup:
     def check_saved(
         self, state: object, *, strict: bool = True, advice: str = RESUME_ANYWAY
     ) -> WorkerState | MergedState:
-        """`state`, a dataset worker state or a merged state (a 0.1 state upgraded), checked
-        level by level and against this setup's fingerprint: refused (ResumeStateError) when
-        saved for other data or options, unless not `strict` (curriculum stages: by where the
-        state is, ``check_fingerprint``)."""
-        if not envelope.is_enveloped(state):
-            state = upgrade_dataset_state(state, self.options, mixed=self.mix is not None)
+        """`state`, a dataset worker state or a merged state, checked level by level and
+        against this setup's fingerprint: refused (ResumeStateError) when saved for other data
+        or options, unless not `strict` (curriculum stages: by where the state is,
+        ``check_fingerprint``)."""
         saved = parse_saved(state)
         if isinstance(saved, WorkerState) and saved.stream is not None:
             check_stream_state(saved.stream)

@@ -10,9 +10,9 @@ every field is checked once, here, when a state is restored: a missing or unknow
 type or a negative count is a ``ResumeStateError`` naming the kind and the field. Each node owns
 its kind and field list (``KIND``/``FIELDS`` on the class) and checks ranges that only it knows.
 
-Version 1 is what shardtok 0.1 wrote: the same fields without the envelope.
-``shardtok.stream.resume.legacy`` upgrades those (the only place that looks at a state's keys
-to tell what it is); a version newer than this release's is refused with both versions named.
+What shardtok 0.1 wrote had no envelope (call it version 1); 0.3 was the last release to
+upgrade such states, and this one refuses them in one line naming that version. A version newer
+than this release's is refused with both versions named.
 """
 
 from __future__ import annotations
@@ -25,8 +25,12 @@ from shardtok.errors import ResumeStateError
 
 FORMAT = "shardtok.state"
 VERSION = 2
-LEGACY_VERSION = 1  # shardtok 0.1: no envelope
 ENVELOPE = ("format", "version", "kind")
+LEGACY_FILE_FORMAT = "shardtok-stream-state"  # the CLI's state file of shardtok 0.1
+UNVERSIONED = (
+    "this state was saved by shardtok 0.1 (it has no version), which this release no longer "
+    "resumes: 0.3 was the last release to upgrade such states; finish that run with shardtok 0.3"
+)
 
 # Field types. A field's value is checked against one of these before a node sees it.
 INT = "a non-negative integer"
@@ -50,6 +54,8 @@ def is_enveloped(state: object) -> bool:
 
 def check_version(state: Mapping, what: str) -> None:
     """Refuse anything but a shardtok state of a version this release reads."""
+    if not is_enveloped(state) or state.get("format") == LEGACY_FILE_FORMAT:
+        raise ResumeStateError(UNVERSIONED)
     if state.get("format") != FORMAT:
         raise ResumeStateError(
             f"{what}: not a shardtok state (format {state.get('format')!r}, expected {FORMAT!r})"
@@ -58,7 +64,7 @@ def check_version(state: Mapping, what: str) -> None:
     if version != VERSION:
         raise ResumeStateError(
             f"{what}: state version {version!r} was written by another shardtok release; this "
-            f"one reads version {VERSION} and upgrades version {LEGACY_VERSION} (shardtok 0.1)"
+            f"one reads version {VERSION}"
         )
 
 
@@ -77,12 +83,6 @@ def parse(
     name = "/".join(kinds)
     if not isinstance(state, Mapping):
         raise ResumeStateError(f"{name} state: expected a JSON object, got {type(state).__name__}")
-    if not is_enveloped(state):
-        raise ResumeStateError(
-            f"{name} state: no envelope (format, version, kind): a state saved by shardtok 0.1 "
-            "is upgraded only where it was saved whole (ShardStreamDataset, ShardLoader, the "
-            "CLI's state file), not node by node"
-        )
     check_version(state, f"{name} state")
     if state.get("kind") not in kinds:
         raise ResumeStateError(f"expected a {name} state, got a {state.get('kind')!r} state")

@@ -293,13 +293,9 @@ class ShardStreamDataset(IterableDataset):
         return WorkerState(epoch, placement, stream, self.fingerprint).to_dict()
 
     def parse_state(self, state: dict, strict: bool | None = None) -> WorkerState | MergedState:
-        """`state` upgraded (a 0.1 state), checked, and checked against this dataset's sources
-        and options (refused unless `strict` is False)."""
+        """`state` checked, and checked against this dataset's sources and options (refused
+        unless `strict` is False)."""
         return self.setup.check_saved(state, strict=self.strict if strict is None else strict)
-
-    def upgrade_state(self, state: dict) -> dict:
-        """`state` as this release writes it (a 0.1 state gains its envelope), checked."""
-        return self.parse_state(state, strict=False).to_dict()
 
     def load_state_dict(self, state: dict | list, strict: bool | None = None) -> None:
         """Continue from `state` at the next iteration: one worker's own state (same epoch,
@@ -311,8 +307,8 @@ class ShardStreamDataset(IterableDataset):
         another sequence length so too, without a list.
 
         A state saved for other sources or options is refused (ResumeStateError naming what
-        differs) unless `strict` (default: the constructor's) is False. States written by
-        shardtok 0.1 are upgraded."""
+        differs) unless `strict` (default: the constructor's) is False; one of shardtok 0.1
+        (without a version) is refused, naming that release."""
         if isinstance(state, (list, tuple)):
             state = merge_states(dataset_states(state))
         elif self._alone_with_other_rows(state):

@@ -2,7 +2,7 @@
 
 Accepted: the CLI's state file (``StateFile``, or its JSON document), a ``ShardLoader`` state
 (kind ``loader``) and one dataset worker state (kind ``dataset``: a loader with 0 workers, or
-``ShardStreamDataset.state_dict()`` in process). States written by shardtok 0.1 are upgraded.
+``ShardStreamDataset.state_dict()`` in process).
 A merged (elastic) state that no worker has streamed from yet names no step of its own and is
 refused: trace with a state saved after its first batch. So is a state streamed on from the
 merge of a mix or of one epoch's states: those streams count batches from the merge and do not
@@ -19,11 +19,6 @@ from shardtok.stream import state as envelope
 from shardtok.stream.factory import NODE_CLASSES, StreamSetup, check_stream_state
 from shardtok.stream.resume.elastic_epochs import is_epochs_layout
 from shardtok.stream.resume.fingerprint import check_fingerprint
-from shardtok.stream.resume.legacy import (
-    LEGACY_FILE_FORMAT,
-    upgrade_loader_state,
-    upgrade_state_file,
-)
 from shardtok.stream.resume.saved import MergedState
 from shardtok.stream.resume.state_file import FIELDS as FILE_FIELDS
 from shardtok.stream.resume.state_file import KIND as FILE_KIND
@@ -75,9 +70,6 @@ def first_step(stream: dict | None) -> int:
 def saved_rank(state: object, setup: StreamSetup) -> SavedRank:
     """`state` (see the module docstring) checked, against `setup`'s fingerprint too, as a
     ``SavedRank``."""
-    mixed = setup.mix is not None or setup.curriculum is not None
-    if isinstance(state, dict) and state.get("format") == LEGACY_FILE_FORMAT:
-        state = upgrade_state_file(state, setup.options, mixed=mixed)
     if isinstance(state, dict) and state.get("kind") == FILE_KIND:
         fields = envelope.parse(state, FILE_KIND, FILE_FIELDS)
         state = StateFile(**{k: fields[k] for k in FILE_FIELDS})
@@ -102,8 +94,7 @@ def saved_rank(state: object, setup: StreamSetup) -> SavedRank:
             f"a trace starts from a state file, a loader state or a dataset state, got "
             f"{type(state).__name__}"
         )
-    if not envelope.is_enveloped(state) and "next_worker" in state:
-        state = upgrade_loader_state(state, setup.options, mixed=mixed)
+    envelope.check_version(state, "the state")
     if state.get("kind") == "loader":
         loader = envelope.parse(state, "loader", LOADER_FIELDS)
         items, next_worker = loader["workers"], loader["next_worker"]

@@ -5,8 +5,8 @@
 * ``MergedState`` (kinds ``merged``, ``merged_mix`` and ``merged_stages``): ``merge_states`` of
   every old (rank, worker), which finishes an epoch (a stage) with another layout.
 
-``parse_saved`` is the one place a dict becomes one of these (after ``legacy`` upgraded a 0.1
-state); nothing downstream looks at keys to tell them apart.
+``parse_saved`` is the one place a dict becomes one of these; nothing downstream looks at keys
+to tell them apart.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ The file is a state of kind ``stream_file``: every worker stream's state (positi
 counters only), which worker the DataLoader's round robin serves next, how many batches were
 taken, and the fingerprint of the sources and options. It is written to a temporary name and
 renamed, so a job killed while saving leaves the previous file intact. A file written by
-shardtok 0.1 (format ``shardtok-stream-state``, version 1) is upgraded on load.
+shardtok 0.1 (format ``shardtok-stream-state``, no envelope) is refused, naming that release.
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ from pathlib import Path
 
 from shardtok.errors import ResumeStateError
 from shardtok.stream import state as envelope
-from shardtok.stream.options import StreamOptions
-from shardtok.stream.resume.legacy import LEGACY_FILE_FORMAT, upgrade_state_file
 
 KIND = "stream_file"
 FIELDS = {
@@ -53,11 +51,9 @@ def save_state_file(path: str | Path, state: StateFile) -> Path:
     return path
 
 
-def load_state_file(
-    path: str | Path, options: StreamOptions, *, mixed: bool, check_state=lambda state: state
-) -> StateFile:
-    """The file at `path` (a 0.1 file upgraded), checked; `check_state` checks each worker's
-    stream state (``shardtok.stream.factory.check_stream_state``)."""
+def load_state_file(path: str | Path, check_state=lambda state: state) -> StateFile:
+    """The file at `path`, checked; `check_state` checks each worker's stream state
+    (``shardtok.stream.factory.check_stream_state``)."""
     path = Path(path)
     try:
         doc = json.loads(path.read_text())
@@ -66,8 +62,6 @@ def load_state_file(
     if not isinstance(doc, dict):
         raise ResumeStateError(f"{path}: not a shardtok stream state file")
     try:
-        if doc.get("format") == LEGACY_FILE_FORMAT and doc.get("version") == 1:
-            doc = upgrade_state_file(doc, options, mixed=mixed)
         s = envelope.parse(doc, KIND, FIELDS)
         if s["world_size"] < 1 or s["rank"] >= s["world_size"]:
             raise ResumeStateError(f"rank {s['rank']} of world size {s['world_size']}")

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from shardtok.errors import ResumeStateError
 from shardtok.stream import state as envelope
-from shardtok.stream.options import StreamOptions
-from shardtok.stream.resume.legacy import upgrade_loader_state
 
 FIELDS = {"num_workers": envelope.INT, "next_worker": envelope.INT, "workers": envelope.LIST}
 MEMMAP_FIELDS = {**FIELDS, "memmap": envelope.OBJECT}
@@ -35,12 +33,8 @@ def memmap_loader_state(num_workers: int, next_worker: int, taken: list[int], me
     )
 
 
-def parse_loader_state(
-    state: object, *, memmap: bool, options: StreamOptions | None, mixed: bool
-) -> dict:
-    """`state` (a 0.1 state is upgraded) checked as a loader state of the expected kind."""
-    if isinstance(state, dict) and not envelope.is_enveloped(state):
-        state = upgrade_loader_state(state, options, mixed=mixed)
+def parse_loader_state(state: object, *, memmap: bool) -> dict:
+    """`state` checked as a loader state of the expected kind."""
     kind = "memmap_loader" if memmap else "loader"
     s = envelope.parse(state, kind, MEMMAP_FIELDS if memmap else FIELDS)
     slots = max(s["num_workers"], 1)

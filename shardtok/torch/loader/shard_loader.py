@@ -275,12 +275,7 @@ class ShardLoader(DataLoader):
             dataset.load_state_dict(list(state))
             self._resume = None
             return
-        state = parse_loader_state(
-            state,
-            memmap=self._memmap,
-            options=None if self._memmap else dataset.options,
-            mixed=not self._memmap and dataset.mix is not None,
-        )
+        state = parse_loader_state(state, memmap=self._memmap)
         workers = state["workers"]
         if self._memmap and state.get("memmap") != self._memmap_identity():
             raise ResumeStateError(
