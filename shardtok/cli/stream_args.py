@@ -12,8 +12,7 @@ from shardtok.storage.dataset import DatasetSource
 from shardtok.stream.factory import StreamSetup
 from shardtok.stream.mix.spec import MixSpec, mix_spec
 from shardtok.stream.mix.stages import Curriculum, load_curriculum, load_stage
-from shardtok.stream.nodes.base import HISTORY
-from shardtok.stream.options import OPTION_NAMES, PACKINGS, StreamOptions
+from shardtok.stream.options import HISTORY, OPTION_NAMES, PACKINGS, StreamOptions
 from shardtok.stream.provenance.trace import MAX_STEPS
 
 

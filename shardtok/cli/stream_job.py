@@ -18,9 +18,9 @@ from shardtok.stream.mix.stages import Curriculum
 from shardtok.stream.nodes.base import PlacedStream
 from shardtok.stream.resume.fingerprint import check_fingerprint
 from shardtok.stream.resume.merge import cuts_rows_anew, merge_worker_states
-from shardtok.stream.resume.saved import MergedState, Placement, WorkerState
+from shardtok.stream.resume.saved import MergedState, Placement, WorkerState, saved_position
 from shardtok.stream.resume.state_file import StateFile, load_state_file, save_state_file
-from shardtok.stream.staged import StagedStream, saved_position
+from shardtok.stream.staged import StagedStream
 
 
 class StreamJob:

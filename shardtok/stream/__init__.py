@@ -1,12 +1,15 @@
 """Streaming: dataset -> epoch plan -> documents -> shuffle -> packing -> batches.
 
 Torch-free (numpy only); ``shardtok.torch`` wraps it for DataLoaders. See docs/STREAMING.md and
-docs/API.md. The rooms: ``options`` (what decides the tokens), ``plan`` (who reads what),
-``nodes/`` (one stage per module), ``build`` (stages into a stream), ``slice_stream``,
-``mix/`` (weighted sources and curriculum stages), ``staged``/``epochs`` (streams chained from
-stages or epochs), ``preview`` (what a mix will read), ``provenance/`` (traces), ``resume/`` (fingerprints, elastic resume, state files, 0.1
-states), ``state`` (the envelope every saved state is wrapped in) and ``factory`` (the one place
-that picks the stream for a placement and a saved state).
+docs/API.md. The rooms, from the bottom up (each imports only those before it): ``state`` (the
+envelope every saved position is wrapped in), ``batch`` (rows into a batch), ``options`` (what
+decides the tokens), ``plan`` (who reads what), ``nodes/`` (one stage per module), ``build``
+(stages into a stream), ``slice_stream`` and ``remainder`` (an epoch's slice; what an old
+layout left of one, cut anew), ``mix/`` (sources with cursors, weights, curriculum stages, a
+mix's remainder), ``epochs``/``staged`` (a dataset's consecutive epochs; a curriculum's
+schedule), ``preview`` (what a mix will read), ``resume/`` (saved positions, fingerprints,
+merging every worker's, state files), ``factory`` (the one place that picks the stream for a
+placement and a saved state) and ``provenance/`` (traces).
 """
 
 from shardtok.stream.batch import IGNORE_INDEX

@@ -12,7 +12,7 @@ run's first epoch), ``first_step`` (the rank step this layout's stream began at:
 step of an elastic resume), ``batches`` (local, across epochs), ``current`` (the epoch the
 state is in), ``slice`` (that epoch's ``slice_stream`` state, or null before its first batch)
 and ``elastic`` (null, or the merged layout this stream resumed from: its first epoch is then
-that layout's remainder, an ``ElasticStream``; see ``resume/elastic_epochs.py``).
+that layout's remainder, an ``ElasticStream``; see ``resume/epochs_remainder.py``).
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ from typing import Any
 
 from shardtok.errors import ResumeStateError
 from shardtok.storage.dataset import DatasetSource
+from shardtok.stream import epochs_remainder
 from shardtok.stream.batch import Allocator, allocate_arrays
 from shardtok.stream.build import resolved
 from shardtok.stream.nodes.base import Located, PlacedStream
 from shardtok.stream.nodes.batcher import Batcher
 from shardtok.stream.options import StreamOptions
-from shardtok.stream.resume import elastic_epochs
-from shardtok.stream.resume.elastic import ElasticStream
+from shardtok.stream.remainder import ElasticStream
 from shardtok.stream.slice_stream import SliceStream
 
 # Summed over finished epochs for stats(); the rest of a batcher's stats is recomputed.
@@ -40,9 +40,9 @@ _COUNTS = (
 class EpochsStream(PlacedStream):
     """`num_batches` batches of one (rank, worker), epoch after epoch (module docstring)."""
 
-    KIND = elastic_epochs.KIND
-    FIELDS = elastic_epochs.FIELDS
-    OPTIONAL = elastic_epochs.OPTIONAL
+    KIND = epochs_remainder.KIND
+    FIELDS = epochs_remainder.FIELDS
+    OPTIONAL = epochs_remainder.OPTIONAL
     state_name = "epochs stream"
     resume_hint = (
         "restore with the same first epoch, rank, world size, worker and number of workers, or "
@@ -83,8 +83,8 @@ class EpochsStream(PlacedStream):
         self.elastic = elastic
         self.first_part, self._remainder = epoch, None
         if elastic is not None:
-            elastic = elastic_epochs.check_epochs_layout(elastic, "epochs stream elastic state")
-            self.first_part, self._remainder = elastic_epochs.remainder_of(
+            elastic = epochs_remainder.check_epochs_layout(elastic, "epochs stream elastic state")
+            self.first_part, self._remainder = epochs_remainder.remainder_of(
                 self.source, self.options, elastic, epoch
             )
         self._lengths: dict[int, int] = {}

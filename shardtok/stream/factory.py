@@ -35,6 +35,7 @@ from shardtok.stream import state as envelope
 from shardtok.stream.batch import Allocator, allocate_arrays
 from shardtok.stream.build import plan_for, resolved
 from shardtok.stream.epochs import EpochsStream
+from shardtok.stream.epochs_remainder import is_epochs_layout
 from shardtok.stream.mix.sequences import MixedSequences, SourceSequences
 from shardtok.stream.mix.spec import MixSpec, check_tokenizers
 from shardtok.stream.mix.stages import Curriculum
@@ -51,17 +52,22 @@ from shardtok.stream.nodes import (
 from shardtok.stream.nodes.base import PlacedStream
 from shardtok.stream.options import StreamOptions
 from shardtok.stream.plan import EpochPlan
-from shardtok.stream.resume.elastic import ElasticStream, RemainderDocuments
-from shardtok.stream.resume.elastic_epochs import is_epochs_layout
+from shardtok.stream.remainder import ElasticStream, RemainderDocuments
 from shardtok.stream.resume.fingerprint import (
     RESUME_ANYWAY,
     check_fingerprint,
     staged_fingerprint,
     stream_fingerprint,
 )
-from shardtok.stream.resume.saved import MergedState, Placement, WorkerState, parse_saved
+from shardtok.stream.resume.saved import (
+    MergedState,
+    Placement,
+    WorkerState,
+    parse_saved,
+    saved_position,
+)
 from shardtok.stream.slice_stream import SliceStream
-from shardtok.stream.staged import StagedStream, saved_position
+from shardtok.stream.staged import StagedStream
 
 STREAM_KINDS = (
     "slice_stream", "elastic_stream", "mixed_stream", "staged_stream", "epochs_stream"

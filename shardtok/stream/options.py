@@ -11,10 +11,13 @@ from dataclasses import asdict, dataclass, fields, replace
 
 from shardtok.errors import UsageError
 from shardtok.stream.batch import check_labels_format
-from shardtok.stream.nodes.base import HISTORY
-from shardtok.stream.nodes.packer import OVERLONG
 
 PACKINGS = ("concat", "greedy", "bfd")
+OVERLONG = ("split", "drop", "truncate")  # what greedy and bfd do with a too long document
+# Document nodes answer ``state_at(p)`` for every p >= position - HISTORY; packers never hold a
+# document older than that (concat holds at most seq_len + 1 documents, greedy closes old
+# sequences), so resume never needs more.
+HISTORY = 1 << 16
 # What a field left unset means for data without loss masks: what it always meant before the
 # value started to depend on the data (states saved then compare as these).
 UNMASKED_DEFAULTS = {"packing": "concat", "overlong": "split"}

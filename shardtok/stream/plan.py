@@ -31,10 +31,16 @@ from shardtok.errors import UsageError
 from shardtok.format.manifest import Manifest
 from shardtok.format.shard_groups import group_count, group_members
 from shardtok.index.slices import slice_bounds
-from shardtok.stream.nodes.concat import concat_window_count
 from shardtok.stream.options import PACKINGS
 
 SHARD_ORDER_STREAM = 1  # rng stream tags keep independent draws apart
+
+
+def concat_window_count(num_tokens: int, seq_len: int, stride: int | None = None) -> int:
+    """How many windows concat packing cuts from `num_tokens` consecutive tokens."""
+    window = seq_len + 1
+    stride = window if stride is None else stride
+    return 0 if num_tokens < window else (num_tokens - window) // stride + 1
 
 
 @dataclass(frozen=True)

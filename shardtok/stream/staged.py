@@ -30,14 +30,13 @@ from shardtok.errors import ResumeStateError
 from shardtok.stream import state as envelope
 from shardtok.stream.batch import Allocator, allocate_arrays
 from shardtok.stream.build import resolved
+from shardtok.stream.mix.remainder import check_mix_layout, remainder_packers
 from shardtok.stream.mix.sequences import SourceSequences, with_source_seed
 from shardtok.stream.mix.stages import Curriculum
 from shardtok.stream.mix.stream import MixedStream
 from shardtok.stream.nodes.base import Located, PlacedStream
 from shardtok.stream.nodes.batcher import Batcher
 from shardtok.stream.options import StreamOptions
-from shardtok.stream.resume.elastic_mix import check_mix_layout, remainder_packers
-from shardtok.stream.resume.saved import MergedState
 
 COUNTERS = ("real_tokens", "overlong_documents", "overlong_tokens_dropped")
 
@@ -420,26 +419,3 @@ class StagedStream(PlacedStream):
             "overlong_documents": sum(r["overlong_documents"] for r in rows),
             "overlong_tokens_dropped": sum(r["overlong_tokens_dropped"] for r in rows),
         }
-
-
-def saved_position(*saved: dict | MergedState | None) -> dict:
-    """Where saved states are in a curriculum, as ``check_fingerprint``'s keyword arguments:
-    the furthest (stage, 1-based step) of `saved` (stream states, None for a worker not started,
-    merged states). A merged state at rank step T fixes the stage of step T + 1; a mix's own
-    state is in stage 0 (``StagedStream.from_mix_state``). Empty when none is a state of stages
-    (then every stage is compared)."""
-    found: list[tuple[int, int]] = []
-    for state in saved:
-        if isinstance(state, MergedState):
-            if state.stage is not None:
-                found.append((state.stage, state.step + 1))
-        elif state is None:
-            found.append((0, 0))
-        elif state.get("kind") == StagedStream.KIND:
-            found.append(StagedStream.position(state))
-        elif state.get("kind") == MixedStream.KIND and state.get("elastic") is None:
-            found.append(StagedStream.position(StagedStream.from_mix_state(state)))
-    if not found:
-        return {}
-    stage, step = max(found)
-    return {"stage": stage, "step": step}

@@ -10,11 +10,11 @@ from hypothesis import strategies as st
 from shardtok.errors import ResumeStateError, UsageError
 from shardtok.stream.batch import IGNORE_INDEX
 from shardtok.stream.nodes.array_documents import ArrayDocuments
-from shardtok.stream.nodes.base import HISTORY, take
+from shardtok.stream.nodes.base import take
 from shardtok.stream.nodes.batcher import Batcher
 from shardtok.stream.nodes.bfd import BFDPacker, pack_bfd
 from shardtok.stream.nodes.greedy import GreedyPacker
-from shardtok.stream.options import StreamOptions
+from shardtok.stream.options import HISTORY, StreamOptions
 from shardtok.stream.resume.fingerprint import fingerprint_differences
 from shardtok.stream.slice_stream import SliceStream
 from shardtok.testing.save_restore import check_save_restore

@@ -20,8 +20,8 @@ from shardtok.stream.nodes.batcher import Batcher
 from shardtok.stream.nodes.bfd import BFDPacker
 from shardtok.stream.nodes.concat import ConcatPacker
 from shardtok.stream.nodes.greedy import GreedyPacker
-from shardtok.stream.nodes.packer import OVERLONG
 from shardtok.stream.nodes.shuffle import ShuffleBuffer
+from shardtok.stream.options import OVERLONG
 from shardtok.testing.save_restore import check_save_restore
 from tests.helpers.masked import Known, expected_shifted_labels
 

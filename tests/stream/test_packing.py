@@ -10,8 +10,9 @@ from hypothesis import strategies as st
 from shardtok.stream.nodes.array_documents import ArrayDocuments
 from shardtok.stream.nodes.base import take
 from shardtok.stream.nodes.batcher import Batcher
-from shardtok.stream.nodes.concat import ConcatPacker, concat_window_count
+from shardtok.stream.nodes.concat import ConcatPacker
 from shardtok.stream.nodes.greedy import GreedyPacker
+from shardtok.stream.plan import concat_window_count
 from shardtok.testing.save_restore import check_save_restore
 
 # Reference note 004: the 137 token ids of its example text.

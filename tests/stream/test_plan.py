@@ -10,8 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardtok.format.manifest import Manifest, ShardEntry
-from shardtok.stream.nodes.concat import concat_window_count
-from shardtok.stream.plan import epoch_plan, shard_order
+from shardtok.stream.plan import concat_window_count, epoch_plan, shard_order
 
 
 def manifest_of(token_counts) -> Manifest:

@@ -17,7 +17,7 @@ import torch
 from shardtok.errors import ResumeStateError
 from shardtok.storage.dataset import DatasetSource
 from shardtok.stream.options import StreamOptions
-from shardtok.stream.resume.elastic import ElasticStream
+from shardtok.stream.remainder import ElasticStream
 from shardtok.stream.resume.merge import merge_states
 from shardtok.testing.save_restore import check_save_restore
 from shardtok.testing.synthetic import write_synthetic_dataset

@@ -14,8 +14,7 @@ from shardtok.stream.options import StreamOptions
 from shardtok.stream.preview import format_preview, mix_preview
 from shardtok.stream.resume.fingerprint import check_fingerprint
 from shardtok.stream.resume.merge import merge_states
-from shardtok.stream.resume.saved import Placement, WorkerState, parse_saved
-from shardtok.stream.staged import saved_position
+from shardtok.stream.resume.saved import Placement, WorkerState, parse_saved, saved_position
 from shardtok.testing.save_restore import check_save_restore
 from tests.helpers.stages import BASES, OPTIONS, write_sources
 

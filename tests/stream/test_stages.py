@@ -18,8 +18,7 @@ from shardtok.stream.nodes.base import take
 from shardtok.stream.options import StreamOptions
 from shardtok.stream.resume.fingerprint import check_fingerprint
 from shardtok.stream.resume.merge import merge_states
-from shardtok.stream.resume.saved import Placement, WorkerState, parse_saved
-from shardtok.stream.staged import saved_position
+from shardtok.stream.resume.saved import Placement, WorkerState, parse_saved, saved_position
 from shardtok.testing.save_restore import assert_items_equal, check_save_restore
 from tests.helpers.stages import changed, config, source_of, write_config, write_sources
 

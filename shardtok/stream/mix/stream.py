@@ -9,11 +9,11 @@ from __future__ import annotations
 from shardtok.stream import state as envelope
 from shardtok.stream.batch import Allocator, allocate_arrays
 from shardtok.stream.build import batcher_for, resolved
+from shardtok.stream.mix.remainder import check_mix_layout, remainder_packers
 from shardtok.stream.mix.sequences import MixedSequences, SourceSequences, with_source_seed
 from shardtok.stream.mix.spec import MixSpec, load_mix_config
 from shardtok.stream.nodes.base import PlacedStream
 from shardtok.stream.options import StreamOptions
-from shardtok.stream.resume.elastic_mix import check_mix_layout, remainder_packers
 
 
 class MixedStream(PlacedStream):
@@ -49,7 +49,7 @@ class MixedStream(PlacedStream):
         streams: list[SourceSequences] | None = None,
     ):
         """`elastic`: a merged state's ``elastic_mix`` (another layout's saved positions); every
-        source then first finishes its old epochs' remainder (see ``elastic_mix``).
+        source then first finishes its old epochs' remainder (see ``mix/remainder.py``).
         `source_ids`: the ids batches name the sources by (default: their index).
         `streams`: the sources' sequences, already positioned, to continue rather than start
         (curriculum stages that continue their sources); a fresh start leaves them where they

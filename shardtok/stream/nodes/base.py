@@ -32,11 +32,6 @@ from shardtok.stream import state as envelope
 
 T = TypeVar("T")
 
-# Document nodes answer ``state_at(p)`` for every p >= position - HISTORY; packers never hold a
-# document older than that (concat holds at most seq_len + 1 documents, greedy closes old
-# sequences), so resume never needs more.
-HISTORY = 1 << 16
-
 
 class Node(Iterator[T], Generic[T]):
     """Base class: subclasses implement ``_reset``, ``_next`` and ``state_dict``."""

@@ -23,8 +23,9 @@ import numpy as np
 
 from shardtok.errors import ResumeStateError
 from shardtok.stream import state as envelope
-from shardtok.stream.nodes.base import HISTORY, DocumentNode
+from shardtok.stream.nodes.base import DocumentNode
 from shardtok.stream.nodes.packer import OverlongCount, Packer
+from shardtok.stream.options import HISTORY
 
 # The window is re-read from the state at its first document, which document nodes can only
 # describe HISTORY documents back.
@@ -133,7 +134,7 @@ class BFDPacker(Packer):
             )
         return state
 
-    # -- what elastic resume needs (shardtok.stream.resume.elastic) ---------------------
+    # -- what elastic resume needs (shardtok.stream.remainder) ---------------------
     @classmethod
     def residual_documents(
         cls, state: dict, documents: DocumentNode, overlong: str = "split"

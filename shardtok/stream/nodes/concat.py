@@ -31,13 +31,6 @@ from shardtok.stream.nodes.packer import Packer
 _PULL_RUN = 32
 
 
-def concat_window_count(num_tokens: int, seq_len: int, stride: int | None = None) -> int:
-    """How many windows concat packing cuts from `num_tokens` consecutive tokens."""
-    window = seq_len + 1
-    stride = window if stride is None else stride
-    return 0 if num_tokens < window else (num_tokens - window) // stride + 1
-
-
 class ConcatPacker(Packer):
     """Cuts the document stream of `upstream` into windows of ``seq_len + 1`` tokens.
 
@@ -94,7 +87,7 @@ class ConcatPacker(Packer):
             upstream=self.upstream.state_at(first), skip=self._offset, emitted=self._emitted
         )
 
-    # -- what elastic resume needs (shardtok.stream.resume.elastic) ---------------------
+    # -- what elastic resume needs (shardtok.stream.remainder) ---------------------
     @classmethod
     def residual_tokens(cls, state: dict, total: int, stride: int, real_tokens: int) -> int:
         """Tokens of a `total`-token slice not in any window yielded before `state`."""

@@ -27,7 +27,7 @@ from shardtok.stream.nodes.base import DocumentNode
 from shardtok.stream.nodes.packer import OverlongCount, Packer
 
 # An open sequence whose first document is this many documents old is closed, so the state
-# never reaches further back than document nodes remember (node.HISTORY).
+# never reaches further back than document nodes remember (options.HISTORY).
 MAX_OPEN_AGE = 4096
 
 # One placed piece of a document: (upstream position, first token, end token).
@@ -127,7 +127,7 @@ class GreedyPacker(Packer):
                 )
         return state
 
-    # -- what elastic resume needs (shardtok.stream.resume.elastic) ---------------------
+    # -- what elastic resume needs (shardtok.stream.remainder) ---------------------
     @classmethod
     def residual_documents(
         cls, state: dict, documents: DocumentNode, overlong: str = "split"

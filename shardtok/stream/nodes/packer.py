@@ -6,9 +6,8 @@ import numpy as np
 
 from shardtok.stream.masked import split_flags
 from shardtok.stream.nodes.base import Node
+from shardtok.stream.options import OVERLONG
 from shardtok.stream.sequence import PackedSequence
-
-OVERLONG = ("split", "drop", "truncate")
 
 
 class Packer(Node[PackedSequence]):
@@ -69,7 +68,7 @@ class Packer(Node[PackedSequence]):
     def _emit_into(self, out: np.ndarray) -> tuple[list[int], int]:
         raise NotImplementedError
 
-    # -- what elastic resume needs (shardtok.stream.resume.elastic) -------------------------
+    # -- what elastic resume needs (shardtok.stream.remainder) -------------------------
     @classmethod
     def residual_tokens(cls, state: dict, total: int, stride: int, real_tokens: int) -> int:
         """Tokens of a `total`-token slice not in a sequence yielded before `state`, of which

@@ -41,7 +41,8 @@ import numpy as np
 
 from shardtok.errors import ResumeStateError
 from shardtok.stream import state as envelope
-from shardtok.stream.nodes.base import HISTORY, DocumentNode
+from shardtok.stream.nodes.base import DocumentNode
+from shardtok.stream.options import HISTORY
 
 KEY_BLOCK = 4096
 MIN_CHECKPOINT_SPACING = 1024

@@ -16,14 +16,13 @@ from dataclasses import dataclass
 
 from shardtok.errors import ResumeStateError
 from shardtok.stream import state as envelope
+from shardtok.stream.epochs_remainder import is_epochs_layout
 from shardtok.stream.factory import NODE_CLASSES, StreamSetup, check_stream_state
-from shardtok.stream.resume.elastic_epochs import is_epochs_layout
 from shardtok.stream.resume.fingerprint import check_fingerprint
-from shardtok.stream.resume.saved import MergedState
+from shardtok.stream.resume.saved import MergedState, saved_position
 from shardtok.stream.resume.state_file import FIELDS as FILE_FIELDS
 from shardtok.stream.resume.state_file import KIND as FILE_KIND
 from shardtok.stream.resume.state_file import StateFile
-from shardtok.stream.staged import saved_position
 
 # A trace replays the stream a state belongs to; on other data it would name other documents.
 REPLAY_THE_SAME = (

@@ -5,7 +5,7 @@ takes batches round-robin), and every rank must have taken the same number. The 
 continues at rank step T in stage p, the stage of (1-based) step T + 1:
 
 * old workers whose state is in stage p hand over their stage-p mix positions, merged with the
-  weighted-mix rule (``elastic_mix.py``): every source finishes the old workers' current source
+  weighted-mix rule (``mix/remainder.py``): every source finishes the old workers' current source
   epochs in the new layout, without repeating or skipping a document of them;
 * old workers still in an earlier stage (they had not yielded a batch of stage p; the switch is
   lazy) count as not started in p: their stage-p slices are read untouched;
@@ -24,10 +24,10 @@ resumed elastically (finish that stage with the layout it was loaded into).
 from __future__ import annotations
 
 from shardtok.errors import ResumeStateError
+from shardtok.stream.mix.remainder import merge_mixed_states, merge_source_positions
 from shardtok.stream.mix.sequences import MixedSequences, SourceSequences
 from shardtok.stream.mix.stream import MixedStream
 from shardtok.stream.nodes.batcher import Batcher
-from shardtok.stream.resume.elastic_mix import merge_mixed_states, merge_source_positions
 from shardtok.stream.resume.fingerprint import check_shape
 from shardtok.stream.staged import StagedStream
 

@@ -1,17 +1,17 @@
 """``merge_states``: one elastic resume state from the saved states of every old (rank, worker).
 
-The rule it prepares is in ``elastic.py`` (one dataset), ``elastic_mix.py`` (a mix) and
+The rule it prepares is in ``stream/remainder.py`` (one dataset), ``mix/remainder.py`` (a mix) and
 ``elastic_stages.py`` (curriculum stages).
 """
 
 from __future__ import annotations
 
 from shardtok.errors import ResumeStateError
+from shardtok.stream.epochs_remainder import merge_epochs_states
+from shardtok.stream.mix.remainder import merge_mixed_states
 from shardtok.stream.nodes.batcher import Batcher
 from shardtok.stream.options import StreamOptions
-from shardtok.stream.resume.elastic import SAVED_OPTIONS, slice_progress
-from shardtok.stream.resume.elastic_epochs import merge_epochs_states
-from shardtok.stream.resume.elastic_mix import merge_mixed_states
+from shardtok.stream.remainder import SAVED_OPTIONS, slice_progress
 from shardtok.stream.resume.elastic_stages import merge_staged_states
 from shardtok.stream.resume.fingerprint import OPTION_DEFAULTS
 from shardtok.stream.resume.saved import MergedState, WorkerState, parse_saved

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 from shardtok.errors import ResumeStateError
 from shardtok.stream import state as envelope
+from shardtok.stream.mix.stream import MixedStream
+from shardtok.stream.staged import StagedStream
 
 PLACEMENT_KEYS = ("rank", "world_size", "worker", "num_workers")
 
@@ -134,3 +136,26 @@ def parse_saved(state: object) -> WorkerState | MergedState:
     s = envelope.parse(state, ("dataset", *MERGED_KINDS), WorkerState.FIELDS)
     placement = Placement.parse(s["placement"], "dataset state")
     return WorkerState(s["epoch"], placement, s["stream"], s["fingerprint"])
+
+
+def saved_position(*saved: dict | MergedState | None) -> dict:
+    """Where saved states are in a curriculum, as ``check_fingerprint``'s keyword arguments:
+    the furthest (stage, 1-based step) of `saved` (stream states, None for a worker not started,
+    merged states). A merged state at rank step T fixes the stage of step T + 1; a mix's own
+    state is in stage 0 (``StagedStream.from_mix_state``). Empty when none is a state of stages
+    (then every stage is compared)."""
+    found: list[tuple[int, int]] = []
+    for state in saved:
+        if isinstance(state, MergedState):
+            if state.stage is not None:
+                found.append((state.stage, state.step + 1))
+        elif state is None:
+            found.append((0, 0))
+        elif state.get("kind") == StagedStream.KIND:
+            found.append(StagedStream.position(state))
+        elif state.get("kind") == MixedStream.KIND and state.get("elastic") is None:
+            found.append(StagedStream.position(StagedStream.from_mix_state(state)))
+    if not found:
+        return {}
+    stage, step = max(found)
+    return {"stage": stage, "step": step}

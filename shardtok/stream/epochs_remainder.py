@@ -30,7 +30,7 @@ from shardtok.stream import state as envelope
 from shardtok.stream.build import plan_for
 from shardtok.stream.nodes.batcher import Batcher
 from shardtok.stream.options import StreamOptions
-from shardtok.stream.resume.elastic import check_layout, saved_options, slice_progress
+from shardtok.stream.remainder import check_layout, saved_options, slice_progress
 
 _PLACEMENT = ("epoch", "rank", "world_size", "worker", "num_workers")
 KIND = "epochs_stream"

@@ -2,7 +2,7 @@
 
 Each old (rank, worker) is, for every source, somewhere in its own current source epoch (workers
 move through a source's epochs independently). For each source, the residual streams of all old
-slices (each in its own epoch; the rule of ``elastic.py``) are joined in old-slice order and cut
+slices (each in its own epoch; the rule of ``stream/remainder.py``) are joined in old-slice order and cut
 into the new ``world_size * num_workers`` slices; a new worker packs its share of every source's
 remainder first and then continues that source with epoch ``max(old epochs) + 1`` in the new
 layout. The mixing schedule restarts at step 0 in every new worker, so the weights hold from the
@@ -23,7 +23,7 @@ from shardtok.stream.mix.sequences import MixedSequences, SourceSequences
 from shardtok.stream.nodes.batcher import Batcher
 from shardtok.stream.nodes.packer import Packer
 from shardtok.stream.options import StreamOptions
-from shardtok.stream.resume.elastic import (
+from shardtok.stream.remainder import (
     RemainderDocuments,
     check_layout,
     check_progress,

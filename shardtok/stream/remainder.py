@@ -16,7 +16,7 @@ in exactly one residual stream. Computing this needs the states of ALL old slice
 on rank 0 or read every rank's checkpoint file) merged with :func:`merge_states`. It is refused
 (ResumeStateError) when a slice is missing or given twice, when states come from different
 epochs or fingerprints, for a remainder merged again, and when the remainder is too small to
-give every new slice one batch. Weighted mixes apply the rule per source (``elastic_mix.py``).
+give every new slice one batch. Weighted mixes apply the rule per source (``mix/remainder.py``).
 
 A new slice re-reads its residual documents from the start of its first old slice's saved
 position, so its own state is just a document count (re-read on resume: the cost is at most one
