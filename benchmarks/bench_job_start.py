@@ -79,7 +79,7 @@ def write_dataset(folder: Path, shards: int) -> Path:
 
 def child(folder: str, mode: str, rank: int, worker: int) -> None:
     """One worker's start, in this fresh process: prints a JSON line of what it cost."""
-    from shardtok.storage.dataset import DatasetSource
+    from shardtok.dataset.source import DatasetSource
     from shardtok.stream.plan import epoch_plan
 
     wall, cpu = time.perf_counter(), time.process_time()

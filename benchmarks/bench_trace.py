@@ -19,7 +19,7 @@ import time
 from datetime import date
 from pathlib import Path
 
-from shardtok.storage.dataset import DatasetSource
+from shardtok.dataset.source import DatasetSource
 from shardtok.stream import StreamOptions, StreamSetup, mix_spec
 from shardtok.stream.provenance import trace_step
 from shardtok.testing.synthetic import write_synthetic_dataset

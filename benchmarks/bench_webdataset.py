@@ -55,7 +55,7 @@ def child(reader: str, folder: str) -> None:
     import webdataset as wds
 
     import shardtok.webdataset as sw
-    from shardtok.storage.dataset import DatasetSource
+    from shardtok.dataset.source import DatasetSource
 
     dataset = DatasetSource(folder)
     manifest = dataset.manifest

@@ -63,7 +63,8 @@ def test_errors_survive_pickling():
 # much as module-level ones: a deferred import is still a dependency, it only fails later.
 
 # Layer -> the layers it may import (itself included). "Below" is the data path: format and index
-# at the bottom, storage over format, convert/stream/memmap side by side over those three, torch
+# at the bottom, storage over format, dataset (shards and their manifest at a location) over
+# storage, convert over format/index/storage, stream/memmap side by side over those and dataset, torch
 # over all of them, cli on top. webdataset (stages for WebDataset pipelines, an optional extra)
 # sits over format and storage, and no other layer imports it. testing (synthetic data, the
 # save/restore checker) serves tests and benchmarks; nothing in the library may import it.
@@ -71,13 +72,14 @@ LAYER_RULES: dict[str, set[str]] = {
     "format": {"format"},
     "index": {"index"},
     "storage": {"storage", "format"},
+    "dataset": {"dataset", "storage", "format"},
     "convert": {"convert", "format", "index", "storage"},
-    "stream": {"stream", "format", "index", "storage"},
-    "memmap": {"memmap", "format", "index", "storage"},
-    "torch": {"torch", "convert", "stream", "memmap", "format", "index", "storage"},
-    "cli": {"cli", "torch", "convert", "stream", "memmap", "format", "index", "storage"},
-    "testing": {"testing", "stream", "format", "index", "storage"},
-    "webdataset": {"webdataset", "format", "storage"},
+    "stream": {"stream", "dataset", "format", "index", "storage"},
+    "memmap": {"memmap", "dataset", "format", "index", "storage"},
+    "torch": {"torch", "convert", "stream", "memmap", "dataset", "format", "index", "storage"},
+    "cli": {"cli", "torch", "convert", "stream", "memmap", "dataset", "format", "index", "storage"},
+    "testing": {"testing", "stream", "dataset", "format", "index", "storage"},
+    "webdataset": {"webdataset", "dataset", "format", "storage"},
 }
 # Top-level modules that are not layers: every layer may import them, and they import no layer.
 SHARED = {"", "errors", "_process", "_checksum", "_threads", "_safe_yaml"}

@@ -28,10 +28,10 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from shardtok.cli.storage_args import retry_policy
+    from shardtok.dataset.source import DatasetSource
     from shardtok.format.compact_manifest import COMPACT_NAME
     from shardtok.format.inspect import format_summary, inspect_dataset, inspect_shard
     from shardtok.storage import open_source
-    from shardtok.storage.dataset import DatasetSource
     from shardtok.stream.factory import use_retry
 
     retry = retry_policy(args)  # --max-attempts, --timeout

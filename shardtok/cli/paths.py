@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from shardtok.dataset.shard_names import check_not_manifest, is_pattern
+from shardtok.dataset.source import DatasetSource
 from shardtok.errors import ShardtokError
-from shardtok.storage.dataset import DatasetSource
 from shardtok.storage.location import Location
-from shardtok.storage.shard_names import check_not_manifest, is_pattern
 
 TARGET_HELP = (
     "a dataset folder or URL prefix (with index.json); one .tar shard, read alone; or some "

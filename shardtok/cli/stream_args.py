@@ -7,8 +7,8 @@ import argparse
 from collections.abc import Sequence
 
 from shardtok.cli.arguments import at_least
+from shardtok.dataset.source import DatasetSource
 from shardtok.errors import UsageError
-from shardtok.storage.dataset import DatasetSource
 from shardtok.stream.factory import StreamSetup
 from shardtok.stream.mix.spec import MixSpec, mix_spec
 from shardtok.stream.mix.stages import Curriculum, load_curriculum, load_stage

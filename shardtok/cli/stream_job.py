@@ -9,8 +9,8 @@ import sys
 from collections.abc import Iterator
 
 from shardtok.cli.stream_args import setup_from
+from shardtok.dataset.source import DatasetSource
 from shardtok.errors import ShardtokError, UsageError
-from shardtok.storage.dataset import DatasetSource
 from shardtok.stream.epochs import EpochsStream
 from shardtok.stream.factory import check_stream_state
 from shardtok.stream.mix.spec import MixSpec

@@ -13,8 +13,8 @@ from pathlib import Path
 from shardtok.cli.arguments import at_least
 from shardtok.cli.stream_args import DATASET_HELP, add_stream_options, check_steps, setup_from
 from shardtok.cli.stream_output import decoder, marked_text
+from shardtok.dataset.shard_names import SHARD_SUFFIX
 from shardtok.errors import ResumeStateError, UsageError
-from shardtok.storage.shard_names import SHARD_SUFFIX
 from shardtok.stream.factory import StreamSetup, check_stream_state
 from shardtok.stream.provenance import trace_step
 from shardtok.stream.provenance.states import saved_rank

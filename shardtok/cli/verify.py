@@ -29,9 +29,9 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     from shardtok.cli import logs
     from shardtok.cli.storage_args import retry_policy
+    from shardtok.dataset.source import DatasetSource
     from shardtok.format.verify import VerifyReport, verify_dataset, verify_shard
     from shardtok.storage import Location, open_source
-    from shardtok.storage.dataset import DatasetSource
     from shardtok.stream.factory import use_retry
 
     retry = retry_policy(args)  # --max-attempts, --timeout

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import numpy as np
 
+from shardtok.dataset.source import DatasetSource
 from shardtok.errors import UsageError
 from shardtok.format.manifest import MANIFEST_NAME
 from shardtok.format.megatron import MegatronPair
 from shardtok.memmap.checked import FrameCheck
-from shardtok.storage.dataset import DatasetSource
 
 
 class ConcatTokens:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from shardtok.storage.dataset import DatasetSource
+from shardtok.dataset.source import DatasetSource
 from shardtok.stream.batch import Allocator
 from shardtok.stream.nodes.base import DocumentNode
 from shardtok.stream.nodes.batcher import Batcher

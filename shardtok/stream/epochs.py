@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from shardtok.dataset.source import DatasetSource
 from shardtok.errors import ResumeStateError
-from shardtok.storage.dataset import DatasetSource
 from shardtok.stream import epochs_remainder
 from shardtok.stream.batch import Allocator, allocate_arrays
 from shardtok.stream.build import resolved

@@ -24,8 +24,8 @@ epoch that was itself resumed elastically (its remainder resumes only in its own
 
 from __future__ import annotations
 
+from shardtok.dataset.source import DatasetSource
 from shardtok.errors import ResumeStateError
-from shardtok.storage.dataset import DatasetSource
 from shardtok.stream import state as envelope
 from shardtok.stream.build import plan_for
 from shardtok.stream.nodes.batcher import Batcher

@@ -28,8 +28,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
+from shardtok.dataset.source import DatasetSource
 from shardtok.errors import ResumeStateError
-from shardtok.storage.dataset import DatasetSource
 from shardtok.storage.retry import RetryPolicy
 from shardtok.stream import state as envelope
 from shardtok.stream.batch import Allocator, allocate_arrays

@@ -30,9 +30,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from shardtok.dataset.source import DatasetSource
 from shardtok.errors import ResumeStateError, ShardtokError, UsageError
 from shardtok.index.slices import cut_ranges
-from shardtok.storage.dataset import DatasetSource
 from shardtok.stream import state as envelope
 from shardtok.stream.batch import Allocator, allocate_arrays
 from shardtok.stream.build import (

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import logging
 
+from shardtok.dataset.source import DatasetSource
 from shardtok.errors import ShardtokError
-from shardtok.storage.dataset import DatasetSource
 from shardtok.stream import state as envelope
 from shardtok.stream.batch import Allocator, allocate_arrays
 from shardtok.stream.build import batcher_for, document_stream, packer_for, plan_for, resolved

@@ -15,8 +15,8 @@ from typing import Any
 
 from torch.utils.data import IterableDataset, get_worker_info
 
+from shardtok.dataset.source import DatasetSource
 from shardtok.errors import ResumeStateError, ShardtokError, UsageError
-from shardtok.storage.dataset import DatasetSource
 from shardtok.storage.retry import RetryPolicy
 from shardtok.stream.factory import StreamSetup
 from shardtok.stream.mix.spec import MixSpec

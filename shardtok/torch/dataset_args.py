@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from shardtok.dataset.source import DatasetSource
 from shardtok.errors import UsageError
-from shardtok.storage.dataset import DatasetSource
 from shardtok.storage.retry import RetryPolicy
 from shardtok.stream.factory import use_retry
 from shardtok.stream.mix.spec import MixSpec, mix_spec

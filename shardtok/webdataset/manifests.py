@@ -14,8 +14,8 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
+from shardtok.dataset.source import DatasetSource
 from shardtok.errors import UsageError
-from shardtok.storage.dataset import DatasetSource
 from shardtok.storage.location import Location, display_url
 from shardtok.storage.origins import options_by_origin
 

@@ -18,10 +18,10 @@ from typing import Any
 import numpy as np
 from webdataset.handlers import reraise_exception
 
+from shardtok.dataset.source import DatasetSource
 from shardtok.errors import UsageError
 from shardtok.format.identity import check_shard_identity
 from shardtok.format.shard_reader import ShardStreamReader
-from shardtok.storage.dataset import DatasetSource
 from shardtok.storage.location import display_url
 from shardtok.webdataset.manifests import Manifests, shard_folder, shard_name
 from shardtok.webdataset.member_tar import MemberTar, sample_members

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import numpy as np
 
+from shardtok.dataset.source import DatasetSource
 from shardtok.format.compact_manifest import COMPACT_NAME
 from shardtok.format.manifest import MANIFEST_NAME, Manifest
 from shardtok.format.mmidx import token_dtype
 from shardtok.format.shard_entry import ShardEntry
-from shardtok.storage.dataset import DatasetSource
 from shardtok.stream.nodes.reader import SliceReader
 from shardtok.stream.plan import Piece
 

@@ -21,6 +21,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from shardtok.dataset.source import DatasetSource
 from shardtok.errors import CorruptShardError, StorageError
 from shardtok.format import load_manifest
 from shardtok.format.compact_manifest import (
@@ -34,7 +35,6 @@ from shardtok.format.compact_manifest import (
     index_head_digest,
 )
 from shardtok.format.manifest import MANIFEST_NAME
-from shardtok.storage.dataset import DatasetSource
 from shardtok.stream import SliceStream, StreamOptions
 from tests.adversarial.helpers import peak_while, republish, stream_tokens
 from tests.helpers.format_data import write_dataset

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import zstandard
 
+from shardtok.dataset.source import DatasetSource
 from shardtok.errors import CorruptShardError
 from shardtok.format import ShardReader, ShardStreamReader
 from shardtok.format.manifest import MANIFEST_NAME, load_manifest
@@ -21,7 +22,6 @@ from shardtok.index.cache import cached_gpt_indices, gpt_indices_cache_key
 from shardtok.index.gpt import build_gpt_indices
 from shardtok.memmap.samples import GPTSamples
 from shardtok.memmap.tokens import open_local_tokens
-from shardtok.storage.dataset import DatasetSource
 from tests.adversarial.helpers import KINDS, peak_while, random_tokens, republish, stream_tokens
 from tests.helpers.format_data import write_dataset
 

@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 
+from shardtok.dataset.source import DatasetSource
 from shardtok.errors import UsageError
-from shardtok.storage.dataset import DatasetSource
 from shardtok.storage.location import Location
 from shardtok.storage.origins import options_by_origin
 from shardtok.stream.mix.spec import load_mix_config, mix_spec

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from shardtok.dataset.source import DatasetSource
 from shardtok.errors import ResumeStateError, ShardtokError, StorageError
 from shardtok.storage import Location, open_source
-from shardtok.storage.dataset import DatasetSource
 from shardtok.storage.location import LocationError, origin_of
 from shardtok.storage.retry import Redactor
 from shardtok.stream import SliceStream, StreamOptions

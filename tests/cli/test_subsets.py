@@ -12,9 +12,9 @@ import pytest
 
 from shardtok.cli.main import main as command
 from shardtok.cli.main import run as main
+from shardtok.dataset.shard_names import MIX_HINT
+from shardtok.dataset.source import DatasetSource
 from shardtok.format.inspect import format_summary
-from shardtok.storage.dataset import DatasetSource
-from shardtok.storage.shard_names import MIX_HINT
 from shardtok.stream.nodes.base import take
 from shardtok.stream.options import StreamOptions
 from shardtok.stream.slice_stream import SliceStream

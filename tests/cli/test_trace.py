@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from shardtok.cli.main import main, run
+from shardtok.dataset.source import DatasetSource
 from shardtok.format import DatasetWriter
-from shardtok.storage.dataset import DatasetSource
 from tests.helpers.provenance import assert_reproduces, shard_documents
 
 TEXTS = [

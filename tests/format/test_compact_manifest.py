@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from shardtok.dataset.source import DatasetSource
 from shardtok.errors import CorruptShardError
 from shardtok.format import shard_groups
 from shardtok.format.compact_manifest import COMPACT_NAME, ShardTable, differences, name_pattern
 from shardtok.format.manifest import MANIFEST_NAME, Manifest, ShardEntry
-from shardtok.storage.dataset import DatasetSource
 
 GOLDEN = Path(__file__).parent / "golden"
 

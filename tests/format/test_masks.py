@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shardtok.dataset.source import DatasetSource
 from shardtok.errors import CorruptShardError
 from shardtok.format.dataset_writer import DatasetWriter
 from shardtok.format.frames import FrameBuilder
@@ -20,7 +21,6 @@ from shardtok.format.megatron_io import export_megatron
 from shardtok.format.shard_reader import PathSource, ShardReader, ShardStreamReader
 from shardtok.format.shard_writer import ShardBuilder
 from shardtok.format.verify import verify_shard
-from shardtok.storage.dataset import DatasetSource
 
 GOLDEN = Path(__file__).parent / "golden"
 THREE_DOCS = [[1, 2, 3], [4, 5, 6, 7], [8, 9]]

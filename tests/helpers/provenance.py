@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
+from shardtok.dataset.source import DatasetSource
 from shardtok.format.megatron_io import export_megatron
-from shardtok.storage.dataset import DatasetSource
 from shardtok.stream.batch import IGNORE_INDEX
 
 

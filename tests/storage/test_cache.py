@@ -11,9 +11,9 @@ import traceback
 import numpy as np
 import pytest
 
+from shardtok.dataset.source import DatasetSource
 from shardtok.errors import StorageError
 from shardtok.storage import LocalCache, RetryPolicy, open_source
-from shardtok.storage.dataset import DatasetSource
 from shardtok.stream import SliceStream, StreamOptions
 from shardtok.testing.synthetic import write_synthetic_dataset
 from tests.helpers.fault_proxy import Fault, fault_proxy  # noqa: F401

@@ -16,9 +16,9 @@ import socket
 import pytest
 
 from shardtok.cli.main import main
+from shardtok.dataset.source import DatasetSource
 from shardtok.errors import StorageError
 from shardtok.storage import RetryPolicy, open_source
-from shardtok.storage.dataset import DatasetSource
 from shardtok.storage.endpoints import EndpointUnreachableError, forget_reached
 from shardtok.storage.folder import Folder
 from tests.helpers.servers import Nginx

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from shardtok.dataset.source import DatasetSource
 from shardtok.storage import Location, open_source
-from shardtok.storage.dataset import DatasetSource
 
 
 def test_file_urls_are_percent_decoded():

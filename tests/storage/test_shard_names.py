@@ -7,8 +7,7 @@ import re
 
 import pytest
 
-from shardtok.errors import UsageError
-from shardtok.storage.shard_names import (
+from shardtok.dataset.shard_names import (
     MIX_HINT,
     ShardSelection,
     check_not_manifest,
@@ -16,6 +15,7 @@ from shardtok.storage.shard_names import (
     expand_urls,
     select_shards,
 )
+from shardtok.errors import UsageError
 
 CASES = [
     "shard-{000000..000011}.tar",

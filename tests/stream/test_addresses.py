@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shardtok.storage.dataset import DatasetSource
+from shardtok.dataset.source import DatasetSource
 from shardtok.stream import StreamOptions, StreamSetup, merge_states, mix_spec
 from shardtok.stream.masked import split_flags
 from shardtok.stream.provenance import AddressSource, split_addresses

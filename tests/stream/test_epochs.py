@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 
+from shardtok.dataset.source import DatasetSource
 from shardtok.errors import ResumeStateError
-from shardtok.storage.dataset import DatasetSource
 from shardtok.stream.epochs import EpochsStream
 from shardtok.stream.factory import StreamSetup
 from shardtok.stream.nodes.base import take

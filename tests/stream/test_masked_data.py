@@ -9,9 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from shardtok.dataset.source import DatasetSource
 from shardtok.errors import ResumeStateError
 from shardtok.format import ShardReader
-from shardtok.storage.dataset import DatasetSource
 from shardtok.stream import MixedStream, SliceStream, StreamOptions, StreamSetup, mix_spec
 from shardtok.stream.batch import IGNORE_INDEX, to_hf_labels
 from shardtok.stream.masked import split_flags

@@ -11,9 +11,9 @@ import sys
 import numpy as np
 import pytest
 
+from shardtok.dataset.source import DatasetSource
 from shardtok.errors import CorruptShardError, ResumeStateError, ShardtokError
 from shardtok.format.manifest import Manifest
-from shardtok.storage.dataset import DatasetSource
 from shardtok.stream.nodes.base import take
 from shardtok.stream.nodes.reader import SliceReader, round_robin_consumed
 from shardtok.stream.options import StreamOptions

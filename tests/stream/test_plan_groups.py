@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shardtok.dataset.source import DatasetSource
 from shardtok.errors import ResumeStateError
 from shardtok.format import shard_groups
 from shardtok.format.compact_manifest import COMPACT_NAME
 from shardtok.index.slices import cut_ranges
-from shardtok.storage.dataset import DatasetSource
 from shardtok.stream.options import StreamOptions
 from shardtok.stream.plan import SHARD_ORDER_STREAM, epoch_plan, sequence_count, shard_order
 from shardtok.stream.resume.fingerprint import check_fingerprint, stream_fingerprint

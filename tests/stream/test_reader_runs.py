@@ -11,8 +11,8 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from shardtok.dataset.source import DatasetSource
 from shardtok.format import ShardReader
-from shardtok.storage.dataset import DatasetSource
 from shardtok.stream.masked import flag_untrained
 from shardtok.stream.nodes.reader import SliceReader, round_robin_consumed
 from shardtok.stream.options import StreamOptions

@@ -33,7 +33,7 @@ def test_http_dataset_streams_like_local(tmp_path, http_server):  # noqa: F811
 def test_masks_stream_from_http_and_a_local_cache_like_from_disk(tmp_path, http_server):  # noqa: F811
     # Mask frames are read by range beside the streamed token frames: over HTTP and through
     # the shard cache too.
-    from shardtok.storage.dataset import DatasetSource
+    from shardtok.dataset.source import DatasetSource
     from tests.helpers.masked import Known
 
     known = Known([int(n) for n in np.random.default_rng(4).integers(1, 80, size=150)])
@@ -57,7 +57,7 @@ def test_compact_dataset_reads_256_bytes_of_index_json(tmp_path, http_server, fa
     # records that records its header's digest on its first line: one GET of 256 bytes, in
     # place of a HEAD. A stream's head GET (up to 1 MiB) would cost every worker of every rank
     # as much again as the compact manifest it reads instead.
-    from shardtok.storage.dataset import DatasetSource
+    from shardtok.dataset.source import DatasetSource
 
     local = tmp_path / "ds"
     write_synthetic_dataset(
@@ -76,7 +76,7 @@ def test_an_earlier_release_s_dataset_streams_where_a_missing_object_answers_403
     # S3 answers 403, not 404, for a missing key when the reader lacks s3:ListBucket (so do
     # CDNs in front of it): index.compact is then "denied", not "missing", and a dataset of
     # an earlier release, which has none, must still be read from its index.json.
-    from shardtok.storage.dataset import DatasetSource
+    from shardtok.dataset.source import DatasetSource
     from tests.helpers.servers import Nginx
 
     local = tmp_path / "ds"
@@ -108,8 +108,8 @@ def test_a_remote_index_compact_is_opened_with_the_tables_first_read(
     # A remote object's first GET also reads its head; for index.compact that head is what the
     # table reads first (FIRST_READ), not a stream's first MiB: at 10^6 shards a worker's
     # manifest is ~0.53 MB, and a 1 MiB first GET would double it.
+    from shardtok.dataset.source import DatasetSource
     from shardtok.format.compact_manifest import FIRST_READ
-    from shardtok.storage.dataset import DatasetSource
 
     local = tmp_path / "ds"
     write_synthetic_dataset(

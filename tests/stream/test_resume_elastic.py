@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
+from shardtok.dataset.source import DatasetSource
 from shardtok.errors import ResumeStateError
-from shardtok.storage.dataset import DatasetSource
 from shardtok.stream.options import StreamOptions
 from shardtok.stream.remainder import ElasticStream
 from shardtok.stream.resume.merge import merge_states

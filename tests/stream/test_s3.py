@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from shardtok.dataset.source import DatasetSource
 from shardtok.errors import CorruptShardError, StorageError
 from shardtok.format.manifest import MANIFEST_NAME
 from shardtok.storage import RetryPolicy
-from shardtok.storage.dataset import DatasetSource
 from shardtok.stream.nodes.base import take
 from shardtok.stream.options import StreamOptions
 from shardtok.stream.slice_stream import SliceStream

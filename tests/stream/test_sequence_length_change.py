@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from shardtok.dataset.source import DatasetSource
 from shardtok.errors import ResumeStateError
-from shardtok.storage.dataset import DatasetSource
 from shardtok.stream.factory import StreamSetup
 from shardtok.stream.mix.spec import mix_spec
 from shardtok.stream.options import StreamOptions

@@ -10,10 +10,10 @@ import shutil
 import numpy as np
 import pytest
 
+from shardtok.dataset.shard_names import MIX_HINT
+from shardtok.dataset.source import DatasetSource
 from shardtok.errors import ResumeStateError, UsageError
 from shardtok.format.manifest import MANIFEST_NAME
-from shardtok.storage.dataset import DatasetSource
-from shardtok.storage.shard_names import MIX_HINT
 from shardtok.stream import StreamOptions, StreamSetup, mix_spec
 from shardtok.stream.build import document_stream
 from shardtok.stream.mix.stages import load_curriculum

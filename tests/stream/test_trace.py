@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from shardtok.dataset.source import DatasetSource
 from shardtok.errors import ResumeStateError, UsageError
-from shardtok.storage.dataset import DatasetSource
 from shardtok.stream import StreamOptions, StreamSetup, mix_spec
 from shardtok.stream.mix.stages import load_curriculum
 from shardtok.stream.provenance import trace_step

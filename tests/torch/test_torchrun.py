@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from shardtok.dataset.source import DatasetSource
 from shardtok.format.manifest import Manifest
-from shardtok.storage.dataset import DatasetSource
 from shardtok.stream.build import plan_for
 from shardtok.stream.options import StreamOptions
 from shardtok.testing.synthetic import write_synthetic_dataset

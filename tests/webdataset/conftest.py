@@ -12,7 +12,7 @@ import pytest
 from shardtok.convert import ConvertJob, RunOptions, convert, load_tokenizer
 from shardtok.convert.sft.config import load_sft_config
 from shardtok.convert.sft.setup import prepare_sft
-from shardtok.storage.dataset import DatasetSource
+from shardtok.dataset.source import DatasetSource
 from tests.helpers.sft_data import special_tokenizer, write_jsonl
 
 SHAREGPT = "format: sharegpt\ntemplate: chatml\n"

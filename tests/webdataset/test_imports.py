@@ -28,7 +28,7 @@ def test_the_stage_runs_without_torch(int32_dataset):
     )
     result = run(code)
     assert result.returncode == 0, result.stderr
-    from shardtok.storage.dataset import DatasetSource
+    from shardtok.dataset.source import DatasetSource
 
     assert int(result.stdout) == DatasetSource(int32_dataset).manifest.num_documents
 

@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
+from shardtok.dataset.source import DatasetSource
 from shardtok.errors import ResumeStateError
 from shardtok.index.slices import cut_ranges
-from shardtok.storage.dataset import DatasetSource
 from shardtok.stream.build import packer_for, plan_for
 from shardtok.stream.mix.sequences import MixedSequences, SourceSequences
 from shardtok.stream.nodes.batcher import Batcher

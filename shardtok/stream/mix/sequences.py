@@ -27,10 +27,10 @@ from fractions import Fraction
 
 import numpy as np
 
+from shardtok.dataset.source import DatasetSource
 from shardtok.errors import ResumeStateError, ShardtokError
 from shardtok.index import exact_weights
 from shardtok.index.blending import greedy_picks
-from shardtok.storage.dataset import DatasetSource
 from shardtok.stream import state as envelope
 from shardtok.stream.build import document_stream, packer_for, plan_for
 from shardtok.stream.nodes.packer import Packer, packed_sequence

@@ -1,6 +1,6 @@
 """Mix specifications: which datasets, with which weights, from Python, the CLI or YAML.
 
-What names one dataset (``shardtok.storage.shard_names``): a folder or URL prefix, or a subset
+What names one dataset (``shardtok.dataset.shard_names``): a folder or URL prefix, or a subset
 of its shards (a ``.tar`` file or URL, a brace pattern, a local glob, or a list of those). A
 mix is always named as one:
 
@@ -32,11 +32,11 @@ from typing import Any
 
 from shardtok._safe_yaml import SHOWN, YAMLError, explain, shown
 from shardtok._safe_yaml import read as read_yaml
+from shardtok.dataset.shard_names import select_shards
+from shardtok.dataset.source import DatasetSource
 from shardtok.errors import ShardtokError, UsageError
-from shardtok.storage.dataset import DatasetSource
 from shardtok.storage.location import Location
 from shardtok.storage.origins import options_by_origin
-from shardtok.storage.shard_names import select_shards
 from shardtok.stream.options import MAX_BATCH_TOKENS, OPTION_NAMES, StreamOptions
 
 

@@ -40,8 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from shardtok._safe_yaml import shown
+from shardtok.dataset.source import DatasetSource
 from shardtok.errors import ShardtokError, UsageError
-from shardtok.storage.dataset import DatasetSource
 from shardtok.stream.mix.spec import (
     MixSpec,
     check_tokenizers,

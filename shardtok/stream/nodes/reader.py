@@ -24,10 +24,10 @@ from itertools import islice
 
 import numpy as np
 
+from shardtok.dataset.source import DatasetSource
 from shardtok.errors import CorruptShardError, ResumeStateError
 from shardtok.format.decode_ahead import DecodeAhead
 from shardtok.format.shard_reader import AHEAD_FRAMES, ShardStreamReader
-from shardtok.storage.dataset import DatasetSource
 from shardtok.stream import state as envelope
 from shardtok.stream.masked import flag_frame
 from shardtok.stream.nodes.base import DocumentNode

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from shardtok.storage.dataset import DatasetSource
+from shardtok.dataset.source import DatasetSource
 
 SHARD_SHIFT = 40  # token offsets below 2**40 per shard; shard indices below 2**23
 OFFSET_MASK = (1 << SHARD_SHIFT) - 1

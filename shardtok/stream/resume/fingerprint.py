@@ -37,9 +37,9 @@ from collections.abc import Sequence
 from dataclasses import MISSING, fields
 from typing import TYPE_CHECKING
 
+from shardtok.dataset.source import DatasetSource
 from shardtok.errors import ResumeStateError
 from shardtok.format.shard_groups import GROUP_LIMIT
-from shardtok.storage.dataset import DatasetSource
 from shardtok.storage.location import display_url
 from shardtok.stream.options import UNMASKED_DEFAULTS, StreamOptions
 

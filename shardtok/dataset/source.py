@@ -1,9 +1,9 @@
-"""Where the stream gets its bytes: one small seam between the stream and storage.
+"""``DatasetSource``: one dataset (or a subset of its shards) at any location, where every
+reader of a dataset gets its manifest and its shards' bytes.
 
 A dataset is a folder or URL prefix holding ``index.json`` and the shards; a source may stream
 a subset of them (``shards``: named by a list, a brace pattern or a glob, see
-``shardtok.storage.shard_names``). The location is
-parsed once (``Location``: local path, ``file://``, or a remote URL) and every file is opened
+``shardtok.dataset.shard_names``). The location is parsed once (``Location``: local path, ``file://``, or a remote URL) and every file is opened
 through ``open_source``, so local and remote datasets take the same path; local files are
 still read with plain OS files and ``os.pread``, because that is what ``open_source`` gives
 for them.
@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from shardtok.dataset.manifest_files import ManifestFiles, missing
+from shardtok.dataset.shard_names import check_shard_name, select_shards
 from shardtok.errors import CorruptShardError, UsageError
 from shardtok.format.compact_manifest import ShardTable
 from shardtok.format.identity import check_shard_identity
@@ -29,9 +31,7 @@ from shardtok.storage.base import ByteSource, ObjectNotFoundError
 from shardtok.storage.cache import LocalCache
 from shardtok.storage.endpoints import endpoint_of, note_reached, was_reached
 from shardtok.storage.location import Location, LocationError
-from shardtok.storage.manifest_files import ManifestFiles, missing
 from shardtok.storage.prefetch import Prefetcher
-from shardtok.storage.shard_names import check_shard_name, select_shards
 
 PREFETCH_DEPTH = 8  # first blocks of the next shard group kept ready (2 groups of 4)
 
