@@ -16,6 +16,7 @@ from shardtok.stream.factory import check_stream_state
 from shardtok.stream.mix.spec import MixSpec
 from shardtok.stream.mix.stages import Curriculum
 from shardtok.stream.nodes.base import PlacedStream
+from shardtok.stream.rank import RoundRobin
 from shardtok.stream.resume.fingerprint import check_fingerprint
 from shardtok.stream.resume.merge import cuts_rows_anew, merge_worker_states
 from shardtok.stream.resume.saved import MergedState, Placement, WorkerState, saved_position
@@ -128,13 +129,15 @@ class StreamJob:
         save_state_file(path, state)
 
     def batches(self) -> Iterator[dict]:
-        while True:
-            stream = self.streams[self.next_worker]
+        """The rank's batches, its worker streams in turn (the DataLoader's order)."""
+        turns = RoundRobin(self.workers, self.next_worker)
+        while (worker := turns.take()) is not None:
             try:
-                batch = next(stream)
+                batch = next(self.streams[worker])
             except StopIteration:
-                return
-            self.next_worker = (self.next_worker + 1) % self.workers
+                turns.done(worker)
+                continue
+            self.next_worker = turns.next_worker
             self.taken += 1
             yield batch
 

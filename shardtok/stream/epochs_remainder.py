@@ -30,6 +30,7 @@ from shardtok.stream import state as envelope
 from shardtok.stream.build import plan_for
 from shardtok.stream.nodes.batcher import Batcher
 from shardtok.stream.options import StreamOptions
+from shardtok.stream.rank import worker_of
 from shardtok.stream.remainder import check_layout, saved_options, slice_progress
 
 _PLACEMENT = ("epoch", "rank", "world_size", "worker", "num_workers")
@@ -188,7 +189,7 @@ def remainder_of(
             lengths[e] = plan.batches_per_slice
         return lengths[e]
 
-    local, worker = divmod(layout["step"] - layout["first_step"], num_workers)
+    worker, local = worker_of(layout["step"], layout["first_step"], num_workers)
     at = layout["parts"][worker]  # rank 0's worker that yields step T: its batch `local`
     p = at["epoch"] if local - at["begin"] < length(at["epoch"]) else at["epoch"] + 1
     slices = []

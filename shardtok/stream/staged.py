@@ -37,6 +37,7 @@ from shardtok.stream.mix.stream import MixedStream
 from shardtok.stream.nodes.base import Located, PlacedStream
 from shardtok.stream.nodes.batcher import Batcher
 from shardtok.stream.options import StreamOptions
+from shardtok.stream.rank import step_of
 
 COUNTERS = ("real_tokens", "overlong_documents", "overlong_tokens_dropped")
 
@@ -313,7 +314,7 @@ class StagedStream(PlacedStream):
         s = cls.parse_state(state)
         if s["batches"] == 0:
             return s["stage"], s["first_step"]
-        last = s["first_step"] + (s["batches"] - 1) * s["num_workers"] + s["worker"]
+        last = step_of(s["worker"], s["batches"] - 1, s["first_step"], s["num_workers"])
         return s["stage"], last + 1
 
     @classmethod

@@ -2,7 +2,7 @@
 
 from shardtok.torch.checkpoint import dataset_states
 from shardtok.torch.dataset import ShardStreamDataset
-from shardtok.torch.loader import LoaderWorkerError, ShardLoader
+from shardtok.torch.loader import LoaderWorkerError, MemmapLoader, ShardLoader
 from shardtok.torch.memmap_dataset import MemmapTokenDataset
 
 # Still importable from here for code written against 0.1; listed once, in shardtok.stream.
@@ -10,6 +10,7 @@ from shardtok.stream.resume.merge import merge_states  # noqa: F401  isort: skip
 
 __all__ = [
     "LoaderWorkerError",
+    "MemmapLoader",
     "MemmapTokenDataset",
     "ShardLoader",
     "ShardStreamDataset",

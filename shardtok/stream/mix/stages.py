@@ -52,6 +52,7 @@ from shardtok.stream.mix.spec import (
     stage_entries,
 )
 from shardtok.stream.options import StreamOptions
+from shardtok.stream.rank import first_local
 
 STAGE_SWITCHES = ("continue", "restart")
 
@@ -142,7 +143,7 @@ class Curriculum:
         (0-based; the loader takes batches round-robin; `first_step` is where this layout's
         stream began: 0, or the step an elastic resume happened at), so stage k begins at its
         local batch ``max(0, ceil((S_k - first_step - w) / K))``."""
-        return [max(0, -(-(start - first_step - worker) // num_workers)) for start in self.starts]
+        return [first_local(start, first_step, worker, num_workers) for start in self.starts]
 
     def check_tokenizers(self) -> None:
         """Refuse a curriculum whose sources (over all stages) were tokenized differently."""

@@ -18,6 +18,7 @@ from shardtok.errors import ResumeStateError
 from shardtok.stream import state as envelope
 from shardtok.stream.epochs_remainder import is_epochs_layout
 from shardtok.stream.factory import NODE_CLASSES, StreamSetup, check_stream_state
+from shardtok.stream.rank import worker_of
 from shardtok.stream.resume.fingerprint import check_fingerprint
 from shardtok.stream.resume.saved import MergedState, saved_position
 from shardtok.stream.resume.state_file import FIELDS as FILE_FIELDS
@@ -151,7 +152,7 @@ def _checked(saved: SavedRank) -> SavedRank:
                 "resume"
             )
     slots = len(saved.workers)
-    expected = (saved.steps - saved.first_step) % slots
+    expected = worker_of(saved.steps, saved.first_step, slots)[0]
     if saved.steps < saved.first_step or saved.next_worker != expected:
         raise ResumeStateError(
             f"the state says {saved.steps} steps were taken (from step {saved.first_step}) and "

@@ -32,6 +32,7 @@ from shardtok.stream.nodes.base import Located
 from shardtok.stream.provenance.addresses import AddressSource, split_addresses
 from shardtok.stream.provenance.skip import skip_rows
 from shardtok.stream.provenance.states import SavedRank, saved_rank
+from shardtok.stream.rank import worker_of
 from shardtok.stream.resume.saved import Placement
 
 # A bound far past any training run's steps, so a step or batch count is refused before a
@@ -85,7 +86,7 @@ def trace_step(
         raise UsageError(
             f"step {step} lies before step {start + 1}, where the state's layout began"
         )
-    worker, local = (t - start) % slots, (t - start) // slots
+    worker, local = worker_of(t, start, slots)
     addresses = setup.map_sources(AddressSource)
     stream = addresses.stream(
         Placement(rank, world_size, worker, slots),

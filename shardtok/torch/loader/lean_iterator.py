@@ -10,6 +10,7 @@ from typing import Any, Protocol
 
 import torch
 
+from shardtok.stream.rank import RoundRobin
 from shardtok.torch.loader.worker_pool import LoaderWorkerError, WorkerPool
 from shardtok.torch.model_inputs import model_batch
 
@@ -34,28 +35,28 @@ class LeanIterator:
         self.labels_format = labels_format(loader.dataset)
         self.positions = list(states)
         self.count = len(states)
-        self.next_worker = first % self.count
-        self.active = [True] * self.count
+        self.turns = RoundRobin(self.count, first)
         self.closed = False
         for w, state in enumerate(states):
             workers.start(w, state)
+
+    @property
+    def next_worker(self) -> int:
+        """The worker whose batch comes next (what a state records)."""
+        return self.turns.next_worker
 
     def __iter__(self):
         return self
 
     def __next__(self) -> dict:
-        while not self.closed and any(self.active):
-            w = self.next_worker
-            self.next_worker = (w + 1) % self.count
-            if not self.active[w]:
-                continue
+        while not self.closed and (w := self.turns.take()) is not None:
             try:
                 batch, self.positions[w] = self.workers.next_batch(w, self.loader.timeout)
             except BaseException:  # a worker's own error, its death, or an interrupt
                 self.close()
                 raise
             if batch is None:
-                self.active[w] = False
+                self.turns.done(w)
                 continue
             if self.loader.pin_memory and torch.cuda.is_available():
                 batch = pin(batch)
