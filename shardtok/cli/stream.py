@@ -50,7 +50,12 @@ examples:
   shardtok stream --source web/:0.7 --source code/:0.3 --seq-len 2048 --batch-size 8 \\
       --max-batches 1000 --state-out step1000.json
   shardtok stream --config mix.yaml --max-batches 1000 --state-in step1000.json
-  # curriculum stages (Nanotron data_stages): every stage in order, switching at its step
+  # another layout: every rank's state file, here from 2 ranks into 1 rank of 4 workers
+  shardtok stream data/ --seq-len 4096 --batch-size 4 --num-workers 4 --max-batches 100 \
+      --state-in r0.json --state-in r1.json
+  # curriculum stages (Nanotron data_stages): every stage in order, switching at its step;
+  # each source continues where the last stage left it (stage_switch: restart in the config:
+  # every stage starts its sources afresh, as Nanotron does)
   shardtok stream --config curriculum.yaml --max-batches 100000 --num-workers 2 --json
   # preview a mix or curriculum: per stage and source the sequences, tokens and epochs
   shardtok stream --config curriculum.yaml --plan --max-batches 100000 --world-size 64
@@ -99,8 +104,10 @@ def _add_output_options(p: argparse.ArgumentParser) -> None:
         "--state-in",
         metavar="FILE",
         action="append",
-        help="continue from a saved stream position; repeat it with the files of ALL ranks to "
-        "finish their epoch with another --world-size/--num-workers",
+        help="continue from a saved stream position (another --batch-size continues the same "
+        "rows); repeat it with the files of ALL ranks to continue with another --world-size, "
+        "--num-workers or --seq-len by the remainder rule (one file does when it was the only "
+        "rank)",
     )
     p.add_argument(
         "--ignore-fingerprint",

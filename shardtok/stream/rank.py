@@ -9,6 +9,43 @@ this module, so they cannot disagree.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from shardtok.errors import ResumeStateError
+
+PLACEMENT_KEYS = ("rank", "world_size", "worker", "num_workers")
+
+
+@dataclass(frozen=True)
+class Placement:
+    rank: int
+    world_size: int
+    worker: int
+    num_workers: int
+
+    @property
+    def index(self) -> int:
+        """The slice index: rank-major, as the epoch plan numbers slices."""
+        return self.rank * self.num_workers + self.worker
+
+    def to_dict(self) -> dict:
+        return {k: getattr(self, k) for k in PLACEMENT_KEYS}
+
+    @classmethod
+    def parse(cls, value: object, where: str) -> Placement:
+        if not isinstance(value, dict) or set(value) != set(PLACEMENT_KEYS):
+            raise ResumeStateError(f"{where}: field 'placement' must hold {PLACEMENT_KEYS}")
+        for key in PLACEMENT_KEYS:
+            v = value[key]
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ResumeStateError(f"{where}: placement {key!r} must be >= 0, got {v!r}")
+        p = cls(**value)
+        if p.world_size < 1 or p.num_workers < 1 or p.rank >= p.world_size:
+            raise ResumeStateError(f"{where}: placement {value} is not a valid layout")
+        if p.worker >= p.num_workers:
+            raise ResumeStateError(f"{where}: placement {value} is not a valid layout")
+        return p
+
 
 class RoundRobin:
     """Whose batch comes next among a rank's `count` workers, starting with `first`."""

@@ -29,15 +29,14 @@ from __future__ import annotations
 from shardtok.errors import ResumeStateError
 from shardtok.stream import state as envelope
 from shardtok.stream.batch import Allocator, allocate_arrays
-from shardtok.stream.build import resolved
-from shardtok.stream.mix.remainder import check_mix_layout, remainder_packers
-from shardtok.stream.mix.sequences import SourceSequences, with_source_seed
+from shardtok.stream.mix.cursors import SourceCursors
+from shardtok.stream.mix.remainder import check_mix_layout
 from shardtok.stream.mix.stages import Curriculum
 from shardtok.stream.mix.stream import MixedStream
 from shardtok.stream.nodes.base import Located, PlacedStream
 from shardtok.stream.nodes.batcher import Batcher
 from shardtok.stream.options import StreamOptions
-from shardtok.stream.rank import step_of
+from shardtok.stream.rank import Placement, step_of
 
 COUNTERS = ("real_tokens", "overlong_documents", "overlong_tokens_dropped")
 
@@ -102,9 +101,14 @@ class StagedStream(PlacedStream):
         self.batches = 0
         self._mix: MixedStream | None = None
         self._left = dict.fromkeys(COUNTERS, 0)  # stages finished in this process
-        # Stages that continue their sources: the saved positions of sources no current stage
-        # holds, by their number in the curriculum's source table.
-        self._parked: dict[int, dict] = {}
+        # Stages that continue their sources: every source's cursor, across stage switches.
+        self.cursors: SourceCursors | None = None
+        if self.continues:
+            layout = None if self.elastic is None else self.elastic["mix"]
+            self.cursors = SourceCursors(
+                curriculum, options, Placement(rank, world_size, worker, num_workers),
+                first_epoch=first_epoch, layout=layout,
+            )  # fmt: skip
 
     def _check_elastic(self, elastic: object) -> dict:
         if not isinstance(elastic, dict) or set(elastic) != {"stage", "mix"}:
@@ -155,36 +159,8 @@ class StagedStream(PlacedStream):
             ),
             allocate=self.allocate,
             source_ids=self.curriculum.source_ids(stage),
-            streams=self._continued(stage) if self.continues else None,
+            streams=None if self.cursors is None else self.cursors.streams(stage),
         )
-
-    def _continued(self, stage: int) -> list[SourceSequences]:
-        """Stage `stage`'s sources where the earlier stages left them (the parked positions;
-        a source not read yet at its start). Each keeps one seed all run: the shared seed and
-        its number in the curriculum's table, so a curriculum's first stage draws what a plain
-        mix of its sources does."""
-        options = resolved(self.curriculum.options_for(0, self.options), self.curriculum.sources)
-        out = []
-        for cid in self.curriculum.source_ids(stage):
-            source_options = with_source_seed(options, cid)
-            remainder, first_epoch = None, self.first_epoch
-            if self.elastic is not None and self.elastic["mix"] is not None:
-                # Every source first finishes what the old layout left of its epochs.
-                remainder, first_epoch = remainder_packers(
-                    self.curriculum.sources[cid], source_options, self.elastic["mix"], cid,
-                    new_index=self.rank * self.num_workers + self.worker,
-                    new_slices=self.world_size * self.num_workers,
-                )  # fmt: skip
-            source = SourceSequences(
-                self.curriculum.sources[cid], source_options, rank=self.rank,
-                world_size=self.world_size, worker=self.worker, num_workers=self.num_workers,
-                first_epoch=first_epoch, remainder=remainder,
-            )  # fmt: skip
-            parked = self._parked.pop(cid, None)
-            if parked is not None:
-                source.reset(parked)
-            out.append(source)
-        return out
 
     # -- the node contract -----------------------------------------------------------------
     @property
@@ -199,13 +175,16 @@ class StagedStream(PlacedStream):
 
     def _reset(self, state: dict | None) -> None:
         self._left = dict.fromkeys(COUNTERS, 0)
-        self._parked = {}
+        if self.cursors is not None:
+            self.cursors.parked = {}
         if state is None:
             self.batches, self.stage, self._mix = 0, self.stage_of(0), None
             return
         s = self.parse_state(state)
         self._check_identity(s)
-        self._parked = self._parse_parked(s)
+        self._check_rule(s)
+        if self.cursors is not None:
+            self.cursors.restore(s["sources"], s["stage"], s["mix"] is not None)
         if (s["first_step"], s["elastic"]) != (self.first_step, self.elastic):
             raise ResumeStateError(
                 f"staged_stream state: it began at step {s['first_step']} (elastic: "
@@ -236,33 +215,14 @@ class StagedStream(PlacedStream):
             self._mix = mix
         self.batches, self.stage = batches, stage
 
-    def _parse_parked(self, s: dict) -> dict[int, dict]:
-        """The parked source positions of a parsed state, which must be of this stream's rule."""
+    def _check_rule(self, s: dict) -> None:
+        """A parsed state must be of this stream's stage switch rule."""
         if ("sources" in s) != self.continues:
             saved, now = ("continue", "restart") if "sources" in s else ("restart", "continue")
             raise ResumeStateError(
                 f"staged_stream state: saved by stages that {saved} their sources at a switch, "
                 f"this stream's stages {now} them (stage_switch: {saved} resumes it)"
             )
-        if not self.continues:
-            return {}
-        parked = s["sources"]
-        if len(parked) != len(self.curriculum.sources):
-            raise ResumeStateError(
-                f"staged_stream state: field 'sources' has {len(parked)} entries, this "
-                f"curriculum {len(self.curriculum.sources)} sources"
-            )
-        current = set(self.curriculum.source_ids(s["stage"])) if s["mix"] is not None else set()
-        out = {}
-        for cid, position in enumerate(parked):
-            if position is None:
-                continue
-            if cid in current:
-                raise ResumeStateError(
-                    f"staged_stream state: source {cid} is both parked and in the current stage"
-                )
-            out[cid] = SourceSequences.parse_state(position)
-        return out
 
     def _next(self) -> dict:
         if self.num_batches is not None and self.batches >= self.num_batches:
@@ -282,11 +242,8 @@ class StagedStream(PlacedStream):
             totals = self._totals(self._mix)
             for key in COUNTERS:
                 self._left[key] += totals[key]
-            if self.continues:
-                ids = self.curriculum.source_ids(self.stage)
-                for cid, source in zip(ids, self._mix.mixer.sources, strict=True):
-                    self._parked[cid] = source.state_dict()
-                self._mix.close()
+            if self.cursors is not None:
+                self.cursors.park(self.stage, self._mix.mixer.sources)
         self._mix = self.part(stage)
         self._mix.reset(None)
         self.stage = stage
@@ -294,9 +251,7 @@ class StagedStream(PlacedStream):
     def state_dict(self) -> dict:
         if not self._started:
             self.reset(None)
-        parked = {}
-        if self.continues:
-            parked["sources"] = [self._parked.get(c) for c in range(len(self.curriculum.sources))]
+        parked = {} if self.cursors is None else {"sources": self.cursors.state()}
         return self._wrap(
             **self.identity,
             first_step=self.first_step,

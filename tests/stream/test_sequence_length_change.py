@@ -104,3 +104,31 @@ def test_one_workers_state_with_another_length_names_the_way(paths):
     new = StreamSetup.single(DatasetSource(paths[0]), StreamOptions(seq_len=31, **BASE))
     with pytest.raises(ResumeStateError, match=r"option seq_len: 15 saved, 31 now \(a resume"):
         new.check_saved(states[0])
+
+
+def test_the_cli_continues_every_ranks_file_with_another_length(paths, tmp_path):
+    """`shardtok stream --state-in` with both ranks' files, a new --seq-len and --batch-size:
+    the batches the merged state streams, no token twice."""
+    from shardtok.cli.main import main
+
+    common = ["stream", paths[0], "--shuffle-buffer", "8", "--seed", "3"]
+    for rank in range(2):
+        assert main([*common, "--seq-len", "15", "--batch-size", "2", "--rank", str(rank),
+                     "--world-size", "2", "--max-batches", "5",
+                     "--state-out", str(tmp_path / f"r{rank}.json")]) == 0  # fmt: skip
+    rest = tmp_path / "rest.npz"
+    assert main([*common, "--seq-len", "31", "--batch-size", "3", "--max-batches", "6",
+                 "--state-in", str(tmp_path / "r0.json"), "--state-in", str(tmp_path / "r1.json"),
+                 "--dump", str(rest)]) == 0  # fmt: skip
+    old = StreamSetup.single(DatasetSource(paths[0]), StreamOptions(seq_len=15, **BASE))
+    before, states = saved_states(old, 5, world=2)
+    new = StreamSetup.single(
+        DatasetSource(paths[0]), StreamOptions(seq_len=31, **{**BASE, "batch_size": 3})
+    )
+    stream = new.stream(Placement(0, 1, 0, 1), epoch=0, resume=new.check_saved(merge_states(states)))
+    expected = [next(stream) for _ in range(6)]
+    got = np.load(rest)["input_ids"]
+    assert got.shape == (6, 3, 31)
+    assert np.array_equal(got, np.stack([b["input_ids"] for b in expected]))
+    seen = np.concatenate([real_tokens(before), real_tokens(expected)])
+    assert len(np.unique(seen)) == len(seen)

@@ -1,0 +1,93 @@
+"""``SourceCursors``: the cursors of a curriculum's sources for one (rank, worker), kept across
+stage switches (``stage_switch: continue``).
+
+A stage's mix draws from ``streams(stage)``: each of its sources where the earlier stages left
+it. A source a stage does not read is parked: its ``source_sequences`` state is kept (and saved)
+and it holds no shard open; the next stage that reads it restores it from there. Each source has
+one seed for the whole run, the shared seed and its number in the curriculum's table, so a
+curriculum's first stage draws what a plain mix of its sources does. After an elastic resume
+(``layout``: every source's merged positions) each source first finishes what the old layout
+left of its epochs, whichever stage reads it next.
+"""
+
+from __future__ import annotations
+
+from shardtok.errors import ResumeStateError
+from shardtok.stream.build import resolved
+from shardtok.stream.mix.remainder import remainder_packers
+from shardtok.stream.mix.sequences import SourceSequences, with_source_seed
+from shardtok.stream.mix.stages import Curriculum
+from shardtok.stream.options import StreamOptions
+from shardtok.stream.rank import Placement
+
+
+class SourceCursors:
+    """Where every source of `curriculum` is for the worker at `placement`."""
+
+    def __init__(
+        self,
+        curriculum: Curriculum,
+        options: StreamOptions,
+        placement: Placement,
+        *,
+        first_epoch: int,
+        layout: dict | None = None,
+    ):
+        self.curriculum, self.placement = curriculum, placement
+        self.first_epoch, self.layout = first_epoch, layout
+        self.options = resolved(curriculum.options_for(0, options), curriculum.sources)
+        self.parked: dict[int, dict] = {}
+
+    def streams(self, stage: int) -> list[SourceSequences]:
+        """Stage `stage`'s sources, each at its cursor (a source never read: at its start)."""
+        p = self.placement
+        out = []
+        for cid in self.curriculum.source_ids(stage):
+            options = with_source_seed(self.options, cid)
+            remainder, first_epoch = None, self.first_epoch
+            if self.layout is not None:
+                remainder, first_epoch = remainder_packers(
+                    self.curriculum.sources[cid], options, self.layout, cid,
+                    new_index=p.index, new_slices=p.world_size * p.num_workers,
+                )  # fmt: skip
+            source = SourceSequences(
+                self.curriculum.sources[cid], options, rank=p.rank, world_size=p.world_size,
+                worker=p.worker, num_workers=p.num_workers, first_epoch=first_epoch,
+                remainder=remainder,
+            )  # fmt: skip
+            parked = self.parked.pop(cid, None)
+            if parked is not None:
+                source.reset(parked)
+            out.append(source)
+        return out
+
+    def park(self, stage: int, sources: list[SourceSequences]) -> None:
+        """Keep the positions of stage `stage`'s `sources`, which then let go of their shards."""
+        for cid, source in zip(self.curriculum.source_ids(stage), sources, strict=True):
+            self.parked[cid] = source.state_dict()
+            source.close()
+
+    def state(self) -> list[dict | None]:
+        """Per source of the table: its parked position, or null (not read yet, or read by
+        the current stage, whose state holds it)."""
+        return [self.parked.get(c) for c in range(len(self.curriculum.sources))]
+
+    def restore(self, saved: list, stage: int, in_mix: bool) -> None:
+        """Take the parked positions of a saved ``sources`` list of a state in `stage` (whose
+        mix holds its own sources' positions when `in_mix`)."""
+        count = len(self.curriculum.sources)
+        if len(saved) != count:
+            raise ResumeStateError(
+                f"staged_stream state: field 'sources' has {len(saved)} entries, this "
+                f"curriculum {count} sources"
+            )
+        current = set(self.curriculum.source_ids(stage)) if in_mix else set()
+        self.parked = {}
+        for cid, position in enumerate(saved):
+            if position is None:
+                continue
+            if cid in current:
+                raise ResumeStateError(
+                    f"staged_stream state: source {cid} is both parked and in the current stage"
+                )
+            self.parked[cid] = SourceSequences.parse_state(position)
