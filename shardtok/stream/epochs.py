@@ -12,7 +12,7 @@ run's first epoch), ``first_step`` (the rank step this layout's stream began at:
 step of an elastic resume), ``batches`` (local, across epochs), ``current`` (the epoch the
 state is in), ``slice`` (that epoch's ``slice_stream`` state, or null before its first batch)
 and ``elastic`` (null, or the merged layout this stream resumed from: its first epoch is then
-that layout's remainder, an ``ElasticStream``; see ``resume/epochs_remainder.py``).
+that layout's remainder, an ``ElasticStream``; see ``epochs_remainder.py``).
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ class SliceStream(PlacedStream):
     state_name = "stream"
     resume_hint = (
         "restore with the same epoch, rank, world size, worker and number of workers, or "
-        "merge every (rank, worker)'s state with shardtok.stream.remainder.merge_states to "
+        "load every (rank, worker)'s state at once (load_state_dict([...]), merge_states) to "
         "finish the epoch with another layout"
     )
 

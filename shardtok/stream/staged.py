@@ -245,6 +245,8 @@ class StagedStream(PlacedStream):
             if self.cursors is not None:
                 self.cursors.park(self.stage, self._mix.mixer.sources)
         self._mix = self.part(stage)
+        if self.cursors is not None:
+            self.cursors.take(stage)
         self._mix.reset(None)
         self.stage = stage
 

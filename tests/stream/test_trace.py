@@ -22,7 +22,7 @@ STEPS = 9  # streamed per case; the state is saved after SAVED of them
 SAVED = 4
 CASES = [("single", "concat"), ("single", "greedy"), ("mix", "concat"), ("mix", "greedy"),
          ("stages", "concat"), ("stages", "greedy"), ("restarting stages", "concat"),
-         ("restarting stages", "greedy")]  # fmt: skip
+         ("restarting stages", "greedy"), ("ramped stages", "concat")]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -46,10 +46,11 @@ def setup_of(folders, kind: str, packing: str) -> StreamSetup:
         return StreamSetup.single(DatasetSource(folders[0]), options)
     if kind.endswith("stages"):  # the mix starts at step 5: right after the saved state's step
         restart = kind.startswith("restarting")
+        ramp = {"batch_size": 5} if kind.startswith("ramped") else {}  # the mix's own batches
         stages = [
             {"data": {"dataset": {"dataset_path": folders[0]}}},
             {"start_training_step": SAVED + 1, "data": {**({"seed": 7} if restart else {}),
-                "dataset": {"dataset_path": {folders[1]: 0.5, folders[0]: 0.5}}}},
+                **ramp, "dataset": {"dataset_path": {folders[1]: 0.5, folders[0]: 0.5}}}},
         ]  # fmt: skip
         switch = "restart" if restart else "continue"
         config = {"stage_switch": switch, "data_stages": stages}
@@ -85,6 +86,7 @@ def test_a_trace_names_the_documents_of_the_batch(data, kind, packing, workers):
             setup, step=step, rank=RANK, world_size=WORLD, num_workers=workers, state=saved
         )
         assert trace["worker"] == (step - 1) % max(workers, 1)
+        assert trace["batch_size"] == len(batches[step - 1]["input_ids"])  # a stage's own
         rows = assert_reproduces(trace, batches[step - 1], by_shards)
         assert np.array_equal(rows, assert_reproduces(trace, batches[step - 1], megatron))
         documents |= {(s["source"], s["dataset_document"]) for q in trace["sequences"]

@@ -39,7 +39,8 @@ class SourceCursors:
         self.parked: dict[int, dict] = {}
 
     def streams(self, stage: int) -> list[SourceSequences]:
-        """Stage `stage`'s sources, each at its cursor (a source never read: at its start)."""
+        """Stage `stage`'s sources, each at its cursor (a source never read: at its start); they
+        stay parked until the stage takes them (``take``)."""
         p = self.placement
         out = []
         for cid in self.curriculum.source_ids(stage):
@@ -55,11 +56,16 @@ class SourceCursors:
                 worker=p.worker, num_workers=p.num_workers, first_epoch=first_epoch,
                 remainder=remainder,
             )  # fmt: skip
-            parked = self.parked.pop(cid, None)
+            parked = self.parked.get(cid)
             if parked is not None:
                 source.reset(parked)
             out.append(source)
         return out
+
+    def take(self, stage: int) -> None:
+        """Stage `stage` now streams its sources: their positions live in its state."""
+        for cid in self.curriculum.source_ids(stage):
+            self.parked.pop(cid, None)
 
     def park(self, stage: int, sources: list[SourceSequences]) -> None:
         """Keep the positions of stage `stage`'s `sources`, which then let go of their shards."""

@@ -101,6 +101,11 @@ def _merge_continued(
         if s is None:
             continue
         found = dict(enumerate(s.get("sources") or []))
+        if s["stage"] >= len(ids):
+            raise ResumeStateError(
+                f"merge_states: a worker's state is in stage {s['stage']}, its fingerprint has "
+                f"{len(ids)} stages"
+            )
         if s["mix"] is not None:
             inner = Batcher.progress(MixedStream.parse_state(s["mix"])["batcher"])[0]
             found.update(zip(ids[s["stage"]], MixedSequences.source_states(inner)))
