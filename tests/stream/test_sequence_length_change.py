@@ -125,7 +125,9 @@ def test_the_cli_continues_every_ranks_file_with_another_length(paths, tmp_path)
     new = StreamSetup.single(
         DatasetSource(paths[0]), StreamOptions(seq_len=31, **{**BASE, "batch_size": 3})
     )
-    stream = new.stream(Placement(0, 1, 0, 1), epoch=0, resume=new.check_saved(merge_states(states)))
+    stream = new.stream(
+        Placement(0, 1, 0, 1), epoch=0, resume=new.check_saved(merge_states(states))
+    )
     expected = [next(stream) for _ in range(6)]
     got = np.load(rest)["input_ids"]
     assert got.shape == (6, 3, 31)
