@@ -242,7 +242,7 @@ def run(args: argparse.Namespace) -> int:
     if batches is None:
         batches = job.batches()
     kept: list[dict] = []
-    count = tokens = real = segments = trained = untrained_batches = 0
+    count = tokens = real = segments = trained = untrained_batches = sequences = 0
     first = None
     in_process = engine == "in process"
     before = job.counters() if in_process else {}
@@ -256,6 +256,7 @@ def run(args: argparse.Namespace) -> int:
         if first is None:
             first = time.perf_counter() - started
         count += 1
+        sequences += len(batch["input_ids"])  # a curriculum stage may set its own batch size
         tokens += batch["input_ids"].size
         trained += int(batch["num_trained_tokens"])
         untrained_batches += int(batch["num_trained_tokens"]) == 0
@@ -276,7 +277,6 @@ def run(args: argparse.Namespace) -> int:
     if in_process:  # exact: what the packers put into the yielded sequences
         counted = {k: v - before[k] for k, v in job.counters().items()}
         real = counted.pop("real_tokens")
-    sequences = count * job.options.batch_size
     speed = tokens / elapsed if elapsed else 0.0
     efficiency = real / (sequences * (job.options.seq_len + 1)) if sequences else 0.0
     per_sequence = segments / sequences if sequences else 0.0

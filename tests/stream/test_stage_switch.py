@@ -208,3 +208,20 @@ def test_elastic_resume_of_continuing_stages_serves_no_token_twice(paths, packin
     for source in (0, 1):
         seen = np.concatenate([tokens_of(before, source), tokens_of(after, source)])
         assert len(np.unique(seen)) == len(seen), f"source {source}: a token twice"
+
+
+def test_the_cli_counts_a_ramped_stages_rows(paths, tmp_path, capsys):
+    """`shardtok stream` counts each batch's own rows: a stage of batches of 4 after batches of
+    2 fills exactly its slots with concat packing."""
+    import json
+
+    from shardtok.cli.main import main
+    from tests.helpers.stages import write_config
+
+    config = two_stages(paths)
+    config["data_stages"][1]["data"]["batch_size"] = 4
+    path = write_config(tmp_path / "ramp.yaml", config)
+    assert main(["stream", "--config", str(path), "--max-batches", "14", "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["input_tokens"] == ((SWITCH - 1) * 2 + 4 * 4) * OPTIONS["seq_len"]
+    assert stats["packing_efficiency"] == 1.0
