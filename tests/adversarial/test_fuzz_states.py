@@ -32,9 +32,15 @@ def cases(tmp_path_factory):
         write_synthetic_dataset(root / name, num_tokens=size, vocab_size=1000, mean_length=50,
                                 shard_size=4000, frame_size=1000)  # fmt: skip
     made = {}
+    # curriculum stages that continue their sources: a then b, so a is parked in the state
+    stages = {**OPTIONS, "data_stages": [
+        {"name": "a", "data": {"dataset": {"dataset_path": str(root / "a")}}},
+        {"name": "b", "start_training_step": 5, "data": {"dataset": {"dataset_path": str(root / "b")}}},
+    ]}  # fmt: skip
     for kind, make in (
         ("single", lambda: ShardStreamDataset(str(root / "a"), **OPTIONS)),
         ("mix", lambda: ShardStreamDataset({str(root / "a"): 0.7, str(root / "b"): 0.3}, **MIX_OPTIONS)),
+        ("stages", lambda: ShardStreamDataset.from_config(stages, num_batches=200)),
     ):  # fmt: skip
         ds = make()
         it = iter(ds)
@@ -93,7 +99,7 @@ def mutate(state, data):
     return damaged
 
 
-@pytest.mark.parametrize("kind", ["single", "mix"])
+@pytest.mark.parametrize("kind", ["single", "mix", "stages"])
 # The same examples on every run: a failure here is never a fluke.
 @settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(data=st.data())
