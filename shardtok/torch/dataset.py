@@ -56,8 +56,9 @@ class ShardStreamDataset(IterableDataset):
     ``MixSpec``; a mix yields `num_batches` batches per rank (rounded
     up to a multiple of the number of workers) from an endless schedule over source epochs.
     A list is never a mix: shards of two datasets in one list are refused.
-    A ``Curriculum`` (``from_config``) runs its stages in order, each a fresh mix from its
-    start step on, for `num_batches` batches per rank.
+    A ``Curriculum`` (``from_config``) runs its stages in order, each from its start step on,
+    its sources continuing where the earlier stages left them (``stage_switch: restart``: each
+    stage a fresh mix), for `num_batches` batches per rank.
     Saved states carry a fingerprint of the sources and options; `strict=False` resumes even
     when it differs.
     """
