@@ -19,8 +19,8 @@ from shardtok.stream.nodes.base import PlacedStream
 from shardtok.stream.rank import RoundRobin
 from shardtok.stream.resume.fingerprint import check_fingerprint
 from shardtok.stream.resume.merge import cuts_rows_anew, merge_worker_states
+from shardtok.stream.resume.rank_state import RankState, load_state_file, save_state_file
 from shardtok.stream.resume.saved import MergedState, Placement, WorkerState, saved_position
-from shardtok.stream.resume.state_file import StateFile, load_state_file, save_state_file
 from shardtok.stream.staged import StagedStream
 
 
@@ -117,7 +117,7 @@ class StreamJob:
         self.next_worker, self.taken = 0, getattr(self.streams[0], "first_step", 0)
 
     def save(self, path: str) -> None:
-        state = StateFile(
+        state = RankState(
             epoch=self.args.epoch,
             rank=self.args.rank,
             world_size=self.args.world_size,

@@ -19,8 +19,8 @@ from shardtok.stream.factory import StreamSetup, check_stream_state
 from shardtok.stream.provenance import trace_step
 from shardtok.stream.provenance.states import saved_rank
 from shardtok.stream.provenance.trace import source_table
-from shardtok.stream.resume.state_file import KIND as FILE_KIND
-from shardtok.stream.resume.state_file import load_state_file
+from shardtok.stream.resume.rank_state import KIND as FILE_KIND
+from shardtok.stream.resume.rank_state import load_state_file
 from shardtok.stream.state import LEGACY_FILE_FORMAT
 
 DESCRIPTION = """\

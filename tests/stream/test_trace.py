@@ -12,8 +12,8 @@ from shardtok.errors import ResumeStateError, UsageError
 from shardtok.stream import StreamOptions, StreamSetup, mix_spec
 from shardtok.stream.mix.stages import load_curriculum
 from shardtok.stream.provenance import trace_step
+from shardtok.stream.resume.rank_state import RankState
 from shardtok.stream.resume.saved import Placement
-from shardtok.stream.resume.state_file import StateFile
 from tests.helpers.masked import Known
 from tests.helpers.provenance import assert_reproduces, megatron_documents, shard_documents
 
@@ -65,7 +65,7 @@ def stream_rank(setup: StreamSetup, workers: int):
     batches, state = [], None
     for t in range(STEPS):
         if t == SAVED:
-            state = StateFile(
+            state = RankState(
                 epoch=0, rank=RANK, world_size=WORLD, batches=t, next_worker=t % slots,
                 workers=[s.state_dict() for s in streams], fingerprint=setup.fingerprint,
             ).to_dict()  # fmt: skip

@@ -1,6 +1,7 @@
-"""The saved position a trace starts from: one rank's worker states, as every saver writes them.
+"""The saved position a trace starts from: one rank's worker states, as every saver writes them,
+read into the one ``RankState``.
 
-Accepted: the CLI's state file (``StateFile``, or its JSON document), a ``ShardLoader`` state
+Accepted: the CLI's state file (kind ``stream_file``: a ``RankState`` as written), a ``ShardLoader`` state
 (kind ``loader``) and one dataset worker state (kind ``dataset``: a loader with 0 workers, or
 ``ShardStreamDataset.state_dict()`` in process).
 A merged (elastic) state that no worker has streamed from yet names no step of its own and is
@@ -12,7 +13,7 @@ record its step (curriculum stages, and epochs streams merged from epochs stream
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import replace
 
 from shardtok.errors import ResumeStateError
 from shardtok.stream import state as envelope
@@ -20,10 +21,10 @@ from shardtok.stream.epochs_remainder import is_epochs_layout
 from shardtok.stream.factory import NODE_CLASSES, StreamSetup, check_stream_state
 from shardtok.stream.rank import worker_of
 from shardtok.stream.resume.fingerprint import check_fingerprint
+from shardtok.stream.resume.rank_state import FIELDS as FILE_FIELDS
+from shardtok.stream.resume.rank_state import KIND as FILE_KIND
+from shardtok.stream.resume.rank_state import RankState
 from shardtok.stream.resume.saved import MergedState, saved_position
-from shardtok.stream.resume.state_file import FIELDS as FILE_FIELDS
-from shardtok.stream.resume.state_file import KIND as FILE_KIND
-from shardtok.stream.resume.state_file import StateFile
 
 # A trace replays the stream a state belongs to; on other data it would name other documents.
 REPLAY_THE_SAME = (
@@ -32,22 +33,6 @@ REPLAY_THE_SAME = (
 )
 
 LOADER_FIELDS = {"num_workers": envelope.INT, "next_worker": envelope.INT, "workers": envelope.LIST}
-
-
-@dataclass(frozen=True)
-class SavedRank:
-    """One rank's position: rank steps taken (``steps``, counted from 0 at the start of the
-    epoch, or of the layout an elastic resume began), the worker whose batch comes next and
-    every worker's stream state (None: not started)."""
-
-    epoch: int
-    rank: int
-    world_size: int
-    steps: int
-    next_worker: int
-    first_step: int  # the rank step this layout's streams began at (T0)
-    workers: list[dict | None]
-    fingerprint: dict | None
 
 
 def local_batches(stream: dict | None) -> int:
@@ -61,34 +46,27 @@ def local_batches(stream: dict | None) -> int:
     return int(stream[getattr(cls, "batcher_key", "batcher")]["batches"])
 
 
-def first_step(stream: dict | None) -> int:
-    if stream is None:
-        return 0
-    return int(stream["first_step"]) if "first_step" in NODE_CLASSES[stream["kind"]].FIELDS else 0
-
-
-def saved_rank(state: object, setup: StreamSetup) -> SavedRank:
+def saved_rank(state: object, setup: StreamSetup) -> RankState:
     """`state` (see the module docstring) checked, against `setup`'s fingerprint too, as a
-    ``SavedRank``."""
+    ``RankState``."""
     if isinstance(state, dict) and state.get("kind") == FILE_KIND:
         fields = envelope.parse(state, FILE_KIND, FILE_FIELDS)
-        state = StateFile(**{k: fields[k] for k in FILE_FIELDS})
-    if isinstance(state, StateFile):
+        state = RankState(**{k: fields[k] for k in FILE_FIELDS})
+    if isinstance(state, RankState):
         workers = [None if w is None else check_stream_state(w) for w in state.workers]
         check_fingerprint(state.fingerprint, setup.fingerprint, advice=REPLAY_THE_SAME,
                           **saved_position(*workers))  # fmt: skip
-        counted = _first_step(workers) + sum(local_batches(w) for w in workers)
+        saved = RankState(
+            state.epoch, state.rank, state.world_size, state.batches, state.next_worker,
+            workers, state.fingerprint,
+        )  # fmt: skip
+        counted = saved.first_step + sum(local_batches(w) for w in workers)
         if counted != state.batches:
             raise ResumeStateError(
                 f"the state file says {state.batches} steps were taken, its worker streams "
                 f"yielded {counted}"
             )
-        return _checked(
-            SavedRank(
-                state.epoch, state.rank, state.world_size, state.batches, state.next_worker,
-                _first_step(workers), workers, state.fingerprint,
-            )
-        )  # fmt: skip
+        return _checked(saved)
     if not isinstance(state, dict):
         raise ResumeStateError(
             f"a trace starts from a state file, a loader state or a dataset state, got "
@@ -123,24 +101,13 @@ def saved_rank(state: object, setup: StreamSetup) -> SavedRank:
                 f"{saved.placement.num_workers}, expected {w} of {len(parsed)}"
             )
     workers = [s.stream for s in parsed]
-    start = _first_step(workers)
     epoch, rank, world_size = placements.pop()
-    steps = start + sum(local_batches(w) for w in workers)
-    return _checked(
-        SavedRank(
-            epoch, rank, world_size, steps, next_worker, start, workers, parsed[0].fingerprint
-        )
-    )
+    saved = RankState(epoch, rank, world_size, 0, next_worker, workers, parsed[0].fingerprint)
+    steps = saved.first_step + sum(local_batches(w) for w in workers)
+    return _checked(replace(saved, batches=steps))
 
 
-def _first_step(workers: list[dict | None]) -> int:
-    starts = {first_step(w) for w in workers if w is not None}
-    if len(starts) > 1:
-        raise ResumeStateError(f"the worker states began at different steps {sorted(starts)}")
-    return starts.pop() if starts else 0
-
-
-def _checked(saved: SavedRank) -> SavedRank:
+def _checked(saved: RankState) -> RankState:
     """The round robin's arithmetic must hold, or a trace would name another worker's batch;
     and the state must know its steps since the start."""
     for stream in saved.workers:
@@ -152,10 +119,10 @@ def _checked(saved: SavedRank) -> SavedRank:
                 "resume"
             )
     slots = len(saved.workers)
-    expected = worker_of(saved.steps, saved.first_step, slots)[0]
-    if saved.steps < saved.first_step or saved.next_worker != expected:
+    expected = worker_of(saved.batches, saved.first_step, slots)[0]
+    if saved.batches < saved.first_step or saved.next_worker != expected:
         raise ResumeStateError(
-            f"the state says {saved.steps} steps were taken (from step {saved.first_step}) and "
+            f"the state says {saved.batches} steps were taken (from step {saved.first_step}) and "
             f"worker {saved.next_worker} of {slots} is next; round robin makes it worker "
             f"{expected}"
         )

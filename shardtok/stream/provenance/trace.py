@@ -31,8 +31,9 @@ from shardtok.stream.factory import StreamSetup
 from shardtok.stream.nodes.base import Located
 from shardtok.stream.provenance.addresses import AddressSource, split_addresses
 from shardtok.stream.provenance.skip import skip_rows
-from shardtok.stream.provenance.states import SavedRank, saved_rank
+from shardtok.stream.provenance.states import saved_rank
 from shardtok.stream.rank import worker_of
+from shardtok.stream.resume.rank_state import RankState
 from shardtok.stream.resume.saved import Placement
 
 # A bound far past any training run's steps, so a step or batch count is refused before a
@@ -68,7 +69,7 @@ def trace_step(
         if value is not None and value > MAX_STEPS:
             raise UsageError(f"{what} {value:,} is more than shardtok counts steps to")
     slots = max(int(num_workers), 1)
-    saved: SavedRank | None = None
+    saved: RankState | None = None
     if state is not None:
         saved = saved_rank(state, setup)
         _check_layout(saved, rank=rank, world_size=world_size, slots=slots, epoch=epoch)
@@ -77,10 +78,10 @@ def trace_step(
     _check_end(setup, t, step, epoch=epoch, world_size=world_size, slots=slots,
                per_worker=per_worker, rank=rank)  # fmt: skip
     start = 0 if saved is None else saved.first_step
-    if saved is not None and t < saved.steps:
+    if saved is not None and t < saved.batches:
         raise UsageError(
-            f"step {step} was taken before the state: it holds {saved.steps:,} steps of rank "
-            f"{rank}; trace a step after {saved.steps:,}, or trace without the state"
+            f"step {step} was taken before the state: it holds {saved.batches:,} steps of rank "
+            f"{rank}; trace a step after {saved.batches:,}, or trace without the state"
         )
     if t < start:
         raise UsageError(
@@ -116,7 +117,7 @@ def trace_step(
         "local_batch": local,
         "epoch": epoch,
         "part": dict(located.part),
-        "state_steps": None if saved is None else saved.steps,
+        "state_steps": None if saved is None else saved.batches,
         "seq_len": setup.options.seq_len,
         "batch_size": batch_size,
         "packing": setup.options.packing,
@@ -136,7 +137,7 @@ def source_table(setup: StreamSetup) -> list:
     return list(setup.sources)
 
 
-def _check_layout(saved: SavedRank, *, rank: int, world_size: int, slots: int, epoch: int) -> None:
+def _check_layout(saved: RankState, *, rank: int, world_size: int, slots: int, epoch: int) -> None:
     ours = (saved.rank, saved.world_size, len(saved.workers), saved.epoch)
     if ours != (rank, world_size, slots, epoch):
         raise UsageError(

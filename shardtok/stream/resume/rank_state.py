@@ -1,9 +1,10 @@
-"""Saved stream positions on disk: one JSON file for the worker streams of one rank.
+"""``RankState``: one rank's position, the one form every saver's rank state is read into.
 
-The file is a state of kind ``stream_file``: every worker stream's state (positions and
-counters only), which worker the DataLoader's round robin serves next, how many batches were
-taken, and the fingerprint of the sources and options. It is written to a temporary name and
-renamed, so a job killed while saving leaves the previous file intact. A file written by
+A rank's state is every worker stream's state (positions and counters only), which worker the
+round robin serves next (``stream/rank.py``), how many batches (steps) the rank has taken and
+the fingerprint of the sources and options. ``shardtok stream --state-out`` writes it as is, a
+state of kind ``stream_file``; ``provenance.states.saved_rank`` also reads a ``ShardLoader``
+state or one dataset state into it. The file is written to a temporary name and renamed, so a job killed while saving leaves the previous file intact. A file written by
 shardtok 0.1 (format ``shardtok-stream-state``, no envelope) is refused, naming that release.
 """
 
@@ -30,20 +31,29 @@ FIELDS = {
 
 
 @dataclass(frozen=True)
-class StateFile:
+class RankState:
     epoch: int
     rank: int
     world_size: int
-    batches: int
+    batches: int  # the rank's steps taken, from the start of the epoch or of the run
     next_worker: int
     workers: list  # one stream state (or None: not started) per worker
-    fingerprint: dict
+    fingerprint: dict | None
+
+    @property
+    def first_step(self) -> int:
+        """The rank step this layout's streams began at: 0, or the step of an elastic resume
+        (chained streams record it as ``first_step``; every worker the same)."""
+        starts = {int(w.get("first_step", 0)) for w in self.workers if w is not None}
+        if len(starts) > 1:
+            raise ResumeStateError(f"the worker states began at different steps {sorted(starts)}")
+        return starts.pop() if starts else 0
 
     def to_dict(self) -> dict:
         return envelope.wrap(KIND, {k: getattr(self, k) for k in FIELDS})
 
 
-def save_state_file(path: str | Path, state: StateFile) -> Path:
+def save_state_file(path: str | Path, state: RankState) -> Path:
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(state.to_dict(), indent=1, sort_keys=True) + "\n")
@@ -51,7 +61,7 @@ def save_state_file(path: str | Path, state: StateFile) -> Path:
     return path
 
 
-def load_state_file(path: str | Path, check_state=lambda state: state) -> StateFile:
+def load_state_file(path: str | Path, check_state=lambda state: state) -> RankState:
     """The file at `path`, checked; `check_state` checks each worker's stream state
     (``shardtok.stream.factory.check_stream_state``)."""
     path = Path(path)
@@ -73,4 +83,4 @@ def load_state_file(path: str | Path, check_state=lambda state: state) -> StateF
                 check_state(w)
     except ResumeStateError as exc:
         raise ResumeStateError(f"{path}: {exc}") from None
-    return StateFile(**{k: s[k] for k in FIELDS})
+    return RankState(**{k: s[k] for k in FIELDS})
