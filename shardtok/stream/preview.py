@@ -24,7 +24,8 @@ from dataclasses import replace
 
 from shardtok.errors import ShardtokError, UsageError
 from shardtok.stream.build import plan_for, resolved
-from shardtok.stream.mix.sequences import MixSchedule, with_source_seed
+from shardtok.stream.mix.schedule import MixSchedule
+from shardtok.stream.mix.sequences import with_source_seed
 from shardtok.stream.mix.spec import MixSpec
 from shardtok.stream.mix.stages import Curriculum, Stage
 from shardtok.stream.options import StreamOptions

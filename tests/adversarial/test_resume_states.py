@@ -157,7 +157,7 @@ def test_the_schedule_at_any_step_is_the_blending_rule():
     import numpy as np
 
     from shardtok.index import build_blending_indices
-    from shardtok.stream.mix.sequences import MixSchedule
+    from shardtok.stream.mix.schedule import MixSchedule
 
     for weights in ([0.7, 0.3], [1, 1, 7], [0.123457, 0.876543], [5, 3, 2, 1, 1]):
         expected, _ = build_blending_indices(weights, None, 250_000)

@@ -11,7 +11,7 @@ from shardtok.cli.main import run as main
 from shardtok.cli.stream_args import parse_source_arg
 from shardtok.errors import ResumeStateError, ShardtokError, UsageError
 from shardtok.index import build_blending_indices
-from shardtok.stream.mix.sequences import MixSchedule
+from shardtok.stream.mix.schedule import MixSchedule
 from shardtok.stream.mix.spec import load_mix_config, mix_spec
 from shardtok.stream.mix.stream import MixedStream
 from shardtok.stream.nodes.base import take
