@@ -20,15 +20,16 @@ mixing schedule alone, with the rules the stream runs:
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from shardtok.errors import ShardtokError, UsageError
 from shardtok.stream.build import plan_for, resolved
 from shardtok.stream.mix.schedule import MixSchedule
-from shardtok.stream.mix.sequences import with_source_seed
+from shardtok.stream.mix.sequences import same_window, with_source_seed
 from shardtok.stream.mix.spec import MixSpec
 from shardtok.stream.mix.stages import Curriculum, Stage
 from shardtok.stream.options import StreamOptions
+from shardtok.stream.plan import sequence_count
 
 MAX_EPOCHS = 10_000
 
@@ -56,7 +57,8 @@ def mix_preview(
     served = [-(-(max_batches - w) // slots) for w in range(slots)]  # local batches per worker
     begins = [curriculum.local_begins(0, w, slots) for w in range(slots)]
     stages = []
-    carried = [[0] * slots for _ in curriculum.sources]  # continuing sources: served so far
+    # Continuing sources: every (rank, worker) slice's position, carried across stages.
+    carried: dict[int, list[_SlicePosition]] = {}
     for k, stage in enumerate(curriculum.stages):
         stage_options = resolved(curriculum.options_for(k, options), stage.mix.sources)
         size = stage_options.batch_size
@@ -71,16 +73,12 @@ def mix_preview(
         for i, source in enumerate(stage.mix.sources):
             per_worker = [c[i] for c in counts]
             per_rank = sum(per_worker)
-            seeded = with_source_seed(stage_options, i)
-            walked = per_worker
-            if curriculum.continues:  # one seed all run; it goes on from earlier stages
-                seeded = with_source_seed(
-                    resolved(curriculum.options_for(0, options), curriculum.sources), ids[i]
-                )
-                carried[ids[i]] = [a + b for a, b in zip(carried[ids[i]], per_worker)]
-                walked = carried[ids[i]]
+            # continuing sources keep one seed all run (their number in the table)
+            seeded = with_source_seed(stage_options, ids[i] if curriculum.continues else i)
+            fresh = [_SlicePosition(epoch, epoch) for _ in range(world_size * slots)]
+            positions = carried.setdefault(ids[i], fresh) if curriculum.continues else fresh
             walk = _walk_epochs(
-                source, seeded, walked, world_size=world_size, slots=slots, epoch=epoch
+                source, seeded, per_worker, positions, world_size=world_size, slots=slots
             )
             rows.append(
                 {
@@ -88,9 +86,9 @@ def mix_preview(
                     "source": source.display,
                     "weight": stage.mix.shares[i],
                     "sequences_per_rank": per_rank,
-                    "tokens_per_rank": per_rank * options.seq_len,
+                    "tokens_per_rank": per_rank * stage_options.seq_len,
                     "sequences": per_rank * world_size,
-                    "tokens": per_rank * world_size * options.seq_len,
+                    "tokens": per_rank * world_size * stage_options.seq_len,
                     **walk,
                 }
             )
@@ -108,6 +106,7 @@ def mix_preview(
                 "steps": rows_steps,
                 "batches_per_rank": batches,
                 "batch_size": size,
+                "seq_len": stage_options.seq_len,
                 "packing": stage_options.packing,
                 "sources": rows,
             }
@@ -164,14 +163,33 @@ def _next_start(curriculum: Curriculum, k: int) -> float:
     return stages[k + 1].start_step if k + 1 < len(stages) else float("inf")
 
 
-def _walk_epochs(source, options, per_worker, *, world_size, slots, epoch) -> dict:
-    """Every (rank, worker) slice of `source` serving `per_worker[w]` sequences from epoch
-    `epoch` on: the epochs that implies (mean over slices, and the last one entered) and what
-    is left unread of each slice's epoch in progress."""
-    plans: dict[int, object] = {}
+@dataclass
+class _SlicePosition:
+    """Where one (rank, worker) slice of a source is: its epoch, the window it packs with and,
+    once it read from the epoch, the part of it in progress (``_walk_epochs``)."""
+
+    start: int  # the epoch the preview starts in
+    epoch: int = 0
+    options: StreamOptions | None = None  # None: the epoch not begun
+    slice_tokens: int = 0  # of the slice of the epoch in progress
+    tokens: int = 0  # of the part in progress: the slice's tokens, or a repacked rest's
+    sequences: int = 0  # the part's sequences
+    served: int = 0  # of them served
+    read: int = 0  # tokens of the part read by the served ones
+    repacked: bool = False  # the part is an epoch's rest packed with another window
+
+
+def _walk_epochs(source, options, per_worker, positions, *, world_size, slots) -> dict:
+    """Every (rank, worker) slice of `source` serving `per_worker[w]` more sequences with
+    `options` from its position (``positions[rank * slots + w]``, updated): the epochs read
+    so far (mean over slices, from the preview's first epoch, and the last one entered)
+    and what is left unread of each slice's part in progress. A slice that packed with another
+    window first packs the rest of its part with this one (``SourceSequences``)."""
+    plans: dict[tuple, object] = {}
 
     def plan(e: int):
-        if e not in plans:
+        key = (e, options.seq_len, options.stride)
+        if key not in plans:
             if len(plans) >= MAX_EPOCHS:
                 # Epochs are planned one by one: a count that walks this many would take hours
                 # (and a plan's memory each) for a preview of one small source's repeats.
@@ -179,32 +197,57 @@ def _walk_epochs(source, options, per_worker, *, world_size, slots, epoch) -> di
                     f"{source.display}: these batches read more than {MAX_EPOCHS:,} of its "
                     "epochs per slice, more than a preview walks: give fewer --max-batches"
                 )
-            plans[e] = plan_for(source, options, epoch=e, world_size=world_size, num_workers=slots)
-        return plans[e]
+            plans[key] = plan_for(source, options, epoch=e, world_size=world_size,
+                                  num_workers=slots)  # fmt: skip
+        return plans[key]
 
+    stride = options.stride or options.seq_len + 1
     passes = 0.0
-    last = epoch
+    last = min(at.start for at in positions)
     unread_sequences = unread_tokens = 0
     for rank in range(world_size):
         for w in range(slots):
-            e, left = epoch, per_worker[w]
-            while True:
-                p = plan(e)
-                s = p.slice_for(rank, w)  # type: ignore[attr-defined]
+            at = positions[rank * slots + w]
+
+            def begin(epoch: int) -> None:
+                s = plan(epoch).slice_for(rank, w)  # type: ignore[attr-defined]
                 if s.num_sequences == 0:
                     raise ShardtokError(
-                        f"{source.display}: slice {s.index} of epoch {e} holds {s.num_tokens:,} "
-                        f"tokens, too few for one {options.seq_len + 1}-token sequence; this "
-                        "source is too small for this many ranks x workers"
+                        f"{source.display}: slice {s.index} of epoch {epoch} holds "
+                        f"{s.num_tokens:,} tokens, too few for one {options.seq_len + 1}-token "
+                        "sequence; this source is too small for this many ranks x workers"
                     )
-                if left <= s.num_sequences:
-                    break
-                left -= s.num_sequences
-                e += 1
-            passes += e - epoch + left / s.num_sequences
-            last = max(last, e)
-            unread_sequences += s.num_sequences - left
-            unread_tokens += s.num_tokens - _tokens_read(p, s, left)
+                at.epoch, at.slice_tokens = epoch, s.num_tokens
+                at.tokens, at.sequences, at.served, at.read = s.num_tokens, s.num_sequences, 0, 0
+                at.repacked = False
+
+            if at.options is None:
+                begin(at.epoch)
+            elif not same_window(at.options, options):  # the rest, packed with this window
+                rest = at.tokens - at.read
+                at.tokens, at.read, at.served, at.repacked = rest, 0, 0, True
+                at.sequences = sequence_count(rest, plan(at.epoch).packing, options.seq_len, stride)
+            at.options = options
+            left = per_worker[w]
+            while left > at.sequences - at.served:
+                left -= at.sequences - at.served
+                begin(at.epoch + 1)
+            at.served += left
+            p = plan(at.epoch)
+            at.read = (
+                min(at.tokens, at.served * stride)
+                if at.repacked
+                else _tokens_read(p, p.slice_for(rank, w), at.served)  # type: ignore[attr-defined]
+            )
+            done = (
+                1 - (at.tokens - at.read) / at.slice_tokens
+                if at.repacked
+                else at.served / at.sequences
+            )
+            passes += at.epoch - at.start + done
+            last = max(last, at.epoch)
+            unread_sequences += at.sequences - at.served
+            unread_tokens += at.tokens - at.read
     return {
         "epochs": passes / (world_size * slots),
         "last_epoch": last,

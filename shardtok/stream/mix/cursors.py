@@ -7,7 +7,8 @@ and it holds no shard open; the next stage that reads it restores it from there.
 one seed for the whole run, the shared seed and its number in the curriculum's table, so a
 curriculum's first stage draws what a plain mix of its sources does. After an elastic resume
 (``layout``: every source's merged positions) each source first finishes what the old layout
-left of its epochs, whichever stage reads it next.
+left of its epochs, whichever stage reads it next. A stage with its own ``seq_len`` packs its
+sources with it: each finishes the phase it was in (the rest of its epoch) in the new window.
 """
 
 from __future__ import annotations
@@ -35,16 +36,19 @@ class SourceCursors:
     ):
         self.curriculum, self.placement = curriculum, placement
         self.first_epoch, self.layout = first_epoch, layout
-        self.options = resolved(curriculum.options_for(0, options), curriculum.sources)
+        self.options = options
         self.parked: dict[int, dict] = {}
 
     def streams(self, stage: int) -> list[SourceSequences]:
-        """Stage `stage`'s sources, each at its cursor (a source never read: at its start); they
-        stay parked until the stage takes them (``take``)."""
+        """Stage `stage`'s sources, each at its cursor (a source never read: at its start) and
+        packing with the stage's window (a source left in another finishes its phase in this
+        one first: ``SourceSequences``); they stay parked until the stage takes them
+        (``take``)."""
         p = self.placement
         out = []
+        stage_options = self.curriculum.options_for(stage, self.options)
         for cid in self.curriculum.source_ids(stage):
-            options = with_source_seed(self.options, cid)
+            options = with_source_seed(resolved(stage_options, self.curriculum.sources), cid)
             remainder, first_epoch = None, self.first_epoch
             if self.layout is not None:
                 remainder, first_epoch = remainder_packers(

@@ -19,10 +19,11 @@ from shardtok.dataset.source import DatasetSource
 from shardtok.errors import ResumeStateError
 from shardtok.index.slices import cut_ranges
 from shardtok.stream.build import packer_for, plan_for
-from shardtok.stream.mix.sequences import MixedSequences, SourceSequences
+from shardtok.stream.mix.sequences import MixedSequences, SourceSequences, with_window
 from shardtok.stream.nodes.batcher import Batcher
 from shardtok.stream.nodes.packer import Packer
 from shardtok.stream.options import StreamOptions
+from shardtok.stream.plan import EpochPlan
 from shardtok.stream.remainder import (
     RemainderDocuments,
     check_layout,
@@ -66,7 +67,12 @@ def merge_source_positions(
                 merged.append({"epoch": epoch, **slice_progress(None, 0)})
                 continue
             source_epoch, packer, real_tokens, _ = SourceSequences.progress(state)
-            merged.append({"epoch": source_epoch, **slice_progress(packer, real_tokens)})
+            window = SourceSequences.parse_state(state).get("window")
+            merged.append({
+                "epoch": source_epoch,
+                **slice_progress(packer, real_tokens),
+                **({} if window is None else {"window": window}),
+            })  # fmt: skip
         sources.append(merged)
     return {"world_size": world_size, "num_workers": num_workers, "sources": sources}
 
@@ -90,7 +96,7 @@ def _check_source_slice(value: object, where: str) -> None:
         raise ResumeStateError(f"{where}: each old slice needs its source 'epoch'")
     if value["epoch"] < 0:
         raise ResumeStateError(f"{where}: a source epoch must be >= 0")
-    check_progress({k: v for k, v in value.items() if k != "epoch"}, where)
+    check_progress({k: v for k, v in value.items() if k not in ("epoch", "window")}, where)
 
 
 def remainder_packers(
@@ -101,29 +107,32 @@ def remainder_packers(
     *,
     new_index: int,
     new_slices: int,
-) -> tuple[Callable[[], Packer], int]:
+) -> tuple[Callable[[StreamOptions], Packer], int]:
     """A factory of this new slice's remainder packer for source `index` of the merged mix
-    `layout`, and the epoch after it."""
+    `layout` (packing with the options it is given), and the epoch after it."""
     per_slice = layout["sources"][index]
     world_size, num_workers = int(layout["world_size"]), int(layout["num_workers"])
     old = saved_options(options, layout)
-    plans = {}
-    for entry in per_slice:
-        e = entry["epoch"]
-        if e not in plans:
-            plans[e] = plan_for(
-                source, old, epoch=e, world_size=world_size, num_workers=num_workers
-            )
-    residuals = [
-        residual_tokens(plans[entry["epoch"]], s, entry) for s, entry in enumerate(per_slice)
-    ]
+    plans: dict[tuple, EpochPlan] = {}  # per (source epoch, window an old slice packed with)
+
+    def plan(entry: dict) -> EpochPlan:
+        window = entry.get("window") or {}
+        key = (entry["epoch"], tuple(sorted(window.items())))
+        if key not in plans:
+            plans[key] = plan_for(
+                source, with_window(old, window) if window else old, epoch=entry["epoch"],
+                world_size=world_size, num_workers=num_workers,
+            )  # fmt: skip
+        return plans[key]
+
+    progress = [{k: v for k, v in e.items() if k != "window"} for e in per_slice]
+    residuals = [residual_tokens(plan(e), s, p) for s, (e, p) in enumerate(zip(per_slice, progress))]
     segments = cut_ranges(residuals, new_slices)[new_index][2]
 
     def residual(s: int) -> Iterator[np.ndarray]:
-        entry = per_slice[s]
-        return residual_documents(source, options, plans[entry["epoch"]], s, entry)
+        return residual_documents(source, options, plan(per_slice[s]), s, progress[s])
 
-    def make() -> Packer:
-        return packer_for(RemainderDocuments(residual, segments), options, source.manifest.masked)
+    def make(packing: StreamOptions) -> Packer:
+        return packer_for(RemainderDocuments(residual, segments), packing, source.manifest.masked)
 
     return make, max(entry["epoch"] for entry in per_slice) + 1

@@ -20,6 +20,7 @@ boundary rule.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from fractions import Fraction
@@ -27,12 +28,13 @@ from fractions import Fraction
 import numpy as np
 
 from shardtok.dataset.source import DatasetSource
-from shardtok.errors import ResumeStateError, ShardtokError
+from shardtok.errors import ResumeStateError, ShardtokError, UsageError
 from shardtok.stream import state as envelope
-from shardtok.stream.build import document_stream, packer_for, plan_for
+from shardtok.stream.build import document_stream, packer_class, packer_for, plan_for
 from shardtok.stream.mix.schedule import MixSchedule
 from shardtok.stream.nodes.packer import Packer, packed_sequence
 from shardtok.stream.options import StreamOptions
+from shardtok.stream.remainder import RemainderDocuments
 from shardtok.stream.sequence import PackedSequence
 
 MIX_SEED_STREAM = 3  # rng stream tag: per-source seeds derived from the mix seed
@@ -46,7 +48,12 @@ def source_seed(seed: int, index: int) -> int:
 class SourceSequences(Packer):
     """One source's packed sequences for one (rank, worker), epoch after epoch, without end.
 
-    State: the source epoch, the packer's state inside it, and sequences served so far.
+    State: the source epoch, the packer's state inside it, sequences served so far and the
+    window (``seq_len``, ``stride``) the packer state was packed with (absent in states before
+    0.4: this stream's). Restored into another window (a curriculum stage with its own
+    ``seq_len``), the source first packs the rest of the phase it was in (the tokens of no
+    yielded sequence: the remainder rule's residual, ``stream/remainder.py``) with the new
+    window, then its next epoch. The interrupted phases are kept as ``repack`` (``_repack``).
     """
 
     KIND = "source_sequences"
@@ -56,7 +63,10 @@ class SourceSequences(Packer):
         "epoch_real_tokens": envelope.INT,
         "remainder": envelope.BOOL,
         "packer": envelope.STATE,
+        "window": envelope.OBJECT,
+        "repack": envelope.OBJECT,
     }
+    OPTIONAL = ("window", "repack")
 
     def __init__(
         self,
@@ -68,13 +78,15 @@ class SourceSequences(Packer):
         worker: int,
         num_workers: int,
         first_epoch: int = 0,
-        remainder: Callable[[], Packer] | None = None,
+        remainder: Callable[[StreamOptions], Packer] | None = None,
     ):
         super().__init__()
         # With `remainder` (elastic resume) the stream first packs the rest of the old layout's
-        # source epochs, then continues with epoch `first_epoch` in this layout.
+        # source epochs (with the options it is given), then continues with epoch
+        # `first_epoch` in this layout.
         self.remainder = remainder
         self.in_remainder = remainder is not None
+        self.repack: dict | None = None  # the phases a window change interrupted
         self.epoch_real_tokens = 0  # real tokens served in the current epoch (or remainder)
         self.source = source
         self.options = options
@@ -88,10 +100,11 @@ class SourceSequences(Packer):
         self.sequences = 0
         self._packer: Packer | None = None
 
-    def _open(self, epoch: int) -> Packer:
+    def _open(self, epoch: int, options: StreamOptions | None = None) -> Packer:
+        options = options or self.options
         plan = plan_for(
             self.source,
-            self.options,
+            options,
             epoch=epoch,
             world_size=self.world_size,
             num_workers=self.num_workers,
@@ -100,50 +113,120 @@ class SourceSequences(Packer):
         if slice_plan.num_sequences == 0:
             raise ShardtokError(
                 f"{self.source.display}: slice {slice_plan.index} of epoch {epoch} holds "
-                f"{slice_plan.num_tokens:,} tokens, too few for one {self.window}-token sequence; "
-                "this source is too small for this many ranks x workers"
+                f"{slice_plan.num_tokens:,} tokens, too few for one "
+                f"{options.seq_len + 1}-token sequence; this source is too small for this many "
+                "ranks x workers"
             )
         return packer_for(
-            document_stream(self.source, slice_plan, self.options, epoch),
-            self.options,
-            self.masked,
+            document_stream(self.source, slice_plan, options, epoch), options, self.masked
         )
 
     def _packer_for_phase(self) -> Packer:
+        if self.repack is not None:
+            return self._repacked(self.repack)
         if self.in_remainder:
             assert self.remainder is not None
-            return self.remainder()
+            return self.remainder(self.options)
         return self._open(self.epoch)
+
+    def _repacked(self, repack: dict) -> Packer:
+        """A fresh packer of this window over what the interrupted phases left: the base phase
+        (``"epoch"``: the slice of epoch ``epoch - 1``; ``"elastic"``: the elastic remainder)
+        packed with the first saved window, each later phase over the residual of the one
+        before it at its switch, and this window over the last one's."""
+        windows = [with_window(self.options, _window(w)) for w in repack["windows"]]
+        if repack["base"] == "elastic":
+            assert self.remainder is not None
+            packer = self.remainder(windows[0])
+        else:
+            packer = self._open(self.epoch - 1, windows[0])
+        overlong = self.options.overlong_for(self.masked)
+        for saved, after in zip(repack["windows"], [*windows[1:], self.options], strict=True):
+            residual = packer_class(after.packing or "concat").residual_documents
+            documents = packer.upstream
+
+            def rest(_: int, state=saved["packer"], docs=documents, residual=residual):
+                return residual(state, docs, overlong)
+
+            packer = packer_for(RemainderDocuments(rest, _WHOLE), after, self.masked)
+        return packer
 
     def _reset(self, state: dict | None) -> None:
         if state is None:
             self.epoch, self.sequences, self.epoch_real_tokens = self.first_epoch, 0, 0
-            self.in_remainder = self.remainder is not None
+            self.in_remainder, self.repack = self.remainder is not None, None
             self._packer = self._packer_for_phase()
             self._packer.reset(None)
-        else:
-            state = self.parse_state(state)
-            self.epoch, self.sequences = state["epoch"], state["sequences"]
-            self.epoch_real_tokens = state["epoch_real_tokens"]
-            self.in_remainder = state["remainder"]
-            if self.in_remainder and self.remainder is None:
-                raise ResumeStateError(
-                    "source_sequences state: field 'remainder' is true, but this stream has no "
-                    "elastic remainder"
-                )
+            return
+        state = self.parse_state(state)
+        self.epoch, self.sequences = state["epoch"], state["sequences"]
+        self.epoch_real_tokens = state["epoch_real_tokens"]
+        self.in_remainder = state["remainder"]
+        self.repack = self._check_repack(state.get("repack"))
+        if self.in_remainder and self.remainder is None and self.repack is None:
+            raise ResumeStateError(
+                "source_sequences state: field 'remainder' is true, but this stream has no "
+                "elastic remainder"
+            )
+        saved = state.get("window")
+        if saved is None or same_window(with_window(self.options, saved), self.options):
             self._packer = self._packer_for_phase()
             self._packer.reset(state["packer"])
+            return
+        # Another window: the rest of the current phase, packed with this one.
+        if self.repack is None:
+            base = "elastic" if self.in_remainder else "epoch"
+            self.repack = {"base": base, "windows": []}
+            if base == "epoch":
+                self.epoch += 1  # a remainder phase carries the epoch that follows it
+        self.repack["windows"].append({**saved, "packer": state["packer"]})
+        self.in_remainder, self.epoch_real_tokens = True, 0
+        self._packer = self._packer_for_phase()
+        self._packer.reset(None)
+
+    def _check_repack(self, repack: object) -> dict | None:
+        if repack is None:
+            return None
+        windows = repack.get("windows") if isinstance(repack, dict) else None
+        if (
+            not isinstance(repack, dict)
+            or set(repack) != {"base", "windows"}
+            or repack["base"] not in ("epoch", "elastic")
+            or not isinstance(windows, list)
+            or not windows
+            or not all(isinstance(w, dict) and isinstance(w.get("packer"), dict) for w in windows)
+        ):
+            raise ResumeStateError(
+                "source_sequences state: field 'repack' must be {'base': 'epoch' or 'elastic', "
+                "'windows': [{'seq_len', 'stride', 'packer'}, ...]}"
+            )
+        if repack["base"] == "elastic" and self.remainder is None:
+            raise ResumeStateError(
+                "source_sequences state: field 'repack' continues an elastic remainder, but "
+                "this stream has none"
+            )
+        if not self.in_remainder or (repack["base"] == "epoch" and self.epoch == 0):
+            raise ResumeStateError(
+                "source_sequences state: field 'repack' needs 'remainder' true and, from an "
+                "epoch, an epoch after it"
+            )
+        for w in windows:
+            with_window(self.options, _window(w))
+        return {"base": repack["base"], "windows": [dict(w) for w in windows]}
 
     def state_dict(self) -> dict:
         if not self._started:
             self.reset(None)
         assert self._packer is not None
+        repack = {} if self.repack is None else {"repack": self.repack}
         return self._wrap(
             epoch=self.epoch,
             sequences=self.sequences,
             epoch_real_tokens=self.epoch_real_tokens,
             remainder=self.in_remainder,
             packer=self._packer.state_dict(),
+            window=window_of(self.options),
+            **repack,
         )
 
     @classmethod
@@ -167,7 +250,7 @@ class SourceSequences(Packer):
             except StopIteration:
                 # this source ran out: its next epoch, a fresh shard order
                 if self.in_remainder:
-                    self.in_remainder = False
+                    self.in_remainder, self.repack = False, None
                 else:
                     self.epoch += 1
                 self.epoch_real_tokens = 0
@@ -365,3 +448,30 @@ class MixedSequences(Packer):
 
 def with_source_seed(options: StreamOptions, index: int) -> StreamOptions:
     return replace(options, seed=source_seed(options.seed, index))
+
+
+_WHOLE = ((0, 0, sys.maxsize),)  # a repacked phase's documents: the whole residual
+
+
+def window_of(options: StreamOptions) -> dict:
+    """The window a source packs with, as its state records it."""
+    return {"seq_len": options.seq_len, "stride": options.stride}
+
+
+def with_window(options: StreamOptions, window: dict) -> StreamOptions:
+    """`options` packing with a saved `window` (refused in one line when damaged)."""
+    if not isinstance(window, dict) or set(window) != {"seq_len", "stride"}:
+        raise ResumeStateError("source_sequences state: a window must be {'seq_len', 'stride'}")
+    try:
+        return replace(options, **window)
+    except (UsageError, TypeError) as exc:
+        raise ResumeStateError(f"source_sequences state: window {window}: {exc}") from None
+
+
+def _window(saved: dict) -> dict:
+    """A ``repack`` entry's window (its other field is the packer state at the switch)."""
+    return {k: v for k, v in saved.items() if k != "packer"}
+
+
+def same_window(a: StreamOptions, b: StreamOptions) -> bool:
+    return (a.seq_len, a.stride or a.seq_len + 1) == (b.seq_len, b.stride or b.seq_len + 1)

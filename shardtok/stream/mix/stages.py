@@ -55,6 +55,7 @@ from shardtok.stream.options import StreamOptions
 from shardtok.stream.rank import first_local
 
 STAGE_SWITCHES = ("continue", "restart")
+OWN_OPTIONS = ("seed", "batch_size", "seq_len")  # what a stage may set for itself
 
 
 @dataclass(frozen=True)
@@ -64,11 +65,12 @@ class Stage:
     mix: MixSpec
     seed: int | None = None  # the stage's own seed; None: the shared one
     batch_size: int | None = None  # the stage's own batch size; None: the shared one
+    seq_len: int | None = None  # the stage's own sequence length; None: the shared one
 
     @property
     def own_options(self) -> dict[str, int]:
         """The stream options this stage sets for itself."""
-        own = {"seed": self.seed, "batch_size": self.batch_size}
+        own = {"seed": self.seed, "batch_size": self.batch_size, "seq_len": self.seq_len}
         return {k: v for k, v in own.items() if v is not None}
 
 
@@ -112,7 +114,8 @@ class Curriculum:
         return max(k for k, s in enumerate(self.stages) if s.start_step <= step)
 
     def options_for(self, stage: int, options: StreamOptions) -> StreamOptions:
-        """`options` with stage `stage`'s own seed and batch size, where it sets them."""
+        """`options` with stage `stage`'s own seed, batch size and sequence length, where it
+        sets them."""
         return replace(options, **self.stages[stage].own_options)
 
     def check_seeds(self, options: StreamOptions) -> None:
@@ -187,9 +190,7 @@ def load_curriculum(
             raise ShardtokError(f"{where}: data stage {shown(name)}: 'data' must be a mapping")
         spec = section_mix(section, allow_top, storage_options, base,
                            f"{where}: stage {shown(name)}")  # fmt: skip
-        seed = spec.options.pop("seed", None)
-        batch_size = spec.options.pop("batch_size", None)
-        stages.append(Stage(name, start, spec, seed, batch_size))
+        stages.append(Stage(name, start, spec, *(spec.options.pop(k, None) for k in OWN_OPTIONS)))
         own.append(spec.options)
     _check_order(stages, where)
     shared = _shared_options(stages, own, top, where)
@@ -234,10 +235,10 @@ def _check_order(stages: list[Stage], where: str) -> None:
 
 def _shared_options(stages: list[Stage], own: list[dict], top: dict, where: str) -> dict[str, Any]:
     """The top-level options plus those written inside stages, which every stage must agree on
-    (only the seed and the batch size are a stage's own)."""
-    if len(stages) == 1:
-        size = stages[0].batch_size  # its seed stays its own: options_for(0) applies it
-        return {**top, **own[0], **({} if size is None else {"batch_size": size})}
+    (only ``OWN_OPTIONS`` are a stage's own)."""
+    if len(stages) == 1:  # its seed stays its own: options_for(0) applies it
+        mine = {k: v for k, v in stages[0].own_options.items() if k != "seed"}
+        return {**top, **own[0], **mine}
     shared = dict(top)
     for key in sorted({k for options in own for k in options}):
         values = [(s.name, options.get(key, top.get(key))) for s, options in zip(stages, own)]
@@ -246,8 +247,9 @@ def _shared_options(stages: list[Stage], own: list[dict], top: dict, where: str)
             if value != first:
                 raise ShardtokError(
                     f"{where}: stage {shown(first_name)} sets {key}={shown(first)}, stage "
-                    f"{shown(name)} {shown(value)}: stream options other than seed and batch_size "
-                    "are shared by every stage; set them once at the top level"
+                    f"{shown(name)} {shown(value)}: stream options other than "
+                    f"{', '.join(OWN_OPTIONS)} are shared by every stage; set them once at the "
+                    "top level"
                 )
         shared[key] = first
     return shared

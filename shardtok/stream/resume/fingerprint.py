@@ -11,7 +11,8 @@ what it always was. The batch size is recorded but not compared (``LAYOUT_OPTION
 may change it, and every worker then continues the same rows in batches of the new size.
 
 Curriculum stages (``staged_fingerprint``) add ``stages``: per stage its name, ``start_step``
-(1-based), effective seed (its own, else the shared one) and sources with weights; and
+(1-based), effective seed (its own, else the shared one), its own ``seq_len`` where it sets
+one, and sources with weights; and
 ``stage_switch`` when stages continue their sources (absent:
 they restart, the only rule before 0.4, so those states compare as ``restart``). A state of
 stage k (the stage of the last batch it yielded) at training step s (that batch's 1-based step;
@@ -20,8 +21,9 @@ loader's or state file's workers: the furthest of them) resumes when
 
 * the options other than the seed are equal (they are shared by every stage), and so is
   ``stage_switch``;
-* stages 0..k are equal: start step, effective seed, and every source (manifest, tokenizer,
-  size, weight; names are not compared);
+* stages 0..k are equal: start step, effective seed, sequence length (a merged state may
+  change it, as the shared one), and every source (manifest, tokenizer, size, weight; names
+  are not compared);
 * stage k+1, if the config still has one, starts after step s.
 
 Stages after k may change otherwise (added, removed, other sources, weights, seeds, later
@@ -128,10 +130,12 @@ def staged_fingerprint(curriculum: Curriculum, options: StreamOptions) -> dict:
         if curriculum.continues:  # their numbers in the table, which merge_states needs
             for source, cid in zip(sources, curriculum.source_ids(k), strict=True):
                 source["id"] = cid
+        own_length = {} if stage.seq_len is None else {"seq_len": stage.seq_len}
         stages.append({
             "name": stage.name,
             "start_step": stage.start_step,
             "seed": curriculum.options_for(k, options).seed,
+            **own_length,
             "sources": sources,
         })  # fmt: skip
     switch = {"stage_switch": curriculum.stage_switch} if curriculum.continues else {}
@@ -290,6 +294,9 @@ def stage_differences(
         for key, shown in (("start_step", "start_training_step"), ("seed", "seed")):
             if a.get(key) != b.get(key):
                 out.append(f"{where}{shown} {a.get(key)!r} saved, {b.get(key)!r} now")
+        lengths = (_stage_length(saved, a), _stage_length(current, b))
+        if lengths[0] != lengths[1] and not merged:
+            out.append(f"{where}seq_len {lengths[0]!r} saved, {lengths[1]!r} now")
         out += _source_differences(a.get("sources", []), b.get("sources", []), where)
     if stage is not None and stage + 1 < len(new) and new[stage + 1]["start_step"] <= step:
         following = new[stage + 1]
@@ -299,6 +306,12 @@ def stage_differences(
             f"stage {stage} ({old[stage].get('name')!r})"
         )
     return out
+
+
+def _stage_length(fingerprint: dict, stage: dict) -> object:
+    """A stage's sequence length: its own (recorded from 0.4 on where it sets one) or the
+    shared one."""
+    return stage.get("seq_len", (fingerprint.get("options") or {}).get("seq_len"))
 
 
 RESUME_ANYWAY = " (pass strict=False / --ignore-fingerprint to resume anyway)"
