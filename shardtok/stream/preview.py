@@ -209,7 +209,7 @@ def _walk_epochs(source, options, per_worker, positions, *, world_size, slots) -
         for w in range(slots):
             at = positions[rank * slots + w]
 
-            def begin(epoch: int) -> None:
+            def begin(epoch: int, at=at, rank=rank, w=w) -> None:
                 s = plan(epoch).slice_for(rank, w)  # type: ignore[attr-defined]
                 if s.num_sequences == 0:
                     raise ShardtokError(
@@ -217,9 +217,8 @@ def _walk_epochs(source, options, per_worker, positions, *, world_size, slots) -
                         f"{s.num_tokens:,} tokens, too few for one {options.seq_len + 1}-token "
                         "sequence; this source is too small for this many ranks x workers"
                     )
-                at.epoch, at.slice_tokens = epoch, s.num_tokens
+                at.epoch, at.slice_tokens, at.repacked = epoch, s.num_tokens, False
                 at.tokens, at.sequences, at.served, at.read = s.num_tokens, s.num_sequences, 0, 0
-                at.repacked = False
 
             if at.options is None:
                 begin(at.epoch)

@@ -94,7 +94,10 @@ def renamed(data: dict) -> dict:
         (lambda d: changed(d, 0, start=2), r"first data stage \('warmup'\) must start at step 1"),
         (lambda d: changed(d, 2, start=4), r"'code' starts at step 4, not after 'blend'"),
         (renamed, "two data stages are named 'blend'"),
-        (lambda d: changed(d, 1, ("dataset", "shuffle_buffer"), 4), r"stage 'warmup' sets shuffle_buffer=8"),
+        (
+            lambda d: changed(d, 1, ("dataset", "shuffle_buffer"), 4),
+            r"stage 'warmup' sets shuffle_buffer=8",
+        ),
     ],
 )
 def test_config_errors_are_one_line(base, edit, message):

@@ -126,7 +126,9 @@ def remainder_packers(
         return plans[key]
 
     progress = [{k: v for k, v in e.items() if k != "window"} for e in per_slice]
-    residuals = [residual_tokens(plan(e), s, p) for s, (e, p) in enumerate(zip(per_slice, progress))]
+    residuals = [
+        residual_tokens(plan(e), s, p) for s, (e, p) in enumerate(zip(per_slice, progress))
+    ]
     segments = cut_ranges(residuals, new_slices)[new_index][2]
 
     def residual(s: int) -> Iterator[np.ndarray]:
