@@ -242,7 +242,7 @@ def run(args: argparse.Namespace) -> int:
     if batches is None:
         batches = job.batches()
     kept: list[dict] = []
-    count = tokens = real = segments = trained = untrained_batches = sequences = 0
+    count = tokens = real = segments = trained = untrained_batches = sequences = slots = 0
     first = None
     in_process = engine == "in process"
     before = job.counters() if in_process else {}
@@ -256,7 +256,10 @@ def run(args: argparse.Namespace) -> int:
         if first is None:
             first = time.perf_counter() - started
         count += 1
-        sequences += len(batch["input_ids"])  # a curriculum stage may set its own batch size
+        # a curriculum stage may set its own batch size and sequence length
+        rows, width = batch["input_ids"].shape
+        sequences += rows
+        slots += rows * (width + 1)
         tokens += batch["input_ids"].size
         trained += int(batch["num_trained_tokens"])
         untrained_batches += int(batch["num_trained_tokens"]) == 0
@@ -278,7 +281,7 @@ def run(args: argparse.Namespace) -> int:
         counted = {k: v - before[k] for k, v in job.counters().items()}
         real = counted.pop("real_tokens")
     speed = tokens / elapsed if elapsed else 0.0
-    efficiency = real / (sequences * (job.options.seq_len + 1)) if sequences else 0.0
+    efficiency = real / slots if slots else 0.0
     per_sequence = segments / sequences if sequences else 0.0
     per_epoch = plan.batches_per_rank if plan is not None else None
     stats = {

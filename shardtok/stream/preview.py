@@ -286,8 +286,8 @@ def format_preview(preview: dict) -> str:
         span = "not reached" if steps is None else f"steps {steps[0]:,}..{steps[1]:,}"
         lines.append(
             f"stage {stage['stage']} {stage['name']!r} (from step {stage['start_step']:,}): "
-            f"{span}, {stage['batches_per_rank']:,} batches per rank of {stage['batch_size']}, "
-            f"{stage['packing']} packing"
+            f"{span}, {stage['batches_per_rank']:,} batches per rank of {stage['batch_size']} x "
+            f"{stage.get('seq_len', preview['seq_len']):,}, {stage['packing']} packing"
         )
         table = [header]
         for row in stage["sources"]:

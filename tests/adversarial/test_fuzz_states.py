@@ -37,10 +37,19 @@ def cases(tmp_path_factory):
         {"name": "a", "data": {"dataset": {"dataset_path": str(root / "a")}}},
         {"name": "b", "start_training_step": 5, "data": {"dataset": {"dataset_path": str(root / "b")}}},
     ]}  # fmt: skip
+    # a stage with its own seq_len: a is parked in 15-token rows, then packs its rest in 31
+    resized = {**OPTIONS, "data_stages": [
+        {"name": "a", "data": {"dataset": {"dataset_path": str(root / "a")}}},
+        {"name": "b", "start_training_step": 4,
+         "data": {"dataset": {"dataset_path": str(root / "b")}, "seq_len": 31}},
+        {"name": "a+b", "start_training_step": 6, "data": {"seq_len": 31, "dataset": {
+            "dataset_path": {str(root / "a"): 0.5, str(root / "b"): 0.5}}}},
+    ]}  # fmt: skip
     for kind, make in (
         ("single", lambda: ShardStreamDataset(str(root / "a"), **OPTIONS)),
         ("mix", lambda: ShardStreamDataset({str(root / "a"): 0.7, str(root / "b"): 0.3}, **MIX_OPTIONS)),
         ("stages", lambda: ShardStreamDataset.from_config(stages, num_batches=200)),
+        ("resized stages", lambda: ShardStreamDataset.from_config(resized, num_batches=200)),
     ):  # fmt: skip
         ds = make()
         it = iter(ds)
@@ -99,7 +108,7 @@ def mutate(state, data):
     return damaged
 
 
-@pytest.mark.parametrize("kind", ["single", "mix", "stages"])
+@pytest.mark.parametrize("kind", ["single", "mix", "stages", "resized stages"])
 # The same examples on every run: a failure here is never a fluke.
 @settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(data=st.data())

@@ -22,7 +22,8 @@ STEPS = 9  # streamed per case; the state is saved after SAVED of them
 SAVED = 4
 CASES = [("single", "concat"), ("single", "greedy"), ("mix", "concat"), ("mix", "greedy"),
          ("stages", "concat"), ("stages", "greedy"), ("restarting stages", "concat"),
-         ("restarting stages", "greedy"), ("ramped stages", "concat")]  # fmt: skip
+         ("restarting stages", "greedy"), ("ramped stages", "concat"),
+         ("resized stages", "concat"), ("resized stages", "greedy")]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +48,8 @@ def setup_of(folders, kind: str, packing: str) -> StreamSetup:
     if kind.endswith("stages"):  # the mix starts at step 5: right after the saved state's step
         restart = kind.startswith("restarting")
         ramp = {"batch_size": 5} if kind.startswith("ramped") else {}  # the mix's own batches
+        if kind.startswith("resized"):  # the mix's own window: web repacks the rest of its epoch
+            ramp = {"seq_len": 15}
         stages = [
             {"data": {"dataset": {"dataset_path": folders[0]}}},
             {"start_training_step": SAVED + 1, "data": {**({"seed": 7} if restart else {}),
@@ -87,6 +90,7 @@ def test_a_trace_names_the_documents_of_the_batch(data, kind, packing, workers):
         )
         assert trace["worker"] == (step - 1) % max(workers, 1)
         assert trace["batch_size"] == len(batches[step - 1]["input_ids"])  # a stage's own
+        assert trace["seq_len"] == batches[step - 1]["input_ids"].shape[1]
         rows = assert_reproduces(trace, batches[step - 1], by_shards)
         assert np.array_equal(rows, assert_reproduces(trace, batches[step - 1], megatron))
         documents |= {(s["source"], s["dataset_document"]) for q in trace["sequences"]

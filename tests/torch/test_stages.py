@@ -116,3 +116,31 @@ def test_one_stage_and_stage_alone_are_plain_mixes(stages_yaml, tmp_path):
     today = MixedStream(spec, StreamOptions(**{**OPTIONS, "seed": 77}), num_batches=4)
     assert_same([arrays(b) for b in one_stage], take(today))
     assert one_stage.state_dict()["stream"]["kind"] == "mixed_stream"
+
+
+def test_a_loader_streams_each_stage_in_its_own_length_and_resumes(stages_yaml, tmp_path):
+    """Stage 'blend' packs 31-token rows, 'code' 7-token ones: 2 workers (batches in shared
+    memory where their size fits) give the in-process batches, and resume exactly across."""
+    _, paths = stages_yaml
+    data = config(paths, "continue")
+    data["data_stages"][1]["data"]["seq_len"] = 31
+    data["data_stages"][2]["data"]["seq_len"] = 7
+    path = write_config(tmp_path / "lengths.yaml", data)
+    curriculum = load_curriculum(path)
+    setup = StreamSetup.staged(curriculum, StreamOptions(**curriculum.options))
+    streams = [setup.stream(Placement(0, 1, w, 2), epoch=0, num_batches=STEPS // 2)
+               for w in range(2)]  # fmt: skip
+    expected = [next(streams[t % 2]) for t in range(STEPS)]
+    assert [b["input_ids"].shape[1] for b in expected] == [15] * 3 + [31] * 3 + [7] * 4
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        loader = ShardLoader(ShardStreamDataset.from_config(path, num_batches=STEPS), 2)
+        got, state = [], None
+        for batch in loader:
+            got.append(arrays(batch))
+            if len(got) == 5:
+                state = loader.state_dict()
+        assert_same(got, expected)
+        again = ShardLoader(ShardStreamDataset.from_config(path, num_batches=STEPS), 2)
+        again.load_state_dict(state)
+        assert_same(got[:5] + [arrays(b) for b in again], expected)

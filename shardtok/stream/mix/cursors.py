@@ -62,7 +62,7 @@ class SourceCursors:
             )  # fmt: skip
             parked = self.parked.get(cid)
             if parked is not None:
-                source.reset(parked)
+                source.continue_from(parked)
             out.append(source)
         return out
 
@@ -100,4 +100,21 @@ class SourceCursors:
                 raise ResumeStateError(
                     f"staged_stream state: source {cid} is both parked and in the current stage"
                 )
-            self.parked[cid] = SourceSequences.parse_state(position)
+            position = SourceSequences.parse_state(position)
+            self._check_window(cid, position, stage)
+            self.parked[cid] = position
+
+    def _check_window(self, cid: int, position: dict, stage: int) -> None:
+        """A parked position was packed in the window of a stage up to `stage` that reads it
+        (from 0.4 on, the only release that parks, every position records its window)."""
+        lengths = {
+            self.curriculum.options_for(k, self.options).seq_len
+            for k in range(stage + 1)
+            if cid in self.curriculum.source_ids(k)
+        }
+        window = position.get("window")
+        if not isinstance(window, dict) or window.get("seq_len") not in lengths:
+            raise ResumeStateError(
+                f"staged_stream state: parked source {cid} must record the window it was packed "
+                f"in, the seq_len of a stage that read it ({sorted(lengths)}), not {window!r}"
+            )

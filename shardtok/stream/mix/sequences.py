@@ -99,6 +99,7 @@ class SourceSequences(Packer):
         self.epoch = first_epoch
         self.sequences = 0
         self._packer: Packer | None = None
+        self._switching = False  # restoring a parked position (``continue_from``)
 
     def _open(self, epoch: int, options: StreamOptions | None = None) -> Packer:
         options = options or self.options
@@ -173,6 +174,11 @@ class SourceSequences(Packer):
             self._packer = self._packer_for_phase()
             self._packer.reset(state["packer"])
             return
+        if not self._switching:
+            raise ResumeStateError(
+                f"source_sequences state: packed {saved['seq_len']}-token rows, this stream "
+                f"packs {self.options.seq_len}-token rows (only a stage switch changes them)"
+            )
         # Another window: the rest of the current phase, packed with this one.
         if self.repack is None:
             base = "elastic" if self.in_remainder else "epoch"
@@ -183,6 +189,15 @@ class SourceSequences(Packer):
         self.in_remainder, self.epoch_real_tokens = True, 0
         self._packer = self._packer_for_phase()
         self._packer.reset(None)
+
+    def continue_from(self, state: dict) -> None:
+        """Restore a position a curriculum stage left (``SourceCursors``), which may have been
+        packed in another window: the rest of its phase is then packed in this one."""
+        self._switching = True
+        try:
+            self.reset(state)
+        finally:
+            self._switching = False
 
     def _check_repack(self, repack: object) -> dict | None:
         if repack is None:

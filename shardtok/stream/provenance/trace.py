@@ -105,7 +105,9 @@ def trace_step(
             f"part, more than a trace replays ({MAX_REPLAY:,}): trace from a state saved nearer "
             "the step (--state; a state saved with each checkpoint makes any later step quick)"
         )
-    batch_size = located.stream.batcher.batch_size  # type: ignore[attr-defined]  # a stage's own
+    # a stage's own batch size and sequence length
+    batch_size = located.stream.batcher.batch_size  # type: ignore[attr-defined]
+    seq_len = located.stream.batcher.upstream.window - 1  # type: ignore[attr-defined]
     rows = _batch_rows(located, batch_size, step)
     table = source_table(addresses)
     return {
@@ -118,7 +120,7 @@ def trace_step(
         "epoch": epoch,
         "part": dict(located.part),
         "state_steps": None if saved is None else saved.batches,
-        "seq_len": setup.options.seq_len,
+        "seq_len": seq_len,
         "batch_size": batch_size,
         "packing": setup.options.packing,
         "pad_id": setup.options.pad_id,
