@@ -15,13 +15,15 @@ A config lists stages in order (reference note 003)::
 Steps are 1-based global training steps, as Nanotron counts them; a step is one batch per
 rank. Stage k serves steps ``[start_k, start_{k+1})``; the last stage serves every later step.
 The first stage starts at step 1 and starts increase strictly. Each stage has its own sources
-and weights and may set its own ``batch_size`` (a batch-size ramp-up); any other stream option
-written inside a stage must be the same in every stage.
+and weights and may set its own ``batch_size`` (a batch-size ramp-up) and ``seq_len`` (a
+sequence-length curriculum); any other stream option written inside a stage must be the same in
+every stage.
 
 What a stage switch does to the sources is ``stage_switch`` (top level):
 
 * ``continue`` (the default): every source continues from its cursor, the documents it has not
-  served yet; no document comes twice before its source's epoch ends. A source keeps one seed
+  served yet; no document comes twice before its source's epoch ends (a stage with another
+  ``seq_len`` first packs the rest of the source's epoch in its rows). A source keeps one seed
   for the whole run (the curriculum's seed and its number in the source table), so stages may
   not set seeds that differ.
 * ``restart``: Nanotron's rule: each stage is a fresh mix whose sources start from their
