@@ -223,7 +223,11 @@ def _walk_epochs(source, options, per_worker, positions, *, world_size, slots) -
             if at.options is None:
                 begin(at.epoch)
             elif not same_window(at.options, options):  # the rest, packed with this window
-                rest = at.tokens - at.read
+                # the residual rule: concat from the next window on, greedy and bfd what their
+                # rows did not take
+                concat = plan(at.epoch).packing == "concat"
+                taken = at.served * (at.options.stride or at.options.seq_len + 1)
+                rest = max(0, at.tokens - (taken if concat else at.read))
                 at.tokens, at.read, at.served, at.repacked = rest, 0, 0, True
                 at.sequences = sequence_count(rest, plan(at.epoch).packing, options.seq_len, stride)
             at.options = options

@@ -30,7 +30,7 @@ import numpy as np
 from shardtok.dataset.source import DatasetSource
 from shardtok.errors import ResumeStateError, ShardtokError, UsageError
 from shardtok.stream import state as envelope
-from shardtok.stream.build import document_stream, packer_class, packer_for, plan_for
+from shardtok.stream.build import document_stream, packer_for, plan_for
 from shardtok.stream.mix.schedule import MixSchedule
 from shardtok.stream.nodes.packer import Packer, packed_sequence
 from shardtok.stream.options import StreamOptions
@@ -143,8 +143,7 @@ class SourceSequences(Packer):
             packer = self._open(self.epoch - 1, windows[0])
         overlong = self.options.overlong_for(self.masked)
         for saved, after in zip(repack["windows"], [*windows[1:], self.options], strict=True):
-            residual = packer_class(after.packing or "concat").residual_documents
-            documents = packer.upstream
+            residual, documents = type(packer).residual_documents, packer.upstream
 
             def rest(_: int, state=saved["packer"], docs=documents, residual=residual):
                 return residual(state, docs, overlong)
