@@ -78,7 +78,7 @@ class StreamJob:
 
     def restore(self, paths: list[str], strict: bool) -> None:
         """Continue from one rank's state file in the same layout (exact), or from the files of
-        ALL ranks of another layout (elastic: merge_states, see docs/STREAMING.md)."""
+        ALL ranks of another layout (elastic: merge_states, see docs/RESUME.md)."""
         saved = [load_state_file(path, check_state=check_stream_state) for path in paths]
         doc = saved[0]
         same_layout = (

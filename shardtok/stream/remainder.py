@@ -69,7 +69,7 @@ def check_progress(progress: object, where: str) -> dict:
 
 
 # What a merged layout keeps of the options its states were saved with (``was``): how the old
-# slices were packed and batched, which a resume may change (docs/STREAMING.md).
+# slices were packed and batched, which a resume may change (docs/RESUME.md).
 SAVED_OPTIONS = ("seq_len", "stride", "batch_size")
 
 

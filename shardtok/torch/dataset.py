@@ -303,7 +303,7 @@ class ShardStreamDataset(IterableDataset):
         rank and worker; it may have another batch size), or the states of every old (rank,
         worker) -- a list of dataset states or of every rank's loader states, or their
         ``merge_states`` -- which continue with this dataset's world size, workers, batch size
-        and sequence length by the remainder rule (docs/STREAMING.md). A state of one process
+        and sequence length by the remainder rule (docs/RESUME.md). A state of one process
         that streamed alone (world size 1, no workers) is every worker's state: it resumes
         another sequence length so too, without a list.
 

@@ -224,7 +224,7 @@ def _option_differences(saved: dict, current: dict, skip: tuple[str, ...]) -> li
     ]
 
 
-# Options a resume may change: they group the same rows differently (docs/STREAMING.md).
+# Options a resume may change: they group the same rows differently (docs/RESUME.md).
 LAYOUT_OPTIONS = ("batch_size",)
 # Options a resume from every worker's state (a merged state) may change: the rows are cut
 # anew from what the old ones left (the remainder rule).

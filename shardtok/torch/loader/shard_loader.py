@@ -122,7 +122,7 @@ class ShardLoader(LeanLoader):
     def load_state_dict(self, state: dict | list) -> None:
         """Continue from `state` (from ``state_dict()``) at the next ``iter()``: exactly, from a
         loader with as many workers in the same place, or by the remainder rule for another
-        layout (docs/STREAMING.md): a list of every rank's loader states, or one rank's state
+        layout (docs/RESUME.md): a list of every rank's loader states, or one rank's state
         when it was the only rank (world size 1), with another number of workers or sequence
         length. Either may have another batch size."""
         dataset: ShardStreamDataset = self.dataset  # type: ignore[assignment]
