@@ -1,4 +1,4 @@
-"""How long `shardtok trace` takes at a late step, and why (docs/STREAMING.md, "How long").
+"""How long `shardtok trace` takes at a late step, and why (docs/TRACE.md, "How long it takes").
 
 A trace replays one worker's rows on token addresses (idx reads only) from the start of the
 part its step lies in: a single dataset's epoch (each epoch is a stream of its own), a mix's

@@ -1,5 +1,5 @@
 """A resume with another batch size: every worker continues the same rows, in batches of the
-new size (the rule in docs/STREAMING.md, "Changing the layout at a resume")."""
+new size (the rule in docs/RESUME.md, "Changing the layout at a resume")."""
 
 from __future__ import annotations
 

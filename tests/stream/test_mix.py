@@ -37,7 +37,7 @@ def test_schedule_is_the_blending_rule_and_its_true_bound():
     schedule = MixSchedule(weights)
     expected, _ = build_blending_indices(weights, None, 5000)
     assert [schedule[s] for s in range(5000)] == expected.tolist()
-    # The bound docs/INDEX.md proves: never more than weight*N + 1, never n - 1 or more behind.
+    # The bound docs/MEGATRON_INDEX.md proves: never more than weight*N + 1, never n - 1 or more behind.
     # "Within 1 either way" holds for two sources only; 1:1:7 is the counterexample.
     assert [MixSchedule([1, 1, 7])[s] for s in range(4)] == [2, 0, 2, 1]
     for weights in ([0.7, 0.3], [1, 1, 7], [0.1, 0.5, 0.3, 0.1], [5, 3, 2, 1, 1]):

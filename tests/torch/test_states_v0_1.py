@@ -1,5 +1,5 @@
 """States written by shardtok 0.1 are refused in one line naming that release (the promise in
-docs/STREAMING.md): 0.3 was the last release to upgrade them.
+docs/RESUME.md): 0.3 was the last release to upgrade them.
 
 tests/fixtures/v0_1/ holds what 0.1 itself wrote (see make_fixtures.py there): two datasets
 imported from generated Megatron pairs (tests/fixtures/v0_3 streams them too) and the states 0.1

@@ -1,4 +1,4 @@
-"""States written by shardtok 0.3.0 resume bit-exactly (the promise in docs/STREAMING.md).
+"""States written by shardtok 0.3.0 resume bit-exactly (the promise in docs/RESUME.md).
 
 tests/fixtures/v0_3/ holds what 0.3.0 (commit 9b45403) itself wrote (see make_fixtures.py
 there): the states it saved after a few batches and the batches it yielded after restoring

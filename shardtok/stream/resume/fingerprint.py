@@ -232,7 +232,7 @@ REMAINDER_OPTIONS = ("seq_len", "stride")
 _THROUGH_REMAINDER = dict.fromkeys(
     REMAINDER_OPTIONS,
     " (a resume changes it from every worker's state: load_state_dict([...all of them...]) "
-    "or merge_states; docs/STREAMING.md)",
+    "or merge_states; docs/RESUME.md)",
 )
 
 
