@@ -185,7 +185,8 @@ class ShardStreamDataset(IterableDataset):
     def batches_per_rank(self, num_workers: int = 1) -> int:
         """Batches a rank yields with `num_workers` DataLoader workers (0 counts as 1):
         ``ceil(num_batches / K) * K`` with `num_batches`, else one epoch's
-        ``plan(K).batches_per_rank``; a mix without `num_batches` has none (TypeError)."""
+        ``plan(K).batches_per_rank`` (after loading another layout's states: what the
+        remainder yields); a mix without `num_batches` has none (TypeError)."""
         workers = max(num_workers, 1)
         if self.num_batches is not None:
             return per_worker(self.num_batches, workers) * workers
@@ -194,6 +195,13 @@ class ShardStreamDataset(IterableDataset):
                 "a mixed dataset without num_batches never ends: it has no length (give "
                 "num_batches, batches per rank)"
             )
+        if isinstance(self._pending_state, MergedState):
+            # The epoch this loads into is what another layout left of one: every worker
+            # yields the remainder's batches (``ElasticPlan.batches_per_slice``).
+            rank, world_size = data_parallel_rank(self.rank, self.world_size)
+            placement = Placement(rank, world_size, 0, workers)
+            stream = self.setup.stream(placement, epoch=self.epoch, resume=self._pending_state)
+            return len(stream) * workers
         return self.plan(workers).batches_per_rank
 
     def __len__(self) -> int:

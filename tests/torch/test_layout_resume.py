@@ -52,7 +52,9 @@ def test_every_ranks_loader_state_in_one_call(path):
     before, states = old_run(path, 2, 2, 5)
     loader = ShardLoader(ShardStreamDataset(path, **OPTIONS), num_workers=3)
     loader.load_state_dict(states)
+    length = len(loader)
     after = list(loader)
+    assert length == len(after)  # the remainder's batches, not a fresh epoch's
     by_hand = ShardStreamDataset(path, **OPTIONS)
     by_hand.load_state_dict(merge_states(dataset_states(states)))
     same(after, list(ShardLoader(by_hand, num_workers=3)))
@@ -74,7 +76,9 @@ def test_the_only_ranks_state_changes_workers_and_lengths_by_itself(path, worker
     new = {**OPTIONS, **more}
     loader = ShardLoader(ShardStreamDataset(path, **new), num_workers=workers)
     loader.load_state_dict(state)
+    length = len(loader)
     after = list(loader)
+    assert length == len(after)  # the remainder's batches, not a fresh epoch's
     assert after and {tuple(b["input_ids"].shape) for b in after} == {
         (new["batch_size"], new["seq_len"])
     }
