@@ -1,4 +1,4 @@
-"""The Slurm scripts docs/CONVERT.md ships (docs/slurm/) run as written: each array task as Slurm
+"""The Slurm scripts docs/DISTRIBUTED.md ships (docs/slurm/) run as written: each array task as Slurm
 would start it (bash, with the SLURM_* variables Slurm sets), then the merge job. No Slurm here,
 so `sbatch` itself is not run; everything the scripts do is."""
 
