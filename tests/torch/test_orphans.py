@@ -10,6 +10,7 @@ credit, and left unreaped (a zombie) until they are gone.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -31,14 +32,28 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.fixture(scope="module")
-def runs(torch_stream_dataset) -> dict[tuple[str, str], dict]:
-    cases = [f"{method}:{name}" for method in METHODS for name in SIGNALS]
-    result = subprocess.run(
-        [sys.executable, str(HARNESS), "loader", str(torch_stream_dataset), *cases],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    found = [json.loads(line) for line in result.stdout.splitlines()]
+def runs(torch_stream_dataset, tmp_path_factory) -> dict[tuple[str, str], dict]:
+    # pytest-xdist may hand this module's cases to both of its processes, and each would run
+    # the harness (20-40 s of CPU, mostly spawned workers and fork servers importing torch) at
+    # the same time as the other. The first to get here runs it; the other waits and reads its
+    # lines. Both read the same harness run: nothing a case asserts depends on which process.
+    import fcntl
+
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # the run's folder, above each xdist process's own
+    lines = shared / "orphan-harness.jsonl"
+    with open(shared / "orphan-harness.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not lines.exists():
+            cases = [f"{method}:{name}" for method in METHODS for name in SIGNALS]
+            result = subprocess.run(
+                [sys.executable, str(HARNESS), "loader", str(torch_stream_dataset), *cases],
+                capture_output=True, text=True, timeout=600,
+            )  # fmt: skip
+            assert result.returncode == 0, result.stderr
+            lines.write_text(result.stdout)
+    found = [json.loads(line) for line in lines.read_text().splitlines()]
     return {(run["method"], run["signal"]): run for run in found}
 
 
