@@ -78,8 +78,9 @@ def mix_preview(
             fresh = [_SlicePosition(epoch, epoch) for _ in range(world_size * slots)]
             positions = carried.setdefault(ids[i], fresh) if curriculum.continues else fresh
             walk = _walk_epochs(
-                source, seeded, per_worker, positions, world_size=world_size, slots=slots
-            )
+                source, seeded, per_worker, positions, world_size=world_size, slots=slots,
+                entered=[n > 0 for n in local],
+            )  # fmt: skip
             rows.append(
                 {
                     "id": ids[i],
@@ -179,12 +180,13 @@ class _SlicePosition:
     repacked: bool = False  # the part is an epoch's rest packed with another window
 
 
-def _walk_epochs(source, options, per_worker, positions, *, world_size, slots) -> dict:
+def _walk_epochs(source, options, per_worker, positions, *, world_size, slots, entered) -> dict:
     """Every (rank, worker) slice of `source` serving `per_worker[w]` more sequences with
     `options` from its position (``positions[rank * slots + w]``, updated): the epochs read
     so far (mean over slices, from the preview's first epoch, and the last one entered)
     and what is left unread of each slice's part in progress. A slice that packed with another
-    window first packs the rest of its part with this one (``SourceSequences``)."""
+    window first packs the rest of its part with this one (``SourceSequences``), if the
+    worker has a batch in the stage (`entered[w]`: a stream enters a stage at its first batch)."""
     plans: dict[tuple, object] = {}
 
     def plan(e: int):
@@ -222,6 +224,8 @@ def _walk_epochs(source, options, per_worker, positions, *, world_size, slots) -
 
             if at.options is None:
                 begin(at.epoch)
+            elif not entered[w]:
+                pass  # a worker with no batch in this stage never switches to its window
             elif not same_window(at.options, options):  # the rest, packed with this window
                 # the residual rule: concat from the next window on, greedy and bfd what their
                 # rows did not take
@@ -230,7 +234,8 @@ def _walk_epochs(source, options, per_worker, positions, *, world_size, slots) -
                 rest = max(0, at.tokens - (taken if concat else at.read))
                 at.tokens, at.read, at.served, at.repacked = rest, 0, 0, True
                 at.sequences = sequence_count(rest, plan(at.epoch).packing, options.seq_len, stride)
-            at.options = options
+            if entered[w]:
+                at.options = options
             left = per_worker[w]
             while left > at.sequences - at.served:
                 left -= at.sequences - at.served

@@ -236,3 +236,25 @@ def test_a_parked_position_in_a_window_no_stage_read_it_in_is_refused(paths):
             del state["sources"][0]["window"]
         with pytest.raises(ResumeStateError, match="parked source 0 must record the window"):
             next(setup.stream(Placement(0, 1, 0, 1), epoch=0, resume=state))
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_the_preview_is_exact_with_workers_and_a_one_step_stage(paths, workers):
+    """With several workers, A's slices switch length at different local batches, and in a
+    stage of one step only worker 0 has a batch: the preview's unread tokens of A are still
+    exactly what the workers did not serve (concat)."""
+    config = resized(paths)
+    config["data_stages"][2]["start_training_step"] = LONG + 1
+    setup = setup_of(config)
+    batches, _ = rank_batches(setup, 25, workers=workers)
+    read = sum(
+        row.size + 1  # inputs and the last target: concat rows do not overlap
+        for b in batches
+        for row, owner in zip(b["input_ids"], b["source_ids"])
+        if owner == 0
+    )
+    preview = mix_preview(setup.curriculum, setup.options, max_batches=25, num_workers=workers)
+    (row,) = [r for r in preview["stages"][2]["sources"] if r["id"] == 0]
+    plan = setup.plan(epoch=0, world_size=1, num_workers=workers)
+    total = sum(s.num_tokens for s in plan.slices)
+    assert row["last_epoch"] == 0 and row["unread_tokens"] == total - read
