@@ -36,7 +36,8 @@ from shardtok.stream.batch import Allocator, allocate_arrays
 from shardtok.stream.build import plan_for, resolved
 from shardtok.stream.epochs import EpochsStream
 from shardtok.stream.epochs_remainder import is_epochs_layout
-from shardtok.stream.mix.sequences import MixedSequences, SourceSequences
+from shardtok.stream.mix.sequences import MixedSequences
+from shardtok.stream.mix.source import SourceSequences
 from shardtok.stream.mix.spec import MixSpec, check_tokenizers
 from shardtok.stream.mix.stages import Curriculum
 from shardtok.stream.mix.stream import MixedStream

@@ -25,9 +25,10 @@ from dataclasses import dataclass, replace
 from shardtok.errors import ShardtokError, UsageError
 from shardtok.stream.build import plan_for, resolved
 from shardtok.stream.mix.schedule import MixSchedule
-from shardtok.stream.mix.sequences import same_window, with_source_seed
+from shardtok.stream.mix.source import with_source_seed
 from shardtok.stream.mix.spec import MixSpec
 from shardtok.stream.mix.stages import Curriculum, Stage
+from shardtok.stream.mix.window import same_window
 from shardtok.stream.options import StreamOptions
 from shardtok.stream.plan import sequence_count
 

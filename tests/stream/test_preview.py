@@ -10,7 +10,7 @@ import pytest
 
 from shardtok.cli.main import main, run
 from shardtok.stream import MixedStream, StreamOptions, StreamSetup, mix_spec
-from shardtok.stream.mix.sequences import SourceSequences
+from shardtok.stream.mix.source import SourceSequences
 from shardtok.stream.mix.stages import load_curriculum
 from shardtok.stream.preview import format_preview, mix_preview
 from shardtok.stream.resume.saved import Placement
@@ -85,7 +85,7 @@ def test_a_mix_preview_counts_what_the_stream_serves(sources, workers):
 
 def setup_plan(spec, index, epoch, slots):
     from shardtok.stream.build import plan_for, resolved
-    from shardtok.stream.mix.sequences import with_source_seed
+    from shardtok.stream.mix.source import with_source_seed
 
     options = with_source_seed(resolved(OPTIONS, spec.sources), index)
     return plan_for(spec.sources[index], options, epoch=epoch, world_size=WORLD, num_workers=slots)

@@ -11,7 +11,7 @@ import pytest
 from shardtok.dataset.source import DatasetSource
 from shardtok.errors import ResumeStateError
 from shardtok.stream.build import document_stream, plan_for
-from shardtok.stream.mix.sequences import SourceSequences
+from shardtok.stream.mix.source import SourceSequences
 from shardtok.stream.options import StreamOptions
 from shardtok.stream.preview import format_preview, mix_preview
 from shardtok.stream.resume.fingerprint import check_fingerprint

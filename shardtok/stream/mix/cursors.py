@@ -16,7 +16,7 @@ from __future__ import annotations
 from shardtok.errors import ResumeStateError
 from shardtok.stream.build import resolved
 from shardtok.stream.mix.remainder import remainder_packers
-from shardtok.stream.mix.sequences import SourceSequences, with_source_seed
+from shardtok.stream.mix.source import SourceSequences, with_source_seed
 from shardtok.stream.mix.stages import Curriculum
 from shardtok.stream.options import StreamOptions
 from shardtok.stream.rank import Placement
@@ -46,17 +46,18 @@ class SourceCursors:
         (``take``)."""
         p = self.placement
         out = []
-        stage_options = self.curriculum.options_for(stage, self.options)
+        sources = self.curriculum.sources
+        stage_options = resolved(self.curriculum.options_for(stage, self.options), sources)
         for cid in self.curriculum.source_ids(stage):
-            options = with_source_seed(resolved(stage_options, self.curriculum.sources), cid)
+            options = with_source_seed(stage_options, cid)
             remainder, first_epoch = None, self.first_epoch
             if self.layout is not None:
                 remainder, first_epoch = remainder_packers(
-                    self.curriculum.sources[cid], options, self.layout, cid,
+                    sources[cid], options, self.layout, cid,
                     new_index=p.index, new_slices=p.world_size * p.num_workers,
                 )  # fmt: skip
             source = SourceSequences(
-                self.curriculum.sources[cid], options, rank=p.rank, world_size=p.world_size,
+                sources[cid], options, rank=p.rank, world_size=p.world_size,
                 worker=p.worker, num_workers=p.num_workers, first_epoch=first_epoch,
                 remainder=remainder,
             )  # fmt: skip

@@ -19,7 +19,9 @@ from shardtok.dataset.source import DatasetSource
 from shardtok.errors import ResumeStateError
 from shardtok.index.slices import cut_ranges
 from shardtok.stream.build import packer_for, plan_for
-from shardtok.stream.mix.sequences import MixedSequences, SourceSequences, with_window
+from shardtok.stream.mix.sequences import MixedSequences
+from shardtok.stream.mix.source import SourceSequences
+from shardtok.stream.mix.window import with_window
 from shardtok.stream.nodes.batcher import Batcher
 from shardtok.stream.nodes.packer import Packer
 from shardtok.stream.options import StreamOptions

@@ -10,7 +10,8 @@ from shardtok.stream import state as envelope
 from shardtok.stream.batch import Allocator, allocate_arrays
 from shardtok.stream.build import batcher_for, resolved
 from shardtok.stream.mix.remainder import check_mix_layout, remainder_packers
-from shardtok.stream.mix.sequences import MixedSequences, SourceSequences, with_source_seed
+from shardtok.stream.mix.sequences import MixedSequences
+from shardtok.stream.mix.source import SourceSequences, with_source_seed
 from shardtok.stream.mix.spec import MixSpec, load_mix_config
 from shardtok.stream.nodes.base import PlacedStream
 from shardtok.stream.options import StreamOptions

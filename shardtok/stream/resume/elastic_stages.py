@@ -25,7 +25,8 @@ from __future__ import annotations
 
 from shardtok.errors import ResumeStateError
 from shardtok.stream.mix.remainder import merge_mixed_states, merge_source_positions
-from shardtok.stream.mix.sequences import MixedSequences, SourceSequences
+from shardtok.stream.mix.sequences import MixedSequences
+from shardtok.stream.mix.source import SourceSequences
 from shardtok.stream.mix.stream import MixedStream
 from shardtok.stream.nodes.batcher import Batcher
 from shardtok.stream.resume.fingerprint import check_shape
