@@ -24,7 +24,7 @@ from shardtok.stream.mix.stages import Curriculum, load_curriculum, load_stage
 from shardtok.stream.nodes.base import PlacedStream
 from shardtok.stream.options import StreamOptions
 from shardtok.stream.plan import EpochPlan
-from shardtok.stream.resume.merge import cuts_rows_anew, dataset_states, merge_states
+from shardtok.stream.resume.merge import loadable
 from shardtok.stream.resume.saved import MergedState, Placement, WorkerState
 from shardtok.torch.dataset_args import stream_options_of, stream_source
 from shardtok.torch.distributed import data_parallel_rank
@@ -318,11 +318,7 @@ class ShardStreamDataset(IterableDataset):
         A state saved for other sources or options is refused (ResumeStateError naming what
         differs) unless `strict` (default: the constructor's) is False; one of shardtok 0.1
         (without a version) is refused, naming that release."""
-        if isinstance(state, (list, tuple)):
-            state = merge_states(dataset_states(state))
-        elif self._alone_with_other_rows(state):
-            state = merge_states([state])
-        saved = self.parse_state(state, strict)
+        saved = self.parse_state(loadable(state, self.options), strict)
         self.set_epoch(saved.epoch)
         if self._worker_slot is None and get_worker_info() is None:
             self._in_workers.value = 0  # the loaded state is the position now
@@ -334,17 +330,6 @@ class ShardStreamDataset(IterableDataset):
         else:
             self._pending_state = saved.stream
         self._stream = None
-
-    def _alone_with_other_rows(self, state: object) -> bool:
-        """Whether `state` is the whole position of a run of one process without workers whose
-        rows had another length (it then resumes through the remainder rule by itself)."""
-        if not isinstance(state, dict) or state.get("kind") != "dataset":
-            return False
-        placement = state.get("placement")
-        alone = isinstance(placement, dict) and placement.get("world_size") == 1
-        alone = alone and placement.get("num_workers") == 1
-        fingerprint = state.get("fingerprint")
-        return alone and isinstance(fingerprint, dict) and cuts_rows_anew(fingerprint, self.options)
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()

@@ -141,3 +141,21 @@ def saved_with(fingerprint: dict) -> dict:
     """The options of ``SAVED_OPTIONS`` the states were saved with (from their fingerprint)."""
     options = {**OPTION_DEFAULTS, **(fingerprint.get("options") or {})}
     return {key: options.get(key) for key in SAVED_OPTIONS}
+
+
+def loadable(state: object, options: StreamOptions) -> object:
+    """What a dataset loads for `state`: a list of states (every rank's loader or dataset
+    states) merged; the whole position of a run of one process without workers whose rows had
+    another length than `options` (resolved) merged, so it resumes by the remainder rule by
+    itself; anything else as given (its parse names what is wrong with it)."""
+    if isinstance(state, (list, tuple)):
+        return merge_states(dataset_states(state))
+    if not isinstance(state, dict) or state.get("kind") != "dataset":
+        return state
+    placement = state.get("placement")
+    alone = isinstance(placement, dict) and placement.get("world_size") == 1
+    alone = alone and placement.get("num_workers") == 1
+    fingerprint = state.get("fingerprint")
+    if alone and isinstance(fingerprint, dict) and cuts_rows_anew(fingerprint, options):
+        return merge_states([state])
+    return state
