@@ -98,7 +98,7 @@ class EpochPlan:
         self.total_tokens = order.total_tokens
         self._document_sizes = document_sizes
         self._slices: tuple[SlicePlan, ...] | None = None
-        self._batches: int | None = None
+        self._min_sequences: int | None = None
 
     @property
     def count(self) -> int:
@@ -139,15 +139,15 @@ class EpochPlan:
     def min_sequences(self) -> int:
         """The sequences of the smallest slice: what every (rank, worker) yields this epoch,
         whatever the batch size (the rows of its batches)."""
-        if self._batches is None:
+        if self._min_sequences is None:
             if self.counts_overlong:
-                self._batches = min(s.num_sequences for s in self.slices)
+                self._min_sequences = min(s.num_sequences for s in self.slices)
             else:
                 # Slices hold floor(T / S) or one token more, and a slice's sequence count only
                 # grows with its tokens: the smallest slice decides, without cutting any slice.
                 least = self.total_tokens // self.count
-                self._batches = sequence_count(least, self.packing, self.seq_len, self.stride)
-        return self._batches
+                self._min_sequences = sequence_count(least, self.packing, self.seq_len, self.stride)
+        return self._min_sequences
 
     @property
     def batches_per_slice(self) -> int:

@@ -23,7 +23,7 @@ from shardtok.stream.rank import worker_of
 from shardtok.stream.resume.fingerprint import check_fingerprint
 from shardtok.stream.resume.rank_state import FIELDS as FILE_FIELDS
 from shardtok.stream.resume.rank_state import KIND as FILE_KIND
-from shardtok.stream.resume.rank_state import RankState
+from shardtok.stream.resume.rank_state import LOADER_FIELDS, RankState
 from shardtok.stream.resume.saved import MergedState, saved_position
 
 # A trace replays the stream a state belongs to; on other data it would name other documents.
@@ -31,8 +31,6 @@ REPLAY_THE_SAME = (
     ": a trace replays the run the state belongs to, so give the config and options it was "
     "saved with"
 )
-
-LOADER_FIELDS = {"num_workers": envelope.INT, "next_worker": envelope.INT, "workers": envelope.LIST}
 
 
 def local_batches(stream: dict | None) -> int:

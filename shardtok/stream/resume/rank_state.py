@@ -18,6 +18,10 @@ from pathlib import Path
 from shardtok.errors import ResumeStateError
 from shardtok.stream import state as envelope
 
+# What ``ShardLoader.state_dict()`` writes (kind ``loader``): the workers' dataset states and
+# whose batch is next; a trace reads it into a ``RankState`` too.
+LOADER_FIELDS = {"num_workers": envelope.INT, "next_worker": envelope.INT, "workers": envelope.LIST}
+
 KIND = "stream_file"
 FIELDS = {
     "epoch": envelope.INT,

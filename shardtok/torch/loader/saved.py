@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from shardtok.errors import ResumeStateError
 from shardtok.stream import state as envelope
+from shardtok.stream.resume.rank_state import LOADER_FIELDS
 
-FIELDS = {"num_workers": envelope.INT, "next_worker": envelope.INT, "workers": envelope.LIST}
-MEMMAP_FIELDS = {**FIELDS, "memmap": envelope.OBJECT}
+MEMMAP_FIELDS = {**LOADER_FIELDS, "memmap": envelope.OBJECT}
 
 
 def loader_state(num_workers: int, next_worker: int, workers: list[dict]) -> dict:
@@ -36,7 +36,7 @@ def memmap_loader_state(num_workers: int, next_worker: int, taken: list[int], me
 def parse_loader_state(state: object, *, memmap: bool) -> dict:
     """`state` checked as a loader state of the expected kind."""
     kind = "memmap_loader" if memmap else "loader"
-    s = envelope.parse(state, kind, MEMMAP_FIELDS if memmap else FIELDS)
+    s = envelope.parse(state, kind, MEMMAP_FIELDS if memmap else LOADER_FIELDS)
     slots = max(s["num_workers"], 1)
     if len(s["workers"]) != slots:
         raise ResumeStateError(
